@@ -1,0 +1,39 @@
+"""Load the bundled ggml libraries, then the cffi extension that links them.
+
+The libraries in ``pyggml/lib`` are opened by absolute path before ``pyggml._ggml`` is imported, so
+the dynamic linker binds the extension to them (matched by soname) and never to another
+``libggml.so`` found through ``LD_LIBRARY_PATH`` or the system paths. The extension also carries an
+``$ORIGIN/lib`` DT_RPATH as a second line of defence.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+LIB_DIR = PACKAGE_DIR / "lib"
+INCLUDE_DIR = PACKAGE_DIR / "include"
+
+# dependency order: base has no ggml dependency, cpu needs base, ggml (the registry) needs both
+_LIBRARIES = ["libggml-base.so", "libggml-cpu.so", "libggml.so"]
+
+# ggml's abort handler forks gdb for a backtrace unless this is set; it is read when the library
+# is loaded, so it must be set before the first dlopen.
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+
+
+def _preload() -> list[ctypes.CDLL]:
+    missing = [n for n in _LIBRARIES if not (LIB_DIR / n).is_file()]
+    if missing:
+        raise ImportError(
+            f"pyggml's bundled ggml libraries are missing from {LIB_DIR}: {', '.join(missing)}. "
+            "Build them with `python build_ggml.py` (in a source checkout) or `pip install .`")
+    return [ctypes.CDLL(str(LIB_DIR / n)) for n in _LIBRARIES]
+
+
+_handles = _preload()
+
+from ._ggml import ffi, lib  # noqa: E402
+
+__all__ = ["ffi", "lib", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR"]
