@@ -1,0 +1,55 @@
+"""pyggml loads its own bundled libraries: one file each, $ORIGIN rpath, never a system libggml."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pyggml
+
+
+def _mapped_ggml_libraries() -> set[str]:
+    with open("/proc/self/maps") as f:
+        return {line.split()[-1] for line in f if "libggml" in line}
+
+
+def test_loaded_libraries_are_the_bundled_ones():
+    mapped = _mapped_ggml_libraries()
+    assert {os.path.basename(p) for p in mapped} == {"libggml.so", "libggml-base.so", "libggml-cpu.so"}
+    assert all(os.path.dirname(p) == str(pyggml.LIB_DIR) for p in mapped), mapped
+
+
+def test_one_file_per_library_with_origin_rpath():
+    files = sorted(os.listdir(pyggml.LIB_DIR))
+    assert files == ["libggml-base.so", "libggml-cpu.so", "libggml.so"]
+    for name in files:
+        path = pyggml.LIB_DIR / name
+        assert not path.is_symlink()
+        dyn = subprocess.run(["readelf", "-d", str(path)], check=True, capture_output=True, text=True).stdout
+        assert f"Library soname: [{name}]" in dyn
+        if name != "libggml-base.so":  # base needs no other ggml library
+            assert "[$ORIGIN]" in dyn
+
+
+def test_a_foreign_libggml_on_LD_LIBRARY_PATH_is_ignored(tmp_path):
+    """A decoy libggml*.so without any symbols: if the loader picked it, import would fail."""
+    for name in ("libggml.so", "libggml-base.so", "libggml-cpu.so"):
+        src = tmp_path / "empty.c"
+        src.write_text("int decoy_symbol = 1;\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", str(tmp_path / name),
+                        str(src)], check=True)
+    code = textwrap.dedent("""
+        from pyggml import ffi, lib
+        print(ffi.string(lib.ggml_version()).decode())
+        print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libggml' in l}))
+    """)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, capture_output=True,
+                         text=True).stdout
+    assert out.splitlines()[0] == pyggml.GGML_VERSION
+    assert str(tmp_path) not in out and str(pyggml.LIB_DIR) in out
+
+
+def test_no_backtrace_is_set_before_ggml_loads():
+    assert os.environ["GGML_NO_BACKTRACE"] == "1"
