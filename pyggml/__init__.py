@@ -1,26 +1,46 @@
 """pyggml: the ggml tensor library (pinned to ggml v0.20.2) from Python.
 
-The raw layer mirrors C one to one::
+Two layers:
 
-    from pyggml import ffi, lib
-    ctx = lib.ggml_init({"mem_size": 16 * 1024 * 1024, "mem_buffer": ffi.NULL, "no_alloc": False})
-    a = lib.ggml_new_tensor_1d(ctx, lib.GGML_TYPE_F32, 4)
+* **raw** — ``from pyggml import ffi, lib``: every function, enum value and integer/string
+  constant declared in ggml.h, ggml-alloc.h, ggml-backend.h, ggml-cpu.h, gguf.h, ggml-opt.h and
+  the internal ggml-backend-impl.h under its C name, exactly as in C (and as unchecked: a
+  failed ``GGML_ASSERT`` aborts the process). C callbacks in Python: :mod:`pyggml.callbacks`.
+* **Pythonic** — :class:`Context`, :class:`Tensor`, :class:`Graph`, :class:`Backend`,
+  :class:`Buffer`, :class:`BufferType`, :class:`Event`, :class:`Device`, :class:`Registry`,
+  :class:`Scheduler`, :class:`GraphAllocator`, :class:`CPUBackend`, :mod:`pyggml.types`,
+  :mod:`pyggml.gguf`: objects that own or borrow their C object explicitly (``close()``,
+  ``with``), check what ggml would assert on and raise Python exceptions instead.
 
-``lib`` holds every function, enum value and integer/string constant declared in ggml.h,
-ggml-alloc.h, ggml-backend.h, ggml-cpu.h, gguf.h, ggml-opt.h and the internal ggml-backend-impl.h,
-under its C name; ``ffi`` knows every struct and typedef. C callbacks are written in Python with
-:mod:`pyggml.callbacks`.
+**Shapes:** ggml's ``ne[0]`` is the fastest-varying dimension, so a NumPy shape is ``ne``
+reversed (NumPy ``(rows, cols)`` = ggml ``ne [cols, rows]``).
 
 Importing pyggml sets ``GGML_NO_BACKTRACE=1`` (unless already set), so a failed ``GGML_ASSERT``
-aborts without forking a debugger.
+aborts without forking a debugger, and sends ggml's log to :mod:`logging` (:mod:`pyggml.log`).
 """
 from __future__ import annotations
 
-from ._loader import INCLUDE_DIR, LIB_DIR, ffi, lib
+from ._loader import INCLUDE_DIR, LIB_DIR, PACKAGE_DIR, ffi, lib
+from . import log as _log
+from ._base import ClosedError, GGMLError
+from .alloc import GraphAllocator
+from .backend import Backend, Buffer, BufferType, Event
+from .context import Context
+from .cpu import CPUBackend, Threadpool
+from .device import Device, Registry, devices, registries
+from .graph import Graph
+from .sched import Scheduler
+from .tensor import Tensor
+from .types import GGMLType
 
 __version__ = "0.1.0"
 
 #: The upstream ggml release the bindings are generated from.
 GGML_VERSION = "0.20.2"
 
-__all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "__version__"]
+_log.install()
+
+__all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "__version__",
+           "GGMLError", "ClosedError", "Context", "Tensor", "Graph", "GraphAllocator", "Backend",
+           "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool", "Device", "Registry",
+           "devices", "registries", "Scheduler", "GGMLType"]

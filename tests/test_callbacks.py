@@ -138,7 +138,8 @@ def test_log_callback_receives_ggml_messages(tmp_path):
         missing = str(tmp_path / "missing.gguf").encode()
         assert lib.gguf_init_from_file(missing, {"no_alloc": True, "ctx": ffi.NULL}) == ffi.NULL
     finally:
-        lib.ggml_log_set(ffi.NULL, ffi.NULL)
+        from pyggml import log
+        log.install()  # give the log back to pyggml's logging bridge
     assert any(level == lib.GGML_LOG_LEVEL_ERROR and "missing.gguf" in text for level, text in seen)
 
 

@@ -44,7 +44,7 @@ def test_a_foreign_libggml_on_LD_LIBRARY_PATH_is_ignored(tmp_path):
         print(ffi.string(lib.ggml_version()).decode())
         print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libggml' in l}))
     """)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path), PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, capture_output=True,
                          text=True).stdout
     assert out.splitlines()[0] == pyggml.GGML_VERSION

@@ -1,0 +1,162 @@
+"""ggml's CPU backend: threads, threadpools, Ctrl-C, and buffers over host memory."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import callbacks
+from ._base import CObject, GGMLError
+from ._loader import ffi, lib
+from .backend import Backend, Buffer, BufferType
+from .tensor import Tensor
+
+__all__ = ["CPUBackend", "Threadpool", "cpu_buffer_type", "cpu_buffer_from_array", "cpu_kernel_supports",
+           "aligned_zeros"]
+
+_F32, _F16, _BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
+
+#: src0 types the CPU kernels of ggml-cpu/ops.cpp handle, for ops whose kernel aborts
+#: ("fatal error") on other types although ggml_backend_cpu_device_supports_op accepts them
+_CPU_SRC0_TYPES = {
+    lib.GGML_OP_SUM: {_F32, _F16, _BF16},
+    lib.GGML_OP_SUM_ROWS: {_F32}, lib.GGML_OP_MEAN: {_F32}, lib.GGML_OP_ARGMAX: {_F32},
+    lib.GGML_OP_NORM: {_F32}, lib.GGML_OP_RMS_NORM: {_F32}, lib.GGML_OP_L2_NORM: {_F32},
+    lib.GGML_OP_SCALE: {_F32}, lib.GGML_OP_SOFT_MAX: {_F32}, lib.GGML_OP_DIAG_MASK_INF: {_F32},
+    lib.GGML_OP_ARGSORT: {_F32}, lib.GGML_OP_LEAKY_RELU: {_F32, _F16},
+    lib.GGML_OP_CLAMP: {_F32, _F16, _BF16}, lib.GGML_OP_ROPE: {_F32, _F16},
+    lib.GGML_OP_SET_ROWS: {_F32, _F16},
+    lib.GGML_OP_REPEAT: {_F16, _BF16, lib.GGML_TYPE_I16, _F32, lib.GGML_TYPE_I32, lib.GGML_TYPE_I64},
+    lib.GGML_OP_CONCAT: {_F16, _BF16, lib.GGML_TYPE_I16, lib.GGML_TYPE_I8, _F32, lib.GGML_TYPE_I32},
+    lib.GGML_OP_UNARY: {_F32, _F16}, lib.GGML_OP_GLU: {_F32, _F16},
+    lib.GGML_OP_SQR: {_F32, _F16, _BF16}, lib.GGML_OP_SQRT: {_F32, _F16, _BF16},
+    lib.GGML_OP_LOG: {_F32, _F16, _BF16}, lib.GGML_OP_SIN: {_F32, _F16, _BF16},
+    lib.GGML_OP_COS: {_F32, _F16, _BF16},
+}
+_BINARY = {lib.GGML_OP_ADD, lib.GGML_OP_SUB, lib.GGML_OP_MUL, lib.GGML_OP_DIV}
+#: (src0, src1, dst) of ggml-cpu/binary-ops.cpp
+_BINARY_TYPES = {(_F32, _F32, _F32), (_F16, _F16, _F16), (_BF16, _BF16, _BF16), (_BF16, _F32, _BF16),
+                 (_BF16, _F32, _F32), (_F16, _F32, _F16), (_F16, _F32, _F32)}
+
+
+def cpu_kernel_supports(node: Tensor) -> bool:
+    """Whether ggml's CPU kernels handle the types of ``node`` (a stricter check than
+    ``ggml_backend_supports_op``, whose CPU answer is true for some type combinations whose
+    kernel then aborts the process)."""
+    p = node.ptr
+    if p.op in _BINARY:
+        return (p.src[0].type, p.src[1].type, p.type) in _BINARY_TYPES
+    allowed = _CPU_SRC0_TYPES.get(p.op)
+    return allowed is None or p.src[0].type in allowed
+
+
+class Threadpool(CObject):
+    """A CPU threadpool (``ggml_threadpool_new`` / ``ggml_threadpool_free``), owned."""
+
+    _kind = "threadpool"
+    _c_free = lib.ggml_threadpool_free
+
+    def __init__(self, n_threads: int):
+        if not 1 <= n_threads <= lib.GGML_MAX_N_THREADS:
+            raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}")
+        params = lib.ggml_threadpool_params_default(n_threads)
+        super().__init__(lib.ggml_threadpool_new(ffi.new("struct ggml_threadpool_params *", params)), owned=True)
+        self.n_threads = n_threads
+
+    def pause(self) -> None:
+        lib.ggml_threadpool_pause(self.ptr)
+
+    def resume(self) -> None:
+        lib.ggml_threadpool_resume(self.ptr)
+
+
+class CPUBackend(Backend):
+    """The CPU backend (``ggml_backend_cpu_init``), owned.
+
+    Ctrl-C during :meth:`~pyggml.graph.Graph.compute` stops the computation after the current
+    node and raises KeyboardInterrupt: the backend's abort callback is a Python function, so
+    Python's SIGINT handler runs inside it and its exception becomes "abort"
+    (``ggml_backend_cpu_set_abort_callback``). ``abort_callback`` adds a condition of yours.
+    """
+
+    def __init__(self, n_threads: int | None = None):
+        ptr = lib.ggml_backend_cpu_init()
+        if ptr == ffi.NULL:
+            raise GGMLError("ggml_backend_cpu_init failed")
+        super().__init__(ptr)
+        self._setup()
+        if n_threads is not None:
+            self.n_threads = n_threads
+
+    @classmethod
+    def _wrap(cls, ptr: Any) -> "CPUBackend":
+        self = cls.__new__(cls)
+        Backend.__init__(self, ptr)
+        self._setup()
+        return self
+
+    def _setup(self) -> None:
+        self._n_threads = lib.GGML_DEFAULT_N_THREADS
+        self._threadpool: Threadpool | None = None
+        self.abort_callback: Any = None
+        self._abort = callbacks.Callback("ggml_abort_callback", self._should_abort)
+        lib.ggml_backend_cpu_set_abort_callback(self.ptr, self._abort.fn, self._abort.user_data)
+
+    def _should_abort(self, data: Any) -> bool:
+        # a pending SIGINT is delivered here as KeyboardInterrupt -> error value True (abort)
+        return bool(self.abort_callback()) if self.abort_callback is not None else False
+
+    @property
+    def n_threads(self) -> int:
+        """Threads used by compute (``ggml_backend_cpu_set_n_threads``); default 4."""
+        return self._n_threads
+
+    @n_threads.setter
+    def n_threads(self, n: int) -> None:
+        if not 1 <= n <= lib.GGML_MAX_N_THREADS:
+            raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}")
+        lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
+        self._n_threads = n
+
+    def set_threadpool(self, pool: Threadpool | None) -> None:
+        """``ggml_backend_cpu_set_threadpool`` (None: ggml's own disposable threads)."""
+        lib.ggml_backend_cpu_set_threadpool(self.ptr, pool.ptr if pool else ffi.NULL)
+        self._threadpool = pool
+
+    def supports_op(self, op: Tensor) -> bool:
+        """``ggml_backend_supports_op`` and :func:`cpu_kernel_supports`."""
+        return super().supports_op(op) and cpu_kernel_supports(op)
+
+    def set_use_ref(self, use_ref: bool) -> None:
+        """``ggml_backend_cpu_set_use_ref``: use the slow reference kernels (for testing)."""
+        lib.ggml_backend_cpu_set_use_ref(self.ptr, use_ref)
+
+
+def cpu_buffer_type() -> BufferType:
+    """The CPU buffer type (``ggml_backend_cpu_buffer_type``): plain host memory."""
+    return BufferType(lib.ggml_backend_cpu_buffer_type())
+
+
+def aligned_zeros(shape: int | tuple[int, ...], dtype: object = np.float32, align: int = 64) -> np.ndarray:
+    """A zero-filled C-contiguous NumPy array whose data starts at a multiple of ``align`` bytes
+    (NumPy itself guarantees only 16), e.g. for :func:`cpu_buffer_from_array`."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape)) * dt.itemsize
+    raw = np.zeros(n + align, dtype=np.uint8)
+    start = -raw.__array_interface__["data"][0] % align
+    return raw[start:start + n].view(dt).reshape(shape)
+
+
+def cpu_buffer_from_array(array: np.ndarray) -> Buffer:
+    """A CPU buffer over ``array``'s memory without a copy (``ggml_backend_cpu_buffer_from_ptr``).
+
+    ``array`` must be C-contiguous, writable and aligned to 32 bytes (ggml's TENSOR_ALIGNMENT,
+    asserted by ggml); the buffer keeps it alive. Raises ValueError otherwise.
+    """
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        raise ValueError("the array must be writable and C-contiguous")
+    addr = array.__array_interface__["data"][0]
+    if addr % 32:
+        raise ValueError("the array's memory must be 32-byte aligned (ggml asserts it): see aligned_zeros")
+    ptr = lib.ggml_backend_cpu_buffer_from_ptr(ffi.from_buffer(array), array.nbytes)
+    return Buffer(ptr, owned=True, keep=array)

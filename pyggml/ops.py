@@ -1,0 +1,422 @@
+"""ggml op constructors as :class:`~pyggml.context.Context` methods, each checked first.
+
+``ctx.op(a, ...)`` calls ``ggml_op(ctx, a, ...)`` and returns the result node as a
+:class:`~pyggml.tensor.Tensor` living in ``ctx``. Before calling C, every method checks what
+ggml would ``GGML_ASSERT`` on (shapes, types, contiguity, axes, free context memory) and raises
+ValueError/TypeError/MemoryError instead of letting the process abort. Whether a backend can
+*compute* a node (types it has kernels for) is checked when the graph is computed
+(:meth:`pyggml.graph.Graph.compute`), with the backend's own ``supports_op``.
+
+Ops of ggml.h not wrapped here are available unchecked as ``pyggml.lib.ggml_<op>``.
+Shapes in docstrings are ggml ``ne`` order.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ._loader import ffi, lib
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+__all__ = ["Ops", "UNARY_OPS"]
+
+#: element-wise ops of one tensor, name -> ggml function (``ggml_unary`` family and friends)
+UNARY_OPS = {name: getattr(lib, f"ggml_{name}") for name in (
+    "neg", "abs", "sgn", "step", "tanh", "elu", "relu", "sigmoid", "gelu", "gelu_erf",
+    "gelu_quick", "silu", "hardswish", "hardsigmoid", "exp", "sqr", "sqrt", "log", "sin", "cos",
+    "floor", "ceil", "round", "trunc", "softplus", "expm1",
+) if hasattr(lib, f"ggml_{name}")}
+
+# unary ops implemented with ggml_unary (assert contiguous rows); the others have no assert
+_UNARY_NEEDS_ROWS = {"neg", "abs", "sgn", "step", "tanh", "elu", "relu", "sigmoid", "gelu",
+                     "gelu_erf", "gelu_quick", "silu", "hardswish", "hardsigmoid", "exp",
+                     "floor", "ceil", "round", "trunc", "softplus", "expm1"}
+
+
+def _tensor(x: Any, what: str) -> "Tensor":
+    from .tensor import Tensor
+
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{what} must be a pyggml Tensor, not {type(x).__name__}")
+    x.ptr  # raises ClosedError if its context is closed
+    return x
+
+
+def _divides(d: int, n: int) -> bool:
+    """``n % d == 0`` as ggml writes it, without its division by zero (SIGFPE) for d == 0."""
+    return d > 0 and n % d == 0
+
+
+def _can_repeat(small: "Tensor", big: "Tensor") -> bool:
+    """ggml_can_repeat: ``small`` tiles ``big`` (each big.ne[i] a multiple of small.ne[i])."""
+    if lib.ggml_is_empty(small.ptr):
+        return lib.ggml_is_empty(big.ptr)
+    return all(b % s == 0 for s, b in zip(small.ne, big.ne))
+
+
+class Ops:
+    """Mixin of op constructors; ``self`` is a Context."""
+
+    def _op(self, fn: Any, inputs: Sequence["Tensor"], *args: Any, n_objects: int = 1) -> "Tensor":
+        """Call ``fn(ctx, *args)`` with the context's free space checked first.
+
+        The node is made with allocation switched off, so its data size is known before any
+        data is taken from the arena; an allocating context then gets ``ggml_new_buffer``.
+        """
+        self._reserve(0, n_objects=n_objects)  # type: ignore[attr-defined]
+        ctx = self.ptr  # type: ignore[attr-defined]
+        alloc = not lib.ggml_get_no_alloc(ctx)
+        if alloc:
+            lib.ggml_set_no_alloc(ctx, True)
+        try:
+            ptr = fn(ctx, *args)
+        finally:
+            if alloc:
+                lib.ggml_set_no_alloc(ctx, False)
+        if alloc and ptr.data == ffi.NULL and ptr.view_src == ffi.NULL:
+            nbytes = lib.ggml_nbytes(ptr)
+            self._reserve(nbytes, n_objects=1)  # type: ignore[attr-defined]
+            ptr.data = lib.ggml_new_buffer(ctx, nbytes)
+        return self._wrap(ptr, inputs)  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ element-wise
+    def unary(self, name: str, a: "Tensor") -> "Tensor":
+        """Element-wise op ``name`` (a key of :data:`UNARY_OPS`, e.g. ``"gelu_erf"``)."""
+        a = _tensor(a, "a")
+        if name not in UNARY_OPS:
+            raise ValueError(f"unknown unary op {name!r}; known: {sorted(UNARY_OPS)}")
+        if name in _UNARY_NEEDS_ROWS and not lib.ggml_is_contiguous_rows(a.ptr):
+            raise ValueError(f"{name} needs a tensor with contiguous rows: use cont() first")
+        return self._op(UNARY_OPS[name], [a], a.ptr)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in UNARY_OPS:
+            return lambda a: self.unary(name, a)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}"
+                             + (f"; the unchecked C function is pyggml.lib.ggml_{name}"
+                                if hasattr(lib, f"ggml_{name}") else ""))
+
+    def _binary(self, fn: Any, a: "Tensor", b: "Tensor") -> "Tensor":
+        a, b = _tensor(a, "a"), _tensor(b, "b")
+        if not _can_repeat(b, a):
+            raise ValueError(f"b (ne={list(b.ne)}) does not tile a (ne={list(a.ne)}): ggml "
+                             "broadcasts by repeating b, so each a.ne[i] must be a multiple of b.ne[i]")
+        return self._op(fn, [a, b], a.ptr, b.ptr)
+
+    def add(self, a: "Tensor", b: "Tensor") -> "Tensor":
+        """``ggml_add``: a + b, b tiled over a (ggml broadcasting). Result has a's ne and type."""
+        return self._binary(lib.ggml_add, a, b)
+
+    def sub(self, a: "Tensor", b: "Tensor") -> "Tensor":
+        """``ggml_sub``: a - b, b tiled over a."""
+        return self._binary(lib.ggml_sub, a, b)
+
+    def mul(self, a: "Tensor", b: "Tensor") -> "Tensor":
+        """``ggml_mul``: a * b element-wise, b tiled over a."""
+        return self._binary(lib.ggml_mul, a, b)
+
+    def div(self, a: "Tensor", b: "Tensor") -> "Tensor":
+        """``ggml_div``: a / b element-wise, b tiled over a."""
+        return self._binary(lib.ggml_div, a, b)
+
+    def scale(self, a: "Tensor", s: float) -> "Tensor":
+        """``ggml_scale``: a * s. a must be padded-1d (contiguous rows packed)."""
+        a = _tensor(a, "a")
+        ne, nb = a.ne, a.nb
+        # ggml_is_padded_1d (static in ggml.c)
+        if not (nb[0] == lib.ggml_type_size(a.type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]):
+            raise ValueError("scale needs a tensor whose rows are packed: use cont() first")
+        return self._op(lib.ggml_scale, [a], a.ptr, float(s))
+
+    def clamp(self, a: "Tensor", min: float, max: float) -> "Tensor":
+        """``ggml_clamp``: a clipped to [min, max] (a view computed in place)."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_clamp, [a], a.ptr, float(min), float(max))
+
+    def leaky_relu(self, a: "Tensor", negative_slope: float) -> "Tensor":
+        """``ggml_leaky_relu``."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_leaky_relu, [a], a.ptr, float(negative_slope), False)
+
+    # ------------------------------------------------------------------ reductions
+    def sum(self, a: "Tensor") -> "Tensor":
+        """``ggml_sum``: sum of all elements, ne [1, 1, 1, 1]."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_sum, [a], a.ptr)
+
+    def sum_rows(self, a: "Tensor") -> "Tensor":
+        """``ggml_sum_rows``: ne [n0, n1, n2, n3] -> [1, n1, n2, n3]."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_sum_rows, [a], a.ptr)
+
+    def mean(self, a: "Tensor") -> "Tensor":
+        """``ggml_mean``: mean along ne[0]: [n0, n1, n2, n3] -> [1, n1, n2, n3]."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_mean, [a], a.ptr)
+
+    def argmax(self, a: "Tensor") -> "Tensor":
+        """``ggml_argmax``: index of the largest value of each row, I32 [n1]. a must be a matrix."""
+        a = _tensor(a, "a")
+        if a.ne[2] != 1 or a.ne[3] != 1 or a.ne[0] > 2**31 - 1:
+            raise ValueError("argmax needs a matrix (ne[2] == ne[3] == 1)")
+        return self._op(lib.ggml_argmax, [a], a.ptr)
+
+    def repeat(self, a: "Tensor", like: "Tensor") -> "Tensor":
+        """``ggml_repeat``: a tiled to ``like``'s ne."""
+        a, like = _tensor(a, "a"), _tensor(like, "like")
+        if not _can_repeat(a, like):
+            raise ValueError(f"a (ne={list(a.ne)}) does not tile ne={list(like.ne)}")
+        return self._op(lib.ggml_repeat, [a, like], a.ptr, like.ptr)
+
+    # ------------------------------------------------------------------ normalisation
+    def norm(self, a: "Tensor", eps: float = 1e-5) -> "Tensor":
+        """``ggml_norm``: (a - mean) / sqrt(var + eps) along ne[0]."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_norm, [a], a.ptr, float(eps))
+
+    def rms_norm(self, a: "Tensor", eps: float = 1e-6) -> "Tensor":
+        """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_rms_norm, [a], a.ptr, float(eps))
+
+    def l2_norm(self, a: "Tensor", eps: float = 1e-12) -> "Tensor":
+        """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_l2_norm, [a], a.ptr, float(eps))
+
+    def soft_max(self, a: "Tensor", mask: "Tensor | None" = None, scale: float = 1.0,
+                 max_bias: float = 0.0) -> "Tensor":
+        """``ggml_soft_max_ext``: softmax(a * scale + mask) along ne[0].
+
+        a must be contiguous; mask (F32 or F16, contiguous) has ne [a.ne0, >= a.ne1, d2, d3]
+        with a.ne2 % d2 == 0 and a.ne3 % d3 == 0. ``max_bias`` > 0 (ALiBi) needs a mask.
+        """
+        a = _tensor(a, "a")
+        if not a.is_contiguous():
+            raise ValueError("soft_max needs a contiguous tensor: use cont() first")
+        if mask is not None:
+            mask = _tensor(mask, "mask")
+            if mask.type not in (lib.GGML_TYPE_F32, lib.GGML_TYPE_F16):
+                raise TypeError("soft_max mask must be F32 or F16")
+            if not mask.is_contiguous():
+                raise ValueError("soft_max mask must be contiguous")
+            m, n = mask.ne, a.ne
+            if m[0] != n[0] or m[1] < n[1] or not _divides(m[2], n[2]) or not _divides(m[3], n[3]):
+                raise ValueError(f"mask ne={list(m)} does not fit a ne={list(n)}")
+        elif max_bias > 0:
+            raise ValueError("max_bias > 0 needs a mask")
+        return self._op(lib.ggml_soft_max_ext, [a] + ([mask] if mask is not None else []), a.ptr,
+                        mask.ptr if mask is not None else ffi.NULL, float(scale), float(max_bias))
+
+    # ------------------------------------------------------------------ matrix
+    def mul_mat(self, a: "Tensor", b: "Tensor") -> "Tensor":
+        """``ggml_mul_mat``: ne [K, M, d2, d3] x [K, N, e2, e3] -> F32 [M, N, e2, e3], i.e.
+        result[n, m] = Σ_k a[m, k]·b[n, k] in NumPy order (``b @ a.T``); a's batch dims are
+        broadcast (e2 % d2 == 0, e3 % d3 == 0). a must not be transposed.
+        """
+        a, b = _tensor(a, "a"), _tensor(b, "b")
+        if a.ne[0] != b.ne[0] or not _divides(a.ne[2], b.ne[2]) or not _divides(a.ne[3], b.ne[3]):
+            raise ValueError(f"cannot mul_mat a ne={list(a.ne)} with b ne={list(b.ne)}: needs "
+                             "a.ne0 == b.ne0 and b.ne2/ne3 multiples of a.ne2/ne3")
+        if a.is_transposed():
+            raise ValueError("mul_mat: a must not be transposed (use cont())")
+        return self._op(lib.ggml_mul_mat, [a, b], a.ptr, b.ptr)
+
+    def out_prod(self, a: "Tensor", b: "Tensor") -> "Tensor":
+        """``ggml_out_prod``: ne [M, K] x [N, K] -> [M, N] (Σ_k a[k, m]·b[k, n] in ggml order)."""
+        a, b = _tensor(a, "a"), _tensor(b, "b")
+        if a.ne[1] != b.ne[1] or not _divides(a.ne[2], b.ne[2]) or not _divides(a.ne[3], b.ne[3]) or a.is_transposed():
+            raise ValueError(f"cannot out_prod a ne={list(a.ne)} with b ne={list(b.ne)}")
+        return self._op(lib.ggml_out_prod, [a, b], a.ptr, b.ptr)
+
+    # ------------------------------------------------------------------ shape ops (views)
+    def cont(self, a: "Tensor") -> "Tensor":
+        """``ggml_cont``: a contiguous copy of a."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_cont, [a], a.ptr)
+
+    def cpy(self, a: "Tensor", b: "Tensor") -> "Tensor":
+        """``ggml_cpy``: copy a into b (converting the type); returns a view of b."""
+        a, b = _tensor(a, "a"), _tensor(b, "b")
+        if a.nelements != b.nelements:
+            raise ValueError(f"cpy: {a.nelements} elements into {b.nelements}")
+        return self._op(lib.ggml_cpy, [a, b], a.ptr, b.ptr)
+
+    def cast(self, a: "Tensor", type: int) -> "Tensor":
+        """``ggml_cast``: a converted to ggml ``type``."""
+        from . import types
+
+        a = _tensor(a, "a")
+        if a.ne[0] % types.block_size(type):
+            raise ValueError("ne[0] is not a multiple of the target type's block size")
+        return self._op(lib.ggml_cast, [a], a.ptr, type, n_objects=2)
+
+    def reshape(self, a: "Tensor", *ne: int) -> "Tensor":
+        """``ggml_reshape_{1..4}d``: a view of contiguous ``a`` with ``ne`` (ggml order)."""
+        a = _tensor(a, "a")
+        ne = tuple(int(n) for n in ne)
+        if not 1 <= len(ne) <= 4:
+            raise ValueError("reshape takes 1 to 4 sizes")
+        if not a.is_contiguous():
+            raise ValueError("reshape needs a contiguous tensor: use cont() first")
+        if any(n < 0 for n in ne) or _prod(ne) != a.nelements:
+            raise ValueError(f"cannot reshape {a.nelements} elements to ne={list(ne)}")
+        fn = (lib.ggml_reshape_1d, lib.ggml_reshape_2d, lib.ggml_reshape_3d, lib.ggml_reshape_4d)[len(ne) - 1]
+        return self._op(fn, [a], a.ptr, *ne)
+
+    def view(self, a: "Tensor", ne: Sequence[int], nb: Sequence[int] | None = None,
+             offset: int = 0) -> "Tensor":
+        """``ggml_view_{1..4}d``: a view of ``a`` with ``ne`` (ggml order), byte strides ``nb``
+        for dims 1.. (default: a's row strides) starting ``offset`` bytes into a's data.
+        Raises ValueError if the view reaches outside a."""
+        from . import types
+
+        a = _tensor(a, "a")
+        ne = [int(n) for n in ne]
+        if not 1 <= len(ne) <= 4 or any(n < 0 for n in ne) or offset < 0:
+            raise ValueError("view takes 1 to 4 non-negative sizes and offset >= 0")
+        if ne[0] % types.block_size(a.type):
+            raise ValueError("view: ne[0] is not a multiple of the block size")
+        if nb is None:
+            nb = a.nb[1:len(ne)]
+        nb = [int(x) for x in nb]
+        if len(nb) != len(ne) - 1 or any(x < 0 for x in nb):
+            raise ValueError(f"view of {len(ne)} dims takes {len(ne) - 1} strides")
+        row = types.row_size(a.type, ne[0])
+        size = 0 if 0 in ne else row + sum((n - 1) * s for n, s in zip(ne[1:], nb))
+        if size and offset + size > a.nbytes:
+            raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a ({a.nbytes} bytes)")
+        if len(ne) == 1:
+            return self._op(lib.ggml_view_1d, [a], a.ptr, ne[0], offset)
+        fn = (lib.ggml_view_2d, lib.ggml_view_3d, lib.ggml_view_4d)[len(ne) - 2]
+        return self._op(fn, [a], a.ptr, *ne, *nb, offset)
+
+    def permute(self, a: "Tensor", *axes: int) -> "Tensor":
+        """``ggml_permute``: dim i of a becomes dim ``axes[i]`` (ggml order); 2 to 4 axes
+        (missing ones stay in place)."""
+        a = _tensor(a, "a")
+        axes = tuple(int(x) for x in axes) + tuple(range(len(axes), 4))
+        if sorted(axes) != [0, 1, 2, 3]:
+            raise ValueError(f"permute axes {axes[:4]} are not a permutation of 0..3")
+        return self._op(lib.ggml_permute, [a], a.ptr, *axes)
+
+    def transpose(self, a: "Tensor") -> "Tensor":
+        """``ggml_transpose``: swap ne[0] and ne[1] (a view)."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_transpose, [a], a.ptr)
+
+    def concat(self, a: "Tensor", b: "Tensor", dim: int) -> "Tensor":
+        """``ggml_concat``: a and b joined along ggml dim ``dim``; other dims and types must match."""
+        a, b = _tensor(a, "a"), _tensor(b, "b")
+        if not 0 <= dim < 4:
+            raise ValueError("concat dim must be 0..3")
+        if a.type != b.type:
+            raise TypeError("concat: a and b must have the same type")
+        if any(a.ne[d] != b.ne[d] for d in range(4) if d != dim):
+            raise ValueError(f"concat along {dim}: ne {list(a.ne)} and {list(b.ne)} differ elsewhere")
+        return self._op(lib.ggml_concat, [a, b], a.ptr, b.ptr, dim)
+
+    # ------------------------------------------------------------------ indexing
+    def get_rows(self, a: "Tensor", rows: "Tensor") -> "Tensor":
+        """``ggml_get_rows``: rows of a (ne [n0, n1, n2, n3]) picked by I32 ``rows``
+        (ne [k, n2, n3]) -> ne [n0, k, n2, n3], F32 for quantized a."""
+        a, rows = _tensor(a, "a"), _tensor(rows, "rows")
+        if rows.type != lib.GGML_TYPE_I32:
+            raise TypeError("get_rows: the row indices must be I32")
+        if a.ne[2] != rows.ne[1] or a.ne[3] != rows.ne[2] or rows.ne[3] != 1:
+            raise ValueError(f"get_rows: rows ne={list(rows.ne)} do not fit a ne={list(a.ne)}")
+        return self._op(lib.ggml_get_rows, [a, rows], a.ptr, rows.ptr)
+
+    def set_rows(self, a: "Tensor", b: "Tensor", rows: "Tensor") -> "Tensor":
+        """``ggml_set_rows``: write the rows of b (F32/F16) into a at I32/I64 indices ``rows``;
+        returns a view of a."""
+        a, b, rows = _tensor(a, "a"), _tensor(b, "b"), _tensor(rows, "rows")
+        if b.type not in (lib.GGML_TYPE_F32, lib.GGML_TYPE_F16):
+            raise TypeError("set_rows: b must be F32 or F16")
+        if rows.type not in (lib.GGML_TYPE_I32, lib.GGML_TYPE_I64):
+            raise TypeError("set_rows: the row indices must be I32 or I64")
+        ok = (a.ne[0] == b.ne[0] and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3]
+              and b.ne[1] == rows.ne[0] and _divides(rows.ne[1], b.ne[2]) and _divides(rows.ne[2], b.ne[3])
+              and rows.ne[3] == 1)
+        if not ok:
+            raise ValueError(f"set_rows: a ne={list(a.ne)}, b ne={list(b.ne)}, rows ne={list(rows.ne)} do not fit")
+        if not (lib.ggml_is_contiguous_rows(a.ptr) and lib.ggml_is_contiguous_rows(b.ptr)):
+            raise ValueError("set_rows: a and b need contiguous rows")
+        return self._op(lib.ggml_set_rows, [a, b, rows], a.ptr, b.ptr, rows.ptr)
+
+    def diag_mask_inf(self, a: "Tensor", n_past: int) -> "Tensor":
+        """``ggml_diag_mask_inf``: -inf above the diagonal shifted by ``n_past`` (causal mask)."""
+        a = _tensor(a, "a")
+        return self._op(lib.ggml_diag_mask_inf, [a], a.ptr, int(n_past))
+
+    # ------------------------------------------------------------------ transformer pieces
+    def rope(self, a: "Tensor", pos: "Tensor", n_dims: int, mode: int = 0, n_ctx_orig: int = 0,
+             freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0,
+             attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
+             freq_factors: "Tensor | None" = None) -> "Tensor":
+        """``ggml_rope_ext``: rotary embedding of a (ne [head_dim, n_head, n_tokens, ...]) at
+        I32 positions ``pos`` (ne [n_tokens]). ``mode`` 0 (normal) or ``GGML_ROPE_TYPE_NEOX``."""
+        a, pos = _tensor(a, "a"), _tensor(pos, "pos")
+        if mode & 1:
+            raise ValueError("rope mode & 1 is no longer supported by ggml")
+        if mode & lib.GGML_ROPE_TYPE_MROPE:
+            raise ValueError("multi-section rope: use pyggml.lib.ggml_rope_multi")
+        if pos.type != lib.GGML_TYPE_I32 or pos.n_dims != 1 or pos.ne[0] != a.ne[2]:
+            raise ValueError(f"rope: pos must be an I32 vector of a.ne[2]={a.ne[2]} positions")
+        if not 0 < n_dims <= a.ne[0] or n_dims % 2:
+            raise ValueError("rope: n_dims must be even and in 1..a.ne[0]")
+        c = ffi.NULL
+        inputs = [a, pos]
+        if freq_factors is not None:
+            freq_factors = _tensor(freq_factors, "freq_factors")
+            if freq_factors.type != lib.GGML_TYPE_F32 or freq_factors.ne[0] < n_dims // 2:
+                raise ValueError("rope: freq_factors must be F32 with >= n_dims/2 entries")
+            c = freq_factors.ptr
+            inputs.append(freq_factors)
+        return self._op(lib.ggml_rope_ext, inputs, a.ptr, pos.ptr, c, n_dims, mode, n_ctx_orig,
+                        freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+
+    def _glu(self, fn: Any, fn_split: Any, a: "Tensor", b: "Tensor | None") -> "Tensor":
+        a = _tensor(a, "a")
+        if not lib.ggml_is_contiguous_1(a.ptr):
+            raise ValueError("glu ops need a contiguous tensor")
+        if b is None:
+            if a.ne[0] % 2:
+                raise ValueError("glu on one tensor needs an even ne[0] (it is split in halves)")
+            return self._op(fn, [a], a.ptr)
+        b = _tensor(b, "b")
+        if not lib.ggml_is_contiguous_1(b.ptr) or a.ne != b.ne or a.type != b.type:
+            raise ValueError("glu on two tensors needs contiguous tensors of the same ne and type")
+        return self._op(fn_split, [a, b], a.ptr, b.ptr)
+
+    def swiglu(self, a: "Tensor", b: "Tensor | None" = None) -> "Tensor":
+        """``ggml_swiglu`` (a split in halves: silu(x)·g) or ``ggml_swiglu_split`` (silu(a)·b)."""
+        return self._glu(lib.ggml_swiglu, lib.ggml_swiglu_split, a, b)
+
+    def geglu(self, a: "Tensor", b: "Tensor | None" = None) -> "Tensor":
+        """``ggml_geglu`` / ``ggml_geglu_split``: gelu(x)·g."""
+        return self._glu(lib.ggml_geglu, lib.ggml_geglu_split, a, b)
+
+    def argsort(self, a: "Tensor", descending: bool = False) -> "Tensor":
+        """``ggml_argsort``: I32 indices sorting each row of a."""
+        a = _tensor(a, "a")
+        if a.ne[0] > 2**31 - 1:
+            raise ValueError("argsort rows are limited to 2**31-1 elements")
+        order = lib.GGML_SORT_ORDER_DESC if descending else lib.GGML_SORT_ORDER_ASC
+        return self._op(lib.ggml_argsort, [a], a.ptr, order)
+
+    def arange(self, start: float, stop: float, step: float = 1.0) -> "Tensor":
+        """``ggml_arange``: F32 [ceil((stop - start) / step)]."""
+        if step == 0 or (stop - start) / step <= 0:
+            raise ValueError("arange: empty or infinite range")
+        n = -(-(stop - start) // step)
+        self._reserve(int(n) * 4)  # type: ignore[attr-defined]
+        return self._op(lib.ggml_arange, [], float(start), float(stop), float(step))
+
+
+def _prod(xs: Sequence[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out

@@ -1,0 +1,42 @@
+"""The ported upstream examples print what the upstream C programs print.
+
+The C programs are compiled from the vendored upstream source against pyggml's own libraries.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pyggml
+from conftest import ROOT
+
+UPSTREAM = ROOT / "vendor" / "ggml" / "examples" / "simple"
+
+
+def _upstream_output(name: str, tmp_path: Path) -> str:
+    src = UPSTREAM / f"{name}.cpp"
+    if not src.is_file() or shutil.which("g++") is None:
+        pytest.skip("needs vendor/ggml (filled by the build) and g++")
+    exe = tmp_path / name
+    subprocess.run(["g++", "-O1", str(src), "-I", str(pyggml.INCLUDE_DIR), "-L", str(pyggml.LIB_DIR),
+                    "-lggml", "-lggml-base", "-lggml-cpu", f"-Wl,-rpath,{pyggml.LIB_DIR}", "-o", str(exe)],
+                   check=True)
+    return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+
+
+def _port_output(name: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
+    return subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py")], check=True,
+                          capture_output=True, text=True, cwd=ROOT / "examples", env=env).stdout
+
+
+@pytest.mark.parametrize("name", ["simple-ctx", "simple-backend"])
+def test_port_prints_what_upstream_prints(name, tmp_path):
+    expected = _upstream_output(name, tmp_path)
+    assert "mul mat (4 x 3)" in expected
+    assert _port_output(name.replace("-", "_")) == expected

@@ -1,0 +1,311 @@
+"""The Pythonic layer: contexts, tensors, ops, graphs, buffers, backends, devices, scheduler.
+
+Results are checked against NumPy computing the same thing.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import ClosedError, Context, CPUBackend, GGMLType, GraphAllocator, Scheduler, lib
+from pyggml.device import device_by_name, device_by_type, devices, registries, registry_by_name
+
+rng = np.random.default_rng(1)
+
+
+def compute(ctx, out, backend=None):
+    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
+    return out.numpy()
+
+
+# ------------------------------------------------------------------ ne / shape
+def test_ne_is_numpy_shape_reversed():
+    with Context(1 << 20) as ctx:
+        x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        t = ctx.from_numpy(x)
+        assert t.ne == (4, 3, 2, 1) and t.shape == (2, 3, 4)
+        assert t.nb == (4, 16, 48, 96)
+        np.testing.assert_array_equal(t.numpy(), x)
+        assert ctx.new_tensor(GGMLType.F32, [5, 1, 1]).shape == (5,)  # ggml_n_dims drops trailing 1s
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int8, np.int16, np.int32, np.int64])
+def test_numpy_round_trip_plain_types(dtype):
+    x = (rng.standard_normal((3, 5)) * 50).astype(dtype)
+    with Context(1 << 20) as ctx:
+        t = ctx.from_numpy(x)
+        out = t.numpy()
+        assert out.dtype == dtype and out.shape == (3, 5)
+        np.testing.assert_array_equal(out, x)
+
+
+def test_quantized_tensor_set_and_dequantize():
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    with Context(1 << 20) as ctx:
+        t = ctx.new_tensor(GGMLType.Q8_0, [64, 4])
+        t.set(x)
+        out = t.numpy()
+        assert out.dtype == np.float32 and out.shape == (4, 64)
+        assert np.abs(out - x).max() < 0.02  # Q8_0: 8 bits per value, one scale per 32
+        with pytest.raises(ValueError):
+            t.numpy(copy=False)
+
+
+# ------------------------------------------------------------------ ops vs NumPy
+def test_ops_match_numpy():
+    a = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    b = rng.standard_normal((4, 8)).astype(np.float32)
+    w = rng.standard_normal((5, 8)).astype(np.float32)
+    with Context(16 << 20) as ctx:
+        ta, tb, tw = ctx.from_numpy(a), ctx.from_numpy(b), ctx.from_numpy(w)
+        np.testing.assert_allclose(compute(ctx, ta + tb), a + b, rtol=1e-6)          # tiled
+        np.testing.assert_allclose(compute(ctx, ta * tb - tb), a * b - b, rtol=1e-6)
+        np.testing.assert_allclose(compute(ctx, ctx.mul_mat(tw, ta)), a @ w.T, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(compute(ctx, ctx.soft_max(ta, scale=0.5)),
+                                   np.exp(a / 2) / np.exp(a / 2).sum(-1, keepdims=True), rtol=1e-5)
+        mean, var = a.mean(-1, keepdims=True), a.var(-1, keepdims=True)
+        np.testing.assert_allclose(compute(ctx, ctx.norm(ta, 1e-5)), (a - mean) / np.sqrt(var + 1e-5),
+                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(compute(ctx, ctx.sum_rows(ta)), a.sum(-1, keepdims=True), rtol=1e-5)
+        np.testing.assert_allclose(compute(ctx, ctx.cont(ctx.permute(ta, 1, 0, 2))),
+                                   a.transpose(0, 2, 1), rtol=0)
+        np.testing.assert_allclose(compute(ctx, ctx.unary("relu", ta)), np.maximum(a, 0))
+        np.testing.assert_allclose(compute(ctx, ctx.silu(ta)), a / (1 + np.exp(-a)), rtol=1e-5)
+        idx = ctx.from_numpy(np.array([2, 0], dtype=np.int32))
+        np.testing.assert_array_equal(compute(ctx, ctx.get_rows(tw, idx)), w[[2, 0]])
+        np.testing.assert_array_equal(compute(ctx, ctx.concat(tb, tb, 1)), np.concatenate([b, b], 0))
+        np.testing.assert_allclose(compute(ctx, ctx.reshape(tb, 32)), b.reshape(32))
+
+
+def test_view_of_a_row():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with Context(1 << 20) as ctx:
+        t = ctx.from_numpy(x)
+        row1 = ctx.view(t, [4], offset=t.nb[1])
+        np.testing.assert_array_equal(row1.numpy(), x[1])
+        with pytest.raises(ValueError, match="outside"):
+            ctx.view(t, [4, 3], offset=t.nb[1])
+
+
+# ------------------------------------------------------------------ bad input: exceptions, not aborts
+def test_ggml_asserts_become_exceptions():
+    with Context(1 << 20) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [4, 3])
+        b = ctx.new_tensor(GGMLType.F32, [3, 4])
+        with pytest.raises(ValueError, match="tile"):
+            ctx.add(a, b)
+        with pytest.raises(ValueError, match="mul_mat"):
+            ctx.mul_mat(a, b)
+        with pytest.raises(ValueError, match="reshape"):
+            ctx.reshape(a, 5)
+        with pytest.raises(ValueError, match="permutation"):
+            ctx.permute(a, 0, 0, 1, 2)
+        with pytest.raises(TypeError, match="I32"):
+            ctx.get_rows(a, b)
+        with pytest.raises(ValueError, match="block size"):
+            ctx.new_tensor(GGMLType.Q4_0, [33])
+        with pytest.raises(ValueError, match="dims"):
+            ctx.new_tensor(GGMLType.F32, [1, 2, 3, 4, 5])
+        with pytest.raises(ValueError):
+            ctx.new_tensor(999, [4])
+        with pytest.raises(TypeError):
+            ctx.add(a, np.ones(3))
+        with pytest.raises(ValueError, match="63"):
+            a.name = "x" * 64
+        with pytest.raises(ValueError, match="no data"):
+            Context.for_tensors(4).new_tensor(GGMLType.F32, [4]).numpy()
+
+
+def test_full_context_raises_memory_error():
+    with Context(4096) as ctx:
+        with pytest.raises(MemoryError, match="context full"):
+            ctx.new_tensor(GGMLType.F32, [10_000])
+        small = [ctx.new_tensor(GGMLType.F32, [1]) for _ in range(5)]
+        with pytest.raises(MemoryError):
+            for _ in range(100):
+                small.append(ctx.add(small[0], small[0]))
+
+
+def test_graph_too_small_raises():
+    with Context(1 << 20) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [4])
+        for _ in range(10):
+            x = x + x
+        with pytest.raises(ValueError, match="too small"):
+            ctx.new_graph(size=5).build_forward(x)
+
+
+def test_unsupported_type_is_refused_before_compute():
+    with Context(1 << 20) as ctx:
+        a = ctx.from_numpy(np.ones(4, dtype=np.int8))
+        with pytest.raises(ValueError, match="cannot compute"):
+            ctx.new_graph().build_forward(ctx.unary("gelu", a)).compute()
+
+
+# ------------------------------------------------------------------ lifetimes
+def test_closed_objects_raise_instead_of_crashing():
+    ctx = Context(1 << 20)
+    t = ctx.from_numpy(np.ones(4, dtype=np.float32))
+    ctx.close()
+    ctx.close()  # idempotent
+    with pytest.raises(ClosedError):
+        t.numpy()
+    with pytest.raises(ClosedError):
+        ctx.new_tensor(GGMLType.F32, [1])
+    be = CPUBackend()
+    be.close()
+    with pytest.raises(ClosedError):
+        be.name
+
+
+def test_zero_copy_view_keeps_memory_alive_and_writes_through():
+    ctx = Context(1 << 20)
+    t = ctx.from_numpy(np.zeros((2, 3), dtype=np.float32))
+    view = t.numpy(copy=False)
+    view[1, 2] = 7.0
+    assert t.numpy()[1, 2] == 7.0
+    out = ctx.scale(t, 2.0)
+    ctx.new_graph().build_forward(out).compute()
+    assert out.numpy()[1, 2] == 14.0
+    del t, out
+    ctx.close()  # the view still points into the arena: it is freed with the view
+    gc.collect()
+    assert view[1, 2] == 7.0
+    del view
+    gc.collect()
+
+
+def test_backend_buffer_from_numpy_without_copy():
+    arr = pyggml.cpu.aligned_zeros(64, np.float32)
+    buf = pyggml.cpu.cpu_buffer_from_array(arr)
+    assert buf.base == arr.__array_interface__["data"][0] and buf.size == arr.nbytes
+    buf.clear(0)
+    buf.numpy()[:4] = 1
+    assert arr.view(np.uint8)[:4].tolist() == [1, 1, 1, 1]
+    dev_buf = device_by_type("cpu").buffer_from_host_ptr(arr)
+    assert dev_buf.size == arr.nbytes
+    with pytest.raises(ValueError, match="aligned"):
+        pyggml.cpu.cpu_buffer_from_array(np.zeros(65, dtype=np.uint8)[1:])
+
+
+# ------------------------------------------------------------------ backends, devices, registry
+def test_registry_devices_and_backend_properties():
+    assert "CPU" in [r.name for r in registries()]
+    cpu_dev = device_by_name("cpu")  # case-insensitive, as ggml
+    assert cpu_dev in devices() and cpu_dev.type == "cpu"
+    assert cpu_dev.registry == registry_by_name("CPU")
+    props = cpu_dev.props
+    assert props.name == "CPU" and props.memory_total > 0
+    with pytest.raises(KeyError):
+        device_by_name("no-such-device")
+    with device_by_type("cpu").init() as be:
+        assert isinstance(be, CPUBackend) and be.name == "CPU" and len(be.guid) == 16
+        buft = be.default_buffer_type
+        assert buft.is_host and buft.alignment >= 32
+        assert buft.device is None  # ggml leaves the CPU buffer type without a device (ggml-backend.cpp)
+        with buft.alloc_buffer(1024) as buf:
+            assert buf.size == 1024 and buf.is_host and buf.usage == "any"
+            buf.usage = "weights"
+            assert buf.usage == "weights"
+        with pytest.raises(ValueError):
+            be.alloc_buffer(-1)
+        assert be.device.registry.get_proc_address("ggml_backend_set_n_threads") is not None
+        with pytest.raises(ValueError, match="events"):
+            pyggml.Event(be.device)
+
+
+def test_alloc_tensors_and_graph_allocator():
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    with CPUBackend(n_threads=2) as be, Context.for_tensors(4) as wctx, Context.for_tensors(16, graph_size=16) as ctx:
+        w = wctx.from_numpy(x)
+        buf = wctx.alloc_tensors(be)
+        w.set(x)
+        y = ctx.sqr(w)
+        g = ctx.new_graph(16).build_forward(y)
+        with GraphAllocator(be) as galloc:
+            galloc.alloc_graph(g)
+            assert galloc.buffer_size >= y.nbytes
+            g.compute(be)
+            np.testing.assert_array_equal(y.numpy(), x ** 2)
+        assert buf.size >= x.nbytes
+        be.tensor_memset(w, 0)
+        assert not w.numpy().any()
+
+
+def test_scheduler_eval_callback_sees_and_stops():
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    with CPUBackend() as be, Context.for_tensors(16, graph_size=16) as ctx:
+        sched = Scheduler([be], graph_size=16)
+        a = ctx.new_tensor(GGMLType.F32, [8, 2]).set_input()
+        out = ctx.unary("tanh", ctx.sqr(a))
+        g = ctx.new_graph(16).build_forward(out)
+        seen = []
+
+        def watch(t, ask):
+            if not ask:
+                seen.append((t.op_name, t.numpy().copy()))
+            return True
+
+        sched.eval_callback = watch
+        sched.alloc_graph(g)
+        a.set(x)
+        assert sched.compute(g) is True
+        assert [name for name, _ in seen] == ["SQR", "UNARY"]
+        np.testing.assert_allclose(seen[0][1], x ** 2, rtol=1e-6)
+        assert sched.n_splits == 1 and sched.get_tensor_backend(out) == be
+
+        seen.clear()
+        sched.eval_callback = lambda t, ask: ask or (seen.append(t.op_name) or t.op_name != "SQR")
+        assert sched.compute(g) is False   # stopped after SQR
+        assert seen == ["SQR"]
+
+        def boom(t, ask):
+            raise RuntimeError("from the callback")
+
+        sched.eval_callback = boom
+        with pytest.raises(RuntimeError, match="from the callback"):
+            sched.compute(g)
+        sched.close()
+
+
+def test_scheduler_refuses_what_ggml_asserts():
+    with CPUBackend() as be:
+        with pytest.raises(ValueError, match="1 to 16"):
+            Scheduler([])
+        with pytest.raises(ValueError, match="1 to 16"):
+            Scheduler([be] * 17)
+
+
+def test_ctrl_c_interrupts_a_cpu_compute():
+    """SIGINT during compute: the abort callback stops it and KeyboardInterrupt is raised."""
+    with CPUBackend(n_threads=1) as be, Context(256 << 20) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [512, 512])
+        x.set(np.ones((512, 512), dtype=np.float32) * 1e-3)
+        y = x
+        for _ in range(200):
+            y = ctx.mul_mat(x, y)
+        g = ctx.new_graph(512).build_forward(y)
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                g.compute(be)
+        finally:
+            timer.cancel()
+
+
+# ------------------------------------------------------------------ logging
+def test_ggml_log_goes_to_named_loggers(caplog, tmp_path):
+    pyggml.log.install()  # idempotent; installed at import
+    with caplog.at_level(logging.DEBUG, logger="pyggml.ggml"):
+        missing = str(tmp_path / "missing.gguf").encode()
+        assert lib.gguf_init_from_file(missing, {"no_alloc": True, "ctx": pyggml.ffi.NULL}) == pyggml.ffi.NULL
+    recs = [r for r in caplog.records if "missing.gguf" in r.getMessage()]
+    assert recs and recs[0].name == "pyggml.ggml.gguf" and recs[0].levelno == logging.ERROR
