@@ -32,6 +32,7 @@ from .graph import Graph
 from .sched import Scheduler
 from .tensor import Tensor
 from .types import GGMLType
+from . import utils
 
 __version__ = "0.1.0"
 

@@ -195,7 +195,8 @@ class Tensor(CObject):
             raise ValueError(f"tensor {self.name!r} has no data yet: allocate it in a buffer "
                              "(Context.alloc_tensors, a graph allocator or a scheduler)")
         buf = self.buffer_ptr
-        if buf != ffi.NULL and self.ctx._buffer_closed(buf):
+        buffer_closed = getattr(self.ctx, "_buffer_closed", None)
+        if buf != ffi.NULL and buffer_closed is not None and buffer_closed(buf):
             raise ClosedError(f"the buffer holding tensor {self.name!r} is closed")
         return p
 
@@ -226,7 +227,7 @@ class Tensor(CObject):
                 raise ValueError(f"tensor {self.name!r} is not in host memory: use copy=True")
             owners = [self.ctx]
             if self.buffer_ptr != ffi.NULL:
-                buf = next((b for b in self.ctx._buffers if b._c_addr == self.buffer_ptr), None)
+                buf = next((b for b in getattr(self.ctx, "_buffers", ()) if b._c_addr == self.buffer_ptr), None)
                 if buf is None:
                     raise ValueError(f"tensor {self.name!r} lives in a buffer its context does not own "
                                      "(a graph allocator or scheduler reuses it): use copy=True")
