@@ -359,9 +359,6 @@ class Backend(CObject):
         graph._check_computable(self)
         return GraphPlan(lib.ggml_backend_graph_plan_create(self.ptr, graph.ptr), self, graph)
 
-    def _raise_interrupt(self) -> None:
-        """Hook for backends whose abort callback records an interrupt (CPU)."""
-
     def __repr__(self) -> str:
         return "<Backend (closed)>" if self.closed else f"<Backend {self.name}>"
 

@@ -50,6 +50,8 @@ class Context(CObject, Ops):
             raise MemoryError(f"ggml_init could not allocate {mem_size} bytes")
         super().__init__(ptr, owned=True)
         self._buffers: list["Buffer"] = []
+        self._callbacks: list[Any] = []       # Python ops (map_custom) live as long as the context
+        self._custom_errors: list[BaseException] = []
 
     @classmethod
     def for_tensors(cls, n_tensors: int, *, graph_size: int = 0) -> "Context":

@@ -42,6 +42,25 @@ _BINARY_TYPES = {(_F32, _F32, _F32), (_F16, _F16, _F16), (_BF16, _BF16, _BF16), 
                  (_BF16, _F32, _F32), (_F16, _F32, _F16), (_F16, _F32, _F32)}
 
 
+_FLOATS = {_F32, _F16, _BF16}
+
+
+def _cpu_can_convert(src: int, dst: int) -> bool:
+    """Type conversions of ggml_compute_forward_dup (CPY, DUP, CONT)."""
+    if src == dst:
+        return True
+    if src in _FLOATS:
+        if dst in _FLOATS or (src == _F32 and dst == lib.GGML_TYPE_I32):
+            return True
+        return bool(lib.ggml_is_quantized(dst)) and lib.ggml_get_type_traits_cpu(dst).from_float != ffi.NULL
+    if src == lib.GGML_TYPE_I32:
+        return dst == _F32
+    return bool(lib.ggml_is_quantized(src)) and dst == _F32
+
+
+_CONVERT = {lib.GGML_OP_CPY, lib.GGML_OP_DUP, lib.GGML_OP_CONT}
+
+
 def cpu_kernel_supports(node: Tensor) -> bool:
     """Whether ggml's CPU kernels handle the types of ``node`` (a stricter check than
     ``ggml_backend_supports_op``, whose CPU answer is true for some type combinations whose
@@ -49,6 +68,8 @@ def cpu_kernel_supports(node: Tensor) -> bool:
     p = node.ptr
     if p.op in _BINARY:
         return (p.src[0].type, p.src[1].type, p.type) in _BINARY_TYPES
+    if p.op in _CONVERT:
+        return _cpu_can_convert(p.src[0].type, p.type)
     allowed = _CPU_SRC0_TYPES.get(p.op)
     return allowed is None or p.src[0].type in allowed
 

@@ -135,8 +135,13 @@ class Graph(CObject):
             assert isinstance(backend, Backend)
             self._check_computable(backend)
             status = lib.ggml_backend_graph_compute(backend.ptr, self.ptr)
+            custom_errors = getattr(self.ctx, "_custom_errors", [])
+            if custom_errors:  # raised by map_custom functions on CPU worker threads
+                err = custom_errors[0]
+                custom_errors.clear()
+                callbacks.take_pending()
+                raise err
             callbacks.raise_pending()
-            backend._raise_interrupt()
             if status != lib.GGML_STATUS_SUCCESS:
                 raise GGMLError(f"graph compute failed: {status_name(status)}")
         finally:

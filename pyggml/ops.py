@@ -19,7 +19,23 @@ from ._loader import ffi, lib
 if TYPE_CHECKING:
     from .tensor import Tensor
 
-__all__ = ["Ops", "UNARY_OPS"]
+__all__ = ["Ops", "UNARY_OPS", "host_array"]
+
+
+def host_array(t: "Tensor") -> Any:
+    """A NumPy view of any tensor's host memory (no ownership checks: for use inside
+    :meth:`Ops.map_custom` functions, where ggml owns the data for the call's duration)."""
+    import numpy as np
+
+    from . import types
+    from .tensor import _ArrayOwner
+
+    p = t.ptr
+    dtype = types.numpy_dtype(p.type)
+    if dtype is None or p.data == ffi.NULL:
+        raise ValueError(f"no NumPy view of a {t.type_name} tensor without data")
+    ne, nb = t.ne[:t.n_dims], t.nb[:t.n_dims]
+    return np.asarray(_ArrayOwner(int(ffi.cast("uintptr_t", p.data)), reversed(ne), reversed(nb), dtype, t))
 
 #: element-wise ops of one tensor, name -> ggml function (``ggml_unary`` family and friends)
 UNARY_OPS = {name: getattr(lib, f"ggml_{name}") for name in (
@@ -283,8 +299,8 @@ class Ops:
         nb = [int(x) for x in nb]
         if len(nb) != len(ne) - 1 or any(x < 0 for x in nb):
             raise ValueError(f"view of {len(ne)} dims takes {len(ne) - 1} strides")
-        row = types.row_size(a.type, ne[0])
-        size = 0 if 0 in ne else row + sum((n - 1) * s for n, s in zip(ne[1:], nb))
+        # as ggml_new_tensor_impl: the view's contiguous size, whatever its strides
+        size = types.row_size(a.type, ne[0]) * _prod(ne[1:])
         if size and offset + size > a.nbytes:
             raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a ({a.nbytes} bytes)")
         if len(ne) == 1:
@@ -405,6 +421,38 @@ class Ops:
             raise ValueError("argsort rows are limited to 2**31-1 elements")
         order = lib.GGML_SORT_ORDER_DESC if descending else lib.GGML_SORT_ORDER_ASC
         return self._op(lib.ggml_argsort, [a], a.ptr, order)
+
+    # ------------------------------------------------------------------ Python ops
+    def map_custom(self, fn: Any, *args: "Tensor", n_tasks: int = -1) -> "Tensor":
+        """``ggml_map_custom{1,2,3}``: a node computed by the Python function
+        ``fn(dst, *args, ith, nth)`` (all Tensors; NumPy views via ``.numpy(copy=False)`` or
+        :func:`pyggml.ops.host_array`). The result has ``args[0]``'s type and ne.
+
+        ggml calls ``fn`` from ``nth`` CPU worker threads at once (``n_tasks``, -1 = all;
+        the GIL serialises them): thread ``ith`` should do its share. An exception inside
+        ``fn`` is re-raised by :meth:`pyggml.graph.Graph.compute`. CPU backend only.
+        """
+        from . import callbacks
+
+        if not 1 <= len(args) <= 3:
+            raise ValueError("map_custom takes 1 to 3 source tensors")
+        ts = [_tensor(t, f"args[{i}]") for i, t in enumerate(args)]
+        if n_tasks != lib.GGML_N_TASKS_MAX and n_tasks < 1:
+            raise ValueError("n_tasks must be -1 (all threads) or >= 1")
+        ctx = self
+
+        def trampoline(dst: Any, *rest: Any) -> None:
+            *srcs, ith, nth, _ud = rest
+            try:
+                fn(ctx._wrap(dst), *(ctx._wrap(s) for s in srcs), ith, nth)
+            except BaseException as e:
+                ctx._custom_errors.append(e)  # worker threads: re-raised by Graph.compute
+                raise
+
+        cb = callbacks.Callback(f"ggml_custom{len(ts)}_op_t", trampoline)
+        self._callbacks.append(cb)  # type: ignore[attr-defined]  # lives as long as the node
+        c_fn = (lib.ggml_map_custom1, lib.ggml_map_custom2, lib.ggml_map_custom3)[len(ts) - 1]
+        return self._op(c_fn, ts, *(t.ptr for t in ts), cb.fn, n_tasks, cb.user_data)
 
     def arange(self, start: float, stop: float, step: float = 1.0) -> "Tensor":
         """``ggml_arange``: F32 [ceil((stop - start) / step)]."""

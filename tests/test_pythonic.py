@@ -400,3 +400,32 @@ def test_objects_left_open_at_interpreter_exit_are_harmless():
     env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_python_function_as_a_ggml_op():
+    from pyggml.ops import host_array
+
+    x = rng.standard_normal((6, 10)).astype(np.float32)
+    y = rng.standard_normal((6, 10)).astype(np.float32)
+    threads = set()
+
+    def hypot(dst, a, b, ith, nth):
+        threads.add((ith, nth))
+        rows = slice(ith * 6 // nth, (ith + 1) * 6 // nth)   # NumPy rows = ne[1]
+        host_array(dst)[rows] = np.hypot(host_array(a)[rows], host_array(b)[rows])
+
+    with Context(1 << 20) as ctx:
+        ta, tb = ctx.from_numpy(x), ctx.from_numpy(y)
+        out = ctx.map_custom(hypot, ta, tb) * 2.0
+        ctx.new_graph().build_forward(out).compute(n_threads=2)
+        np.testing.assert_allclose(out.numpy(), 2 * np.hypot(x, y), rtol=1e-6)
+        assert threads == {(0, 2), (1, 2)}
+
+        def broken(dst, a, ith, nth):
+            raise ZeroDivisionError("inside a ggml worker")
+
+        bad = ctx.map_custom(broken, ta)
+        with pytest.raises(ZeroDivisionError, match="worker"):
+            ctx.new_graph().build_forward(bad).compute(n_threads=2)
+        with pytest.raises(ValueError):
+            ctx.map_custom(broken)
