@@ -2,7 +2,7 @@
 buffer per buffer type, reusing memory of tensors no longer needed."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._base import CObject, GGMLError
 from ._loader import ffi, lib
@@ -12,6 +12,35 @@ if TYPE_CHECKING:
     from .graph import Graph
 
 __all__ = ["GraphAllocator"]
+
+
+class _Placements:
+    """Which contexts hold tensors placed in an allocator's buffers, and in which buffers.
+
+    The contexts keep the allocator alive; when the allocator frees a buffer (close, or a
+    reallocation that grows it) the contexts learn that tensors in it have no data any more.
+    """
+
+    def __init__(self) -> None:
+        self.contexts: list[Any] = []
+        self.buffers: set[int] = set()
+
+    def record(self, graph: "Graph", allocator: Any) -> None:
+        bufs = {int(ffi.cast("uintptr_t", t.buffer_ptr)) for t in graph.nodes + graph.leafs
+                if t.buffer_ptr != ffi.NULL}
+        self.release(keep=bufs)  # buffers not used any more were freed by a reallocation
+        self.buffers |= bufs
+        ctx = graph.ctx
+        if hasattr(ctx, "_adopt_allocator"):
+            ctx._adopt_allocator(allocator)
+            if not any(c is ctx for c in self.contexts):
+                self.contexts.append(ctx)
+
+    def release(self, keep: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+        gone = self.buffers - keep
+        for ctx in self.contexts:
+            ctx._dead_buffers |= gone
+        self.buffers &= keep
 
 
 class GraphAllocator(CObject):
@@ -27,6 +56,7 @@ class GraphAllocator(CObject):
         buft = where.default_buffer_type if isinstance(where, Backend) else where
         super().__init__(lib.ggml_gallocr_new(buft.ptr), owned=True)
         self._buft = buft
+        self._placed = _Placements()
 
     def reserve(self, graph: "Graph") -> None:
         """``ggml_gallocr_reserve``: size the buffer for ``graph`` (a worst case) without
@@ -41,6 +71,12 @@ class GraphAllocator(CObject):
         Raises MemoryError on failure."""
         if not lib.ggml_gallocr_alloc_graph(self.ptr, graph.ptr):
             raise MemoryError("ggml_gallocr_alloc_graph failed")
+        self._placed.record(graph, self)
+
+    def close(self) -> None:
+        """``ggml_gallocr_free``: tensors it placed lose their data (using them raises)."""
+        super().close()
+        self._placed.release()
 
     @property
     def buffer_size(self) -> int:

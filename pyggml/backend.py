@@ -41,6 +41,11 @@ def _tensor_with_data(t: Tensor) -> Any:
     return p
 
 
+def _same_layout(a: Tensor, b: Tensor) -> bool:
+    """ggml_are_same_layout (static in ggml-impl.h): same type, ne and nb."""
+    return a.type == b.type and a.ne == b.ne and a.nb == b.nb
+
+
 def _check_range(t: Tensor, offset: int, size: int) -> None:
     if offset < 0 or size < 0 or offset + size > t.nbytes:
         raise ValueError(f"bytes [{offset}, {offset + size}) are outside tensor {t.name!r} ({t.nbytes} bytes)")
@@ -324,14 +329,14 @@ class Backend(CObject):
     def tensor_copy(src: Tensor, dst: Tensor) -> None:
         """``ggml_backend_tensor_copy`` between any buffers; layouts must match."""
         ps, pd = _tensor_with_data(src), _tensor_with_data(dst)
-        if not lib.ggml_are_same_layout(ps, pd):
+        if not _same_layout(src, dst):
             raise ValueError("tensor_copy needs tensors of the same type, ne and nb")
         lib.ggml_backend_tensor_copy(ps, pd)
 
     def tensor_copy_async(self, dst_backend: "Backend", src: Tensor, dst: Tensor) -> None:
         """``ggml_backend_tensor_copy_async`` from this backend to ``dst_backend``."""
         ps, pd = _tensor_with_data(src), _tensor_with_data(dst)
-        if not lib.ggml_are_same_layout(ps, pd):
+        if not _same_layout(src, dst):
             raise ValueError("tensor_copy_async needs tensors of the same type, ne and nb")
         lib.ggml_backend_tensor_copy_async(self.ptr, dst_backend.ptr, ps, pd)
 

@@ -51,6 +51,8 @@ class Context(CObject, Ops):
         super().__init__(ptr, owned=True)
         self._buffers: list["Buffer"] = []
         self._callbacks: list[Any] = []       # Python ops (map_custom) live as long as the context
+        self._allocators: list[Any] = []      # graph allocators / schedulers holding our tensors' data
+        self._dead_buffers: set[int] = set()  # addresses of buffers freed under our tensors
         self._custom_errors: list[BaseException] = []
 
     @classmethod
@@ -205,7 +207,14 @@ class Context(CObject, Ops):
         return buf
 
     def _buffer_closed(self, buf_ptr: Any) -> bool:
+        if int(ffi.cast("uintptr_t", buf_ptr)) in self._dead_buffers:
+            return True
         return any(b._ptr is None and b._c_addr == buf_ptr for b in self._buffers)
+
+    def _adopt_allocator(self, allocator: Any) -> None:
+        """Keep a graph allocator/scheduler that placed tensors of this context alive."""
+        if not any(a is allocator for a in self._allocators):
+            self._allocators.append(allocator)
 
     def close(self) -> None:
         """``ggml_free``, then the backend buffers made by :meth:`alloc_tensors`."""

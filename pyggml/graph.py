@@ -103,13 +103,20 @@ class Graph(CObject):
         return Tensor(t, self.ctx, (self,))
 
     def _check_computable(self, backend: "Backend") -> None:
+        from ._base import ClosedError
+
+        buffer_closed = getattr(self.ctx, "_buffer_closed", lambda buf: False)
         for t in self.nodes:
             p = t.ptr
             for s in [p] + [s for s in p.src if s != ffi.NULL]:
+                name = ffi.string(s.name).decode() or "(unnamed)"
                 if s.data == ffi.NULL and not (s.view_src != ffi.NULL and s.view_src.data != ffi.NULL):
-                    name = ffi.string(s.name).decode() or "(unnamed)"
                     raise ValueError(f"tensor {name} of node {t.name or t.op_name} has no data: "
                                      "allocate the graph first (GraphAllocator, Scheduler, alloc_tensors)")
+                buf = s.view_src.buffer if s.view_src != ffi.NULL else s.buffer
+                if buf != ffi.NULL and buffer_closed(buf):
+                    raise ClosedError(f"the buffer holding tensor {name} was freed (its allocator "
+                                      "or buffer is closed): allocate the graph again")
             if not t.is_empty_op() and not backend.supports_op(t):
                 raise ValueError(f"backend {backend.name} cannot compute node {t.name!r} "
                                  f"({t.op_name}, {t.type_name}, srcs "

@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 from . import callbacks
 from ._base import CObject, GGMLError
 from ._loader import ffi, lib
+from .alloc import _Placements
 from .backend import Backend, BufferType
 from .graph import Graph, status_name
 from .tensor import Tensor
@@ -61,6 +62,7 @@ class Scheduler(CObject):
         self._eval_func: EvalCallback | None = None
         self._graph: Graph | None = None
         self._stopped = False
+        self._placed = _Placements()
 
     @property
     def backends(self) -> list[Backend]:
@@ -105,6 +107,7 @@ class Scheduler(CObject):
             raise MemoryError("ggml_backend_sched_alloc_graph failed")
         self._is_alloc = True
         self._graph = graph
+        self._placed.record(graph, self)
 
     def reset(self) -> None:
         """``ggml_backend_sched_reset``: forget the allocation (tensor data becomes invalid)."""
@@ -129,6 +132,7 @@ class Scheduler(CObject):
         self._stopped = False
         status = fn(self.ptr, graph.ptr)
         self._is_alloc = True
+        self._placed.record(graph, self)
         callbacks.raise_pending()
         if status != lib.GGML_STATUS_SUCCESS:
             raise GGMLError(f"scheduler compute failed: {status_name(status)}")
@@ -136,6 +140,11 @@ class Scheduler(CObject):
 
     def synchronize(self) -> None:
         lib.ggml_backend_sched_synchronize(self.ptr)
+
+    def close(self) -> None:
+        """``ggml_backend_sched_free``: tensors it placed lose their data (using them raises)."""
+        super().close()
+        self._placed.release()
 
     # ------------------------------------------------------------------ inspection
     @property

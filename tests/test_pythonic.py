@@ -429,3 +429,64 @@ def test_python_function_as_a_ggml_op():
             ctx.new_graph().build_forward(bad).compute(n_threads=2)
         with pytest.raises(ValueError):
             ctx.map_custom(broken)
+
+
+def test_async_copies_plans_multi_buffers_and_backend_loading(tmp_path):
+    import subprocess
+
+    from pyggml.device import load_backend
+
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    with CPUBackend() as be, Context.for_tensors(8, graph_size=8) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [8, 2])
+        b = ctx.new_tensor(GGMLType.F32, [8, 2])
+        ctx.alloc_tensors(be)
+        be.tensor_set_async(a, x)
+        out = np.empty_like(x)
+        be.tensor_get_async(a, out)
+        be.synchronize()
+        np.testing.assert_array_equal(out, x)
+        with pytest.raises(ValueError, match="outside"):
+            be.tensor_set_async(a, x, offset=4)
+        CPUBackend.tensor_copy(a, b)
+        np.testing.assert_array_equal(b.numpy(), x)
+
+        y = ctx.sqr(a)
+        g = ctx.new_graph(8).build_forward(y)
+        GraphAllocator(be).alloc_graph(g)
+        with be.graph_plan(g) as plan:   # the CPU backend implements graph plans
+            plan.compute()
+        np.testing.assert_array_equal(y.numpy(), x ** 2)
+
+    bufs = [pyggml.cpu.cpu_buffer_type().alloc_buffer(n) for n in (64, 128)]
+    with pyggml.Buffer.multi(bufs) as multi:
+        assert multi.is_multi_buffer and multi.size == 192
+        multi.clear(7)
+        assert bufs[1].numpy()[0] == 7
+
+    src = tmp_path / "empty.c"
+    src.write_text("int not_a_backend = 1;\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libggml-empty.so"), str(src)], check=True)
+    with pytest.raises(pyggml.GGMLError, match="could not load"):
+        load_backend(tmp_path / "libggml-empty.so")
+    with pytest.raises(FileNotFoundError):
+        load_backend(tmp_path / "missing.so")
+
+
+def test_allocators_stay_alive_with_their_tensors_and_closing_them_invalidates_data():
+    x = np.ones((2, 4), dtype=np.float32)
+    with CPUBackend() as be, Context.for_tensors(8, graph_size=8) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+        y = ctx.sqr(a)
+        g = ctx.new_graph(8).build_forward(y)
+        GraphAllocator(be).alloc_graph(g)   # no reference kept: the context keeps it alive
+        gc.collect()
+        a.set(x)
+        g.compute(be)
+        np.testing.assert_array_equal(y.numpy(), x)
+        galloc = ctx._allocators[0]
+        galloc.close()
+        with pytest.raises(ClosedError):
+            y.numpy()
+        with pytest.raises(ClosedError):
+            g.compute(be)
