@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import callbacks
 from ._base import CObject, GGMLError
 from ._loader import ffi, lib
 from .tensor import Tensor
@@ -98,6 +99,7 @@ class BufferType(CObject):
         if size < 0 or size > self.max_size:
             raise ValueError(f"buffer size {size} is outside 0..{self.max_size}")
         ptr = lib.ggml_backend_buft_alloc_buffer(self.ptr, size)
+        callbacks.raise_pending()  # a Python buffer type's alloc_buffer may have raised
         if ptr == ffi.NULL:
             raise MemoryError(f"{self.name}: could not allocate {size} bytes")
         return Buffer(ptr, owned=True, keep=self)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from . import callbacks
 from ._base import CObject, GGMLError
 from ._loader import LIB_DIR, ffi, lib
 from .backend import Backend, Buffer, BufferType, _str
@@ -93,6 +94,7 @@ class Device(CObject):
         from .cpu import CPUBackend
 
         ptr = lib.ggml_backend_dev_init(self.ptr, params.encode() if params else ffi.NULL)
+        callbacks.raise_pending()  # a Python device's init_backend may have raised
         if ptr == ffi.NULL:
             raise GGMLError(f"device {self.name} could not initialise a backend")
         return CPUBackend._wrap(ptr) if lib.ggml_backend_is_cpu(ptr) else Backend(ptr)
