@@ -3,6 +3,7 @@ own buffer types, failures, threads, interpreter exit."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -193,3 +194,60 @@ def test_registration_is_undone_at_interpreter_exit():
     r = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "registered", r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# loadable modules, run by upstream's own test-backend-ops
+
+ARITH_SCRIPT = '''
+import numpy as np
+from pyggml import GGMLType
+from pyggml.cpu import cpu_buffer_type
+from pyggml.impl import PyBackend, PyDevice, PyRegistry
+from pyggml.ops import host_array
+
+
+class AddBackend(PyBackend):
+    def graph_compute(self, graph):
+        for node in graph.nodes:
+            if not node.is_empty_op():
+                host_array(node)[...] = host_array(node.src[0]) + host_array(node.src[1])
+
+
+class AddDevice(PyDevice):
+    def get_name(self):
+        return "PYADD"
+
+    def get_description(self):
+        return "ADD of same-shape F32 tensors in NumPy"
+
+    def init_backend(self, params):
+        return AddBackend(self)
+
+    def get_buffer_type(self):
+        return cpu_buffer_type()
+
+    def supports_op(self, op):
+        if op.is_empty_op():
+            return True
+        return (op.op_name == "ADD" and op.type == GGMLType.F32 and op.src[0].ne == op.src[1].ne
+                and all(s.type == GGMLType.F32 for s in op.src[:2]))
+
+
+registry = PyRegistry("PYADD", [AddDevice()])
+'''
+
+
+def test_module_built_from_a_script_runs_under_test_backend_ops(tmp_path, test_backend_ops):
+    from pyggml.module import build_module
+
+    script = tmp_path / "add_backend.py"
+    script.write_text(ARITH_SCRIPT)
+    lib_path = build_module(script, tmp_path / "libggml-pyadd.so")
+    env = dict(os.environ, GGML_BACKEND_PATH=str(lib_path))
+    r = subprocess.run([str(test_backend_ops), "test", "-b", "PYADD", "-o", "ADD"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    passed = re.search(r"(\d+)/(\d+) tests passed", r.stdout)
+    assert passed and passed.group(1) == passed.group(2) and int(passed.group(1)) > 10
+    assert "Backend PYADD: \x1b[1;32mOK" in r.stdout or "Backend PYADD: OK" in r.stdout
