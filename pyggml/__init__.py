@@ -44,4 +44,4 @@ _log.install()
 __all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "__version__",
            "GGMLError", "ClosedError", "Context", "Tensor", "Graph", "GraphAllocator", "Backend",
            "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool", "Device", "Registry",
-           "devices", "registries", "Scheduler", "GGMLType"]
+           "devices", "registries", "Scheduler", "GGMLType", "PACKAGE_DIR", "utils"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._base import CObject, GGMLError
+from ._base import CObject
 from ._loader import ffi, lib
 
 if TYPE_CHECKING:

@@ -161,8 +161,6 @@ class Context(CObject, Ops):
         In an allocating context the data is copied in; in a ``no_alloc`` context only the tensor
         is created (set its data once allocated). Raises TypeError for a dtype without a ggml type.
         """
-        from . import types
-
         a = np.asarray(array)
         if a.ndim > lib.GGML_MAX_DIMS:
             raise ValueError(f"{a.ndim}-d array: ggml tensors have at most {lib.GGML_MAX_DIMS} dims")

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import pyggml
-from pyggml import Context, GGMLError, GGMLType, lib
+from pyggml import Context, GGMLError, GGMLType
 from pyggml.ops import UNARY_OPS
 
 EXPECTED = (ValueError, TypeError, MemoryError, KeyError, GGMLError)

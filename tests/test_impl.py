@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pyggml
-from pyggml import Context, CPUBackend, GGMLType, Scheduler, lib
+from pyggml import Context, CPUBackend, GGMLType, Scheduler
 from pyggml.cpu import cpu_buffer_type
 from pyggml.device import device_by_name
 from pyggml.impl import HostBuffer, PyBackend, PyBufferType, PyDevice, PyRegistry, register, unregister
