@@ -209,6 +209,21 @@ def build_libraries(src: Path, build_dir: Path, extra_args: list[str], jobs: int
     return stage
 
 
+def write_build_info(pkg_dir: Path, src: Path, args: list[str], libs: list[Path]) -> Path:
+    """Record what was built (read by ``python -m pyggml info``)."""
+    info = {
+        "ggml_version": source_version(src),
+        "source": str(src),
+        "cmake_args": args,
+        "libraries": sorted(p.name for p in libs if p.suffix == ".so"),
+        "backend_dl": any(a.upper().replace(" ", "") in ("-DGGML_BACKEND_DL=ON", "-DGGML_BACKEND_DL=1") for a in args),
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    path = pkg_dir / "_build_info.json"
+    path.write_text(json.dumps(info, indent=2) + "\n")
+    return path
+
+
 def copy_outputs(src: Path, stage: Path, pkg_dir: Path) -> list[Path]:
     """Copy the shared libraries and the pinned headers into the package."""
     lib_dir, inc_dir = pkg_dir / "lib", pkg_dir / "include"
@@ -262,6 +277,7 @@ def build(pkg_dir: Path = ROOT / "pyggml", *, ggml_src: str | None = None,
     src = resolve_source(ggml_src, cache)
     stage = build_libraries(src, build_dir / "ggml", cmake_extra or [], jobs or os.cpu_count() or 2)
     out = copy_outputs(src, stage, pkg_dir)
+    out.append(write_build_info(pkg_dir, src, cmake_args(cmake_extra or []), out))
     out.append(build_extension(pkg_dir, build_dir / "ffi"))
     log(f"done in {time.monotonic() - t0:.0f} s")
     return out
