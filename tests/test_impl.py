@@ -251,3 +251,46 @@ def test_module_built_from_a_script_runs_under_test_backend_ops(tmp_path, test_b
     passed = re.search(r"(\d+)/(\d+) tests passed", r.stdout)
     assert passed and passed.group(1) == passed.group(2) and int(passed.group(1)) > 10
     assert "Backend PYADD: \x1b[1;32mOK" in r.stdout or "Backend PYADD: OK" in r.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# the NumPy reference backend
+
+CI_OPS = "ADD,MUL,SCALE,NORM,RMS_NORM,SOFT_MAX,GET_ROWS,SET_ROWS,CONT,CPY,SWIGLU,GELU,SILU,ROPE,MUL_MAT"
+
+
+def test_numpy_backend_passes_test_backend_ops_for_the_ops_models_use(tmp_path, test_backend_ops):
+    """Upstream's oracle, bounded to the ops MiniLM and LLaMA-style graphs use (the whole suite:
+    scripts/numpy_backend_conformance.py). Every case the backend claims must pass."""
+    from pyggml.module import build_module
+
+    module = build_module("pyggml.numpy_backend:make_registry", tmp_path / "libggml-numpy.so")
+    env = dict(os.environ, GGML_BACKEND_PATH=str(module))
+    r = subprocess.run([str(test_backend_ops), "test", "-b", "NUMPY", "-o", CI_OPS, "-p", "type=f32|type_a=f32|type=f16"],
+                       env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    passed = re.search(r"(\d+)/(\d+) tests passed", r.stdout)
+    assert passed and passed.group(1) == passed.group(2) and int(passed.group(1)) > 300
+    print(f"test-backend-ops on NUMPY ({CI_OPS}): {passed.group(0)}")
+
+
+def test_numpy_backend_support_mode_lists_its_claims(tmp_path, test_backend_ops):
+    from pyggml.module import build_module
+
+    module = build_module("pyggml.numpy_backend:make_registry", tmp_path / "libggml-numpy.so")
+    env = dict(os.environ, GGML_BACKEND_PATH=str(module))
+    r = subprocess.run([str(test_backend_ops), "support", "-b", "NUMPY", "-o", "ADD,FLASH_ATTN_EXT"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0
+    out = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)
+    assert re.search(r"ADD\(.*\): SUPPORTED", out)
+    assert "FLASH_ATTN_EXT(" in out and not re.search(r"FLASH_ATTN_EXT\(.*\): SUPPORTED", out)
+
+
+def test_trace_backend_example_runs():
+    from conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "trace_backend.py")], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert "computed: {'MUL_MAT': 1" in out and "split(s)" in out

@@ -76,3 +76,13 @@ def test_cli_prints_first_values_and_norm(reference, minilm_dir):
 def test_cli_rejects_bad_threads(minilm_dir):
     r = subprocess.run([sys.executable, str(EXAMPLE), "x", "--threads", "0"], capture_output=True, text=True)
     assert r.returncode == 2 and "--threads" in r.stderr
+
+
+def test_minilm_through_the_scheduler_with_the_numpy_backend(reference, minilm_dir):
+    """[NumPy backend, CPU] under ggml's scheduler: same embeddings."""
+    minilm = load_example("minilm")
+    sentences, expected, _ = reference
+    with minilm.MiniLM(minilm_dir, n_threads=2, backend="numpy") as m:
+        got = m.embed(sentences, batch_size=8)
+        assert m.n_splits >= 1
+    assert _cosine(got, expected).min() >= 0.9999
