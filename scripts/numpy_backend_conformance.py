@@ -42,7 +42,7 @@ def count(output: str) -> dict[str, collections.Counter]:
     """Per op: OK / FAIL / not supported, from test-backend-ops' console output."""
     per_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for line in output.splitlines():
-        m = re.match(r"\s+([A-Z_0-9]+)\(.*\):\s+(.*)$", line)
+        m = re.match(r"(?:\s+|\[[A-Z_0-9]+\] .*?\s{2,})([A-Z_0-9]+)\(.*\):\s+(.*)$", line)
         if not m:
             continue
         status = re.sub(r"\x1b\[[0-9;]*m", "", m.group(2))

@@ -373,7 +373,6 @@ def test_cpy_quantized(tq):
     x = rand([n0, 6, 2], -3, 3, seed=20)
     # to quantized: byte-identical to the CPU's quantizer; from quantized: exact dequantization
     check(lambda c, a, b: c.cpy(a, b), [(x, F32), (np.zeros((2, 6, n0)), tq)])
-    check(lambda c, a, b: c.cpy(a, b), [(x, F16), (np.zeros((2, 6, n0)), tq)])
     check(lambda c, a, b: c.cpy(a, b), [(x, tq), (np.zeros((2, 6, n0)), F32)])
 
 
@@ -653,6 +652,11 @@ def test_supports_false_for_what_is_not_implemented():
             # the CPU's IQ4_NL from_float picks other scales than ggml_quantize_chunk
             "cpy to iq4_nl": wrap(c, lib.ggml_cpy(c.ptr, c.from_numpy(rand([64, 2])).ptr,
                                                    c.new_tensor(IQ4_NL, [64, 2]).ptr)),
+            # F16/BF16 -> quantized: the CPU's SIMD quantizer and the reference one may round
+            # exact ties differently (test-backend-ops CPY bf16->q8_0 failed)
+            "cpy f16 to q8_0": wrap(c, lib.ggml_cpy(c.ptr, a16.ptr, c.new_tensor(Q8_0, [16 * 4 * 6]).ptr)),
+            # the CPU sums rows as contiguous even when nb[0] says otherwise
+            "sum of a permuted tensor": wrap(c, lib.ggml_sum(c.ptr, c.permute(a, 1, 0, 2, 3).ptr), a),
             "add to q4_0": wrap(c, lib.ggml_add(c.ptr, make(c, rand([32, 4]), Q4_0).ptr, c.from_numpy(rand([32, 4])).ptr)),
             "ssm_conv": wrap(c, lib.ggml_ssm_conv(c.ptr, c.from_numpy(rand([7, 4, 2])).ptr,
                                                   c.from_numpy(rand([4, 4])).ptr)),
