@@ -178,7 +178,7 @@ class Context(CObject, Ops):
         if size < 1:
             raise ValueError("graph size must be >= 1")
         self._reserve(0, n_objects=0, extra=lib.ggml_graph_overhead_custom(size, grads) + 64)
-        return Graph(lib.ggml_new_graph_custom(self.ptr, size, grads), self, size)
+        return Graph(lib.ggml_new_graph_custom(self.ptr, size, grads), self, size, grads)
 
     def alloc_tensors(self, where: "Backend | BufferType") -> "Buffer":
         """Allocate every tensor of this ``no_alloc`` context in one backend buffer

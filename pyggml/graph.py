@@ -24,14 +24,40 @@ def _is_node(p: Any) -> bool:  # as ggml_visit_parents decides
     return p.op != lib.GGML_OP_NONE or bool(p.flags & lib.GGML_TENSOR_FLAG_PARAM)
 
 
+#: srcs whose gradient ggml ignores, per op (ggml_build_backward_expand)
+_IGNORED_SRC = {lib.GGML_OP_IM2COL: (0,), lib.GGML_OP_CPY: (1,), lib.GGML_OP_GET_ROWS: (1,),
+                lib.GGML_OP_ROPE: (1,)}
+_VIEW_OK = {lib.GGML_OP_CPY, lib.GGML_OP_VIEW, lib.GGML_OP_RESHAPE, lib.GGML_OP_PERMUTE,
+            lib.GGML_OP_TRANSPOSE}
+#: the cases of ggml_compute_backward (ggml.c); anything else aborts
+_BACKWARD_OPS = {getattr(lib, f"GGML_OP_{n}") for n in (
+    "DUP ADD ADD1 ACC SUB MUL DIV SQR SQRT LOG SIN COS SUM SUM_ROWS MEAN REPEAT REPEAT_BACK "
+    "RMS_NORM MUL_MAT SCALE SET CPY CONT RESHAPE VIEW PERMUTE TRANSPOSE GET_ROWS DIAG_MASK_INF "
+    "DIAG_MASK_ZERO SOFT_MAX ROPE IM2COL POOL_2D WIN_PART WIN_UNPART UNARY CROSS_ENTROPY_LOSS GLU NONE").split()}
+_BACKWARD_UNARY = {getattr(lib, f"GGML_UNARY_OP_{n}") for n in
+                   "ABS SGN NEG STEP RELU SILU EXP EXPM1 SOFTPLUS".split()}
+
+
+def _has_backward(p: Any) -> bool:
+    if p.op not in _BACKWARD_OPS:
+        return False
+    if p.op == lib.GGML_OP_UNARY:
+        return lib.ggml_get_unary_op(p) in _BACKWARD_UNARY
+    if p.op == lib.GGML_OP_GLU:
+        return lib.ggml_get_glu_op(p) == lib.GGML_GLU_OP_SWIGLU
+    return True
+
+
 class Graph(CObject):
     """A graph borrowed from the context that holds it (``ggml_new_graph_custom``)."""
 
     _kind = "graph"
 
-    def __init__(self, ptr: Any, ctx: "Context", size: int):
+    def __init__(self, ptr: Any, ctx: "Context", size: int, grads: bool = False):
         super().__init__(ptr, owned=False, owner=ctx)
         self.size = size
+        self.grads = grads
+        self._backward = False
         self._seen: set[int] = set()
         self._n_leafs = 0
         self._keep: list[Tensor] = []
@@ -67,6 +93,93 @@ class Graph(CObject):
             self._n_leafs += len(new_leafs)
             self._keep.append(out)
         return self
+
+    def build_backward(self, ctx: "Context") -> "Graph":
+        """``ggml_build_backward_expand``: add the gradient nodes of every parameter
+        (``Tensor.set_param``) with respect to the loss (``Tensor.set_loss``), created in ``ctx``.
+
+        Call after :meth:`build_forward` on a graph made with ``new_graph(grads=True)``; then
+        allocate, :meth:`reset` (loss gradient 1, others 0), compute, and read :meth:`grad`.
+        Raises ValueError for what ggml would abort on: no parameter or loss, a loss that does
+        not depend on a parameter, ops without a backward pass in ggml, in-place ops, non-float
+        types on the gradient path, a graph or context too small for the gradient nodes.
+        """
+        from .ops import _tensor
+
+        if not self.grads:
+            raise ValueError("build_backward needs a graph made with new_graph(..., grads=True)")
+        if self._backward:
+            raise ValueError("the backward pass is already built")
+        nodes = self.nodes
+        if not nodes:
+            raise ValueError("the graph is empty: build_forward first")
+        key = lambda p: int(ffi.cast("uintptr_t", p))  # noqa: E731
+        needs: set[int] = set()
+        n_grad = 0
+        has_param = has_loss = False
+        for t in nodes:
+            p = t.ptr
+            has_param |= bool(p.flags & lib.GGML_TENSOR_FLAG_PARAM)
+            has_loss |= bool(p.flags & lib.GGML_TENSOR_FLAG_LOSS)
+        for t in nodes:  # leaf params count too: they are visited as srcs
+            for s in t.ptr.src:
+                if s != ffi.NULL and s.flags & lib.GGML_TENSOR_FLAG_PARAM:
+                    has_param = True
+                    needs.add(key(s))
+        if not has_param:
+            raise ValueError("no trainable parameter in the graph: call Tensor.set_param()")
+        if not has_loss:
+            raise ValueError("no loss in the graph: call Tensor.set_loss()")
+        for t in nodes:
+            p = t.ptr
+            if p.type == lib.GGML_TYPE_I32:
+                continue
+            ignored = _IGNORED_SRC.get(p.op, ())
+            if p.op == lib.GGML_OP_UNARY and lib.ggml_get_unary_op(p) in (lib.GGML_UNARY_OP_SGN, lib.GGML_UNARY_OP_STEP):
+                ignored = (0,)
+            grad_srcs = [s for j, s in enumerate(p.src) if s != ffi.NULL and j not in ignored and key(s) in needs]
+            if not (p.flags & lib.GGML_TENSOR_FLAG_PARAM or grad_srcs):
+                continue
+            for s in grad_srcs:
+                if s.type not in (lib.GGML_TYPE_F32, lib.GGML_TYPE_F16):
+                    raise ValueError(f"gradient through a {t.type_name} input of {t.op_name}: only F32/F16")
+            if p.view_src != ffi.NULL and p.op not in _VIEW_OK:
+                raise ValueError(f"{t.op_name} ({t.name!r}) works in place: no backward pass in ggml")
+            if not _has_backward(p):
+                raise ValueError(f"ggml has no backward pass for {t.op_name} ({t.name!r})")
+            needs.add(key(p))
+            n_grad += 1
+        loss = next(t for t in nodes if t.ptr.flags & lib.GGML_TENSOR_FLAG_LOSS)
+        if key(loss.ptr) not in needs:
+            raise ValueError("the loss does not depend on any parameter")
+        # each node's backward adds a handful of nodes (mul_mat: out_prod, transposes, adds...)
+        need_size = len(nodes) + 10 * n_grad + 16
+        if self.size < need_size:
+            raise ValueError(f"graph size {self.size} is too small for the backward pass: use at least {need_size}")
+        _tensor(loss, "loss")
+        ctx._reserve(0, n_objects=10 * n_grad + 16)
+        lib.ggml_build_backward_expand(ctx.ptr, self.ptr, ffi.NULL)
+        self._backward = True
+        self._keep.append(ctx)  # type: ignore[arg-type]
+        return self
+
+    def grad(self, tensor: Tensor) -> Tensor | None:
+        """The gradient of the loss with respect to ``tensor`` (``ggml_graph_get_grad``), or
+        None if it has none."""
+        if not self._backward:
+            raise ValueError("no backward pass: call build_backward first")
+        g = lib.ggml_graph_get_grad(self.ptr, tensor.ptr)
+        return None if g == ffi.NULL else Tensor(g, self.ctx, (self,))
+
+    def reset(self) -> None:
+        """``ggml_graph_reset``: loss gradient 1, all other gradients 0 (they must be allocated)."""
+        if not self._backward:
+            raise ValueError("no backward pass: call build_backward first")
+        for t in self.nodes:
+            g = lib.ggml_graph_get_grad_acc(self.ptr, t.ptr)
+            if g != ffi.NULL and g.data == ffi.NULL:
+                raise ValueError("the gradients have no data: allocate the graph first")
+        lib.ggml_graph_reset(self.ptr)
 
     @property
     def n_nodes(self) -> int:
