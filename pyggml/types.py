@@ -45,6 +45,8 @@ GGMLType = enum.IntEnum("GGMLType", _members(), module=__name__)  # type: ignore
 TypeLike = Union["GGMLType", int, str]
 
 _BY_NAME = {m.name.lower(): m for m in GGMLType}
+# the quantizers that search ggml_quantize_init's lattice tables; see quantize()
+_GRID_TYPES = frozenset({"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"})
 _PLAIN_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8,
                  "I16": np.int16, "I32": np.int32, "I64": np.int64, "BF16": np.uint16}
 
@@ -205,9 +207,16 @@ def quantize(x: np.ndarray, t: TypeLike, imatrix: np.ndarray | None = None) -> n
     Returns uint8 of shape ``(*x.shape[:-1], row_size(t, x.shape[-1]))`` -- the layout of
     ``gguf.quants.quantize``. ``t`` may be F32, F16, BF16 or a quantized type (:func:`can_quantize`).
 
-    Raises ValueError for a type ggml cannot quantize to, a missing/mis-sized imatrix, a row length
-    that is not a multiple of the block size, or non-finite values with a quantized type (some of
-    ggml's quantizers assert on them); TypeError for non-numeric input.
+    Input ggml would ``abort()`` on is refused first: for quantized types the values (and the
+    imatrix, which must be >= 0) must be finite, and the grid-search quantizers (IQ1_S, IQ1_M,
+    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S; "point not on grid" aborts once their float sums
+    overflow) also need ``max|x| <= 1e10`` and ``max(imatrix) * max|x|**2 <= 1e30`` -- limits
+    found by fuzzing ggml v0.20.2 (aborts began at 1e13 and 1e40), with margin; such magnitudes
+    overflow the fp16 block scales of every quantized type anyway.
+
+    Raises ValueError for a type ggml cannot quantize to, a missing/mis-sized/invalid imatrix, a
+    row length that is not a multiple of the block size, or values outside the limits above;
+    TypeError for non-numeric input.
     """
     t = ggml_type(t)
     if not can_quantize(t):
@@ -220,19 +229,26 @@ def quantize(x: np.ndarray, t: TypeLike, imatrix: np.ndarray | None = None) -> n
         a = a.reshape(1)
     n_per_row = _check_row(t, a.shape[-1])
     out = np.zeros((*a.shape[:-1], row_size(t, n_per_row)), dtype=np.uint8)
-    imat = ffi.NULL
-    if imatrix is not None:
-        w = np.ascontiguousarray(imatrix, dtype=np.float32)
-        if w.shape != (n_per_row,):
-            raise ValueError(f"imatrix must have shape ({n_per_row},), got {w.shape}")
-        imat = ffi.from_buffer("float[]", w)
-    elif requires_imatrix(t):
+    w = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
+    if w is None and requires_imatrix(t):
         raise ValueError(f"quantizing to {t.name} requires an importance matrix (imatrix=...)")
+    if w is not None and w.shape != (n_per_row,):
+        raise ValueError(f"imatrix must have shape ({n_per_row},), got {w.shape}")
+    if w is not None and not (np.isfinite(w).all() and (w >= 0).all()):
+        raise ValueError("imatrix values must be finite and >= 0")
     if a.size == 0:
         return out
-    if is_quantized(t) and not np.isfinite(a).all():
-        raise ValueError(f"cannot quantize non-finite values to {t.name}")
+    if is_quantized(t):
+        if not np.isfinite(a).all():
+            raise ValueError(f"cannot quantize non-finite values to {t.name}")
+        amax = float(np.abs(a).max())
+        wmax = 1.0 if w is None else float(w.max(initial=0.0))
+        if t.name in _GRID_TYPES and (amax > 1e10 or wmax * amax * amax > 1e30):
+            raise ValueError(f"{t.name}: values up to {amax:g} (imatrix up to {wmax:g}) are too large for "
+                             "ggml's grid search, which aborts on them; need max|x| <= 1e10 and "
+                             "max(imatrix) * max|x|**2 <= 1e30")
     lib.ggml_quantize_init(t)
+    imat = ffi.NULL if w is None else ffi.from_buffer("float[]", w)
     n_rows = a.size // n_per_row
     written = lib.ggml_quantize_chunk(t, ffi.from_buffer("float[]", a), ffi.from_buffer(out), 0,
                                       n_rows, n_per_row, imat)
