@@ -53,6 +53,11 @@ def _tensor(p: Any) -> Tensor:
     return Tensor(p, None)  # type: ignore[arg-type]  # borrowed from whoever made it
 
 
+def _event(p: Any) -> Any:
+    """The Python object a PyDevice's ``event_new`` returned for C event ``p``."""
+    return ffi.from_handle(p.context)
+
+
 class _Impl(abc.ABC):
     """Common plumbing: a Python-owned C struct whose ``context`` is a handle to ``self`` and
     whose ``iface`` holds a trampoline for each slot ``self`` implements (``_c_<slot>``)."""
@@ -266,7 +271,9 @@ class PyBackend(_Impl):
     Required: :meth:`graph_compute`. Defaults: ``get_name`` (the device's name), ``free``.
     Optional: ``synchronize()``, ``graph_optimize(graph)``,
     ``set_tensor_async(tensor, data, offset)``, ``get_tensor_async(tensor, out, offset)``,
-    ``cpy_tensor_async(backend_src, src, dst) -> bool``.
+    ``cpy_tensor_async(backend_src, src, dst) -> bool``, and with device events
+    ``event_record(event)`` / ``event_wait(event)`` (``event``: what ``PyDevice.event_new``
+    returned).
     """
 
     _iface = "ggml_backend_i"
@@ -321,6 +328,12 @@ class PyBackend(_Impl):
     def _c_cpy_tensor_async(self, src_b: Any, dst_b: Any, src: Any, dst: Any) -> bool:
         return bool(self.cpy_tensor_async(src_b, _tensor(src), _tensor(dst)))
 
+    def _c_event_record(self, b: Any, event: Any) -> None:
+        self.event_record(_event(event))
+
+    def _c_event_wait(self, b: Any, event: Any) -> None:
+        self.event_wait(_event(event))
+
 
 # ============================================================================ device
 class PyDevice(_Impl):
@@ -331,7 +344,9 @@ class PyDevice(_Impl):
     ``get_type`` ``"accel"`` (not ``"cpu"``: a scheduler needs its CPU last, and
     test-backend-ops skips CPU devices), ``get_props`` (from the others), ``supports_buft``
     (its own buffer type, and any host buffer type if its own is host).
-    Optional: ``offload_op(op) -> bool``, ``get_host_buffer_type()``.
+    Optional: ``offload_op(op) -> bool``, ``get_host_buffer_type()``, and events:
+    ``event_new() -> object`` (any Python object standing for the event), ``event_free(event)``,
+    ``event_synchronize(event)`` (``caps.events`` is then reported true).
     """
 
     _iface = "ggml_backend_device_i"
@@ -377,6 +392,8 @@ class PyDevice(_Impl):
         return bool(lib.ggml_backend_buft_is_host(own_ptr)) and buft.is_host
 
     def _implements(self, member: str) -> bool:
+        if member == "event_free":  # always filled with events: it releases the C struct
+            return callable(getattr(self, "event_new", None))
         return member in ("get_memory", "get_type", "get_props", "supports_buft") or callable(getattr(self, member, None))
 
     def _c_get_name(self, d: Any) -> Any:
@@ -400,7 +417,7 @@ class PyDevice(_Impl):
         setattr(props.caps, "async", callable(getattr(self, "set_tensor_async", None)))
         props.caps.host_buffer = False
         props.caps.buffer_from_host_ptr = False
-        props.caps.events = False
+        props.caps.events = callable(getattr(self, "event_new", None))
 
     def _c_init_backend(self, d: Any, params: Any) -> Any:
         backend = self.init_backend(None if params == ffi.NULL else ffi.string(params).decode())
@@ -423,6 +440,24 @@ class PyDevice(_Impl):
 
     def _c_offload_op(self, d: Any, op: Any) -> bool:
         return bool(self.offload_op(_tensor(op)))
+
+    def _c_event_new(self, d: Any) -> Any:
+        obj = self.event_new()
+        c = ffi.new("struct ggml_backend_event *")
+        handle = ffi.new_handle(obj)
+        c.device, c.context = d, handle
+        _LIVE[_addr(c)] = (c, handle, obj)
+        return c
+
+    def _c_event_free(self, d: Any, event: Any) -> None:
+        try:
+            if callable(getattr(self, "event_free", None)):
+                self.event_free(_event(event))
+        finally:
+            _LIVE.pop(_addr(event), None)
+
+    def _c_event_synchronize(self, d: Any, event: Any) -> None:
+        self.event_synchronize(_event(event))
 
 
 # ============================================================================ registry

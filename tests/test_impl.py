@@ -294,3 +294,46 @@ def test_trace_backend_example_runs():
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "trace_backend.py")], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert "computed: {'MUL_MAT': 1" in out and "split(s)" in out
+
+
+def test_python_events():
+    class Ev:
+        def __init__(self):
+            self.log = []
+
+    class EvBackend(ArithBackend):
+        def event_record(self, event):
+            event.log.append("record")
+
+        def event_wait(self, event):
+            event.log.append("wait")
+
+    class EvDevice(ArithDevice):
+        def init_backend(self, params):
+            return EvBackend(self)
+
+        def event_new(self):
+            self.events = getattr(self, "events", []) + [Ev()]
+            return self.events[-1]
+
+        def event_synchronize(self, event):
+            event.log.append("sync")
+
+        def event_free(self, event):
+            event.log.append("free")
+
+    dev = EvDevice("EVENTS")
+    reg = PyRegistry("EVENTS", [dev])
+    register(reg)
+    try:
+        d = device_by_name("EVENTS")
+        assert d.props.events
+        with d.init() as be:
+            ev = pyggml.Event(d)
+            ev.record(be)
+            ev.wait(be)
+            ev.synchronize()
+            ev.close()
+        assert dev.events[0].log == ["record", "wait", "sync", "free"]
+    finally:
+        unregister(reg)
