@@ -26,9 +26,14 @@ os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 def _preload() -> list[ctypes.CDLL]:
     missing = [n for n in _LIBRARIES if not (LIB_DIR / n).is_file()]
     if missing:
-        raise ImportError(
-            f"pyggml's bundled ggml libraries are missing from {LIB_DIR}: {', '.join(missing)}. "
-            "Build them with `python build_ggml.py` (in a source checkout) or `pip install .`")
+        hint = "Build them with `pip install .` or, for development, `python build_ggml.py`."
+        if (PACKAGE_DIR.parent / "build_ggml.py").is_file():
+            hint = (f"This is the unbuilt pyggml of a source checkout ({PACKAGE_DIR}), imported "
+                    "because the current directory comes first on sys.path: run from another "
+                    "directory to use an installed pyggml, or build in place with "
+                    "`python build_ggml.py`.")
+        raise ImportError(f"pyggml's ggml libraries are missing from {LIB_DIR}: "
+                          f"{', '.join(missing)}. {hint}")
     return [ctypes.CDLL(str(LIB_DIR / n)) for n in _LIBRARIES]
 
 

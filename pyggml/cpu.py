@@ -61,6 +61,26 @@ def _cpu_can_convert(src: int, dst: int) -> bool:
 _CONVERT = {lib.GGML_OP_CPY, lib.GGML_OP_DUP, lib.GGML_OP_CONT}
 
 
+def _unit_stride(t: Any) -> bool:
+    return t.nb[0] == lib.ggml_type_size(t.type)
+
+
+#: further conditions the CPU kernels assert on (ggml-cpu/ops.cpp), per op
+_CPU_CHECKS = {
+    lib.GGML_OP_IM2COL: lambda p: _unit_stride(p.src[1]) and (
+        (p.type == _F32 and p.src[1].type == _F32) or (p.type == _F16 and p.src[1].type in (_F16, _F32))),
+    lib.GGML_OP_POOL_1D: lambda p: p.src[0].type in (_F32, _F16),
+    lib.GGML_OP_POOL_2D: lambda p: p.src[0].type in (_F32, _F16),
+    lib.GGML_OP_TIMESTEP_EMBEDDING: lambda p: p.src[0].type == _F32 and _unit_stride(p.src[0]),
+    lib.GGML_OP_CROSS_ENTROPY_LOSS: lambda p: all(s.type == _F32 and _unit_stride(s) for s in p.src[:2]),
+    lib.GGML_OP_PAD: lambda p: p.src[0].type == _F32,
+    lib.GGML_OP_TOP_K: lambda p: p.src[0].type == _F32,
+    lib.GGML_OP_UPSCALE: lambda p: p.src[0].type == _F32,
+    lib.GGML_OP_CUMSUM: lambda p: p.src[0].type == _F32,
+    lib.GGML_OP_ACC: lambda p: p.src[0].type == _F32 and p.src[1].type == _F32,
+}
+
+
 def cpu_kernel_supports(node: Tensor) -> bool:
     """Whether ggml's CPU kernels handle the types of ``node`` (a stricter check than
     ``ggml_backend_supports_op``, whose CPU answer is true for some type combinations whose
@@ -70,6 +90,9 @@ def cpu_kernel_supports(node: Tensor) -> bool:
         return (p.src[0].type, p.src[1].type, p.type) in _BINARY_TYPES
     if p.op in _CONVERT:
         return _cpu_can_convert(p.src[0].type, p.type)
+    check = _CPU_CHECKS.get(p.op)
+    if check is not None and not check(p):
+        return False
     allowed = _CPU_SRC0_TYPES.get(p.op)
     return allowed is None or p.src[0].type in allowed
 

@@ -90,10 +90,26 @@ class Ops:
         finally:
             if alloc:
                 lib.ggml_set_no_alloc(ctx, False)
-        if alloc and ptr.data == ffi.NULL and ptr.view_src == ffi.NULL:
-            nbytes = lib.ggml_nbytes(ptr)
-            self._reserve(nbytes, n_objects=1)  # type: ignore[attr-defined]
-            ptr.data = lib.ggml_new_buffer(ctx, nbytes)
+        if alloc:
+            # the new node and any intermediate node the C function made (conv_2d makes im2col,
+            # reshapes, a mul_mat...): all reachable from the result without data yet
+            todo, seen = [ptr], set()
+            while todo:
+                p = todo.pop()
+                key = int(ffi.cast("uintptr_t", p))
+                if p == ffi.NULL or key in seen or p.data != ffi.NULL:
+                    continue
+                seen.add(key)
+                todo.extend(p.src)
+                if p.view_src != ffi.NULL:
+                    todo.append(p.view_src)
+            for p in _by_creation(seen):
+                if p.data == ffi.NULL and p.view_src == ffi.NULL:
+                    nbytes = lib.ggml_nbytes(p)
+                    self._reserve(nbytes, n_objects=1)  # type: ignore[attr-defined]
+                    p.data = lib.ggml_new_buffer(ctx, nbytes)
+                elif p.data == ffi.NULL and p.view_src.data != ffi.NULL:
+                    p.data = ffi.cast("char *", p.view_src.data) + p.view_offs
         return self._wrap(ptr, inputs)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ element-wise
@@ -422,6 +438,138 @@ class Ops:
         order = lib.GGML_SORT_ORDER_DESC if descending else lib.GGML_SORT_ORDER_ASC
         return self._op(lib.ggml_argsort, [a], a.ptr, order)
 
+    # ------------------------------------------------------------------ more model ops
+    def pad(self, a: "Tensor", p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0,
+            *, left: Sequence[int] = (0, 0, 0, 0)) -> "Tensor":
+        """``ggml_pad_ext``: zero padding, ``p<i>`` elements after and ``left[i]`` before dim i."""
+        a = _tensor(a, "a")
+        right, left = [int(p0), int(p1), int(p2), int(p3)], [int(x) for x in left]
+        if len(left) != 4 or min(right + left) < 0:
+            raise ValueError("pad sizes must be >= 0 (and left has 4 entries)")
+        args = [x for pair in zip(left, right) for x in pair]
+        return self._op(lib.ggml_pad_ext, [a], a.ptr, *args)
+
+    def interpolate(self, a: "Tensor", ne: Sequence[int], mode: int = 0) -> "Tensor":
+        """``ggml_interpolate``: resize F32 ``a`` to ``ne`` (4 sizes, ggml order);
+        ``mode`` ``GGML_SCALE_MODE_NEAREST`` / ``_BILINEAR`` / ``_BICUBIC`` (+ flags)."""
+        a = _tensor(a, "a")
+        ne = [int(n) for n in ne]
+        if a.type != lib.GGML_TYPE_F32:
+            raise TypeError("interpolate needs an F32 tensor")
+        if len(ne) != 4 or min(ne) < 1:
+            raise ValueError("interpolate takes 4 sizes >= 1")
+        if (mode & 0xFF) >= lib.GGML_SCALE_MODE_COUNT or (
+                mode & lib.GGML_SCALE_FLAG_ANTIALIAS and (mode & 0xFF) != lib.GGML_SCALE_MODE_BILINEAR):
+            raise ValueError(f"bad interpolate mode {mode:#x}")
+        return self._op(lib.ggml_interpolate, [a], a.ptr, *ne, mode)
+
+    def im2col(self, kernel: "Tensor", x: "Tensor", s0: int, s1: int, p0: int, p1: int,
+               d0: int, d1: int, is_2d: bool, type: int = lib.GGML_TYPE_F16) -> "Tensor":
+        """``ggml_im2col``: the patches of ``x`` a convolution with ``kernel`` multiplies."""
+        kernel, x = _tensor(kernel, "kernel"), _tensor(x, "x")
+        _conv_sizes(kernel, x, s0, s1, p0, p1, d0, d1, is_2d)
+        if type not in (lib.GGML_TYPE_F16, lib.GGML_TYPE_F32):
+            raise TypeError("im2col output must be F16 or F32")
+        return self._op(lib.ggml_im2col, [kernel, x], kernel.ptr, x.ptr, s0, s1, p0, p1, d0, d1, is_2d, type)
+
+    def conv_1d(self, kernel: "Tensor", x: "Tensor", s0: int = 1, p0: int = 0, d0: int = 1) -> "Tensor":
+        """``ggml_conv_1d``: kernel ne [K, IC, OC] over x ne [L, IC, N] -> [OL, OC, N]."""
+        kernel, x = _tensor(kernel, "kernel"), _tensor(x, "x")
+        _conv_sizes(kernel, x, s0, 0, p0, 0, d0, 0, False)
+        if not kernel.is_contiguous():
+            raise ValueError("conv kernel must be contiguous")
+        return self._op(lib.ggml_conv_1d, [kernel, x], kernel.ptr, x.ptr, s0, p0, d0, n_objects=6)
+
+    def conv_2d(self, kernel: "Tensor", x: "Tensor", s0: int = 1, s1: int = 1, p0: int = 0,
+                p1: int = 0, d0: int = 1, d1: int = 1) -> "Tensor":
+        """``ggml_conv_2d``: kernel ne [KW, KH, IC, OC] over x ne [W, H, IC, N] -> [OW, OH, OC, N]."""
+        kernel, x = _tensor(kernel, "kernel"), _tensor(x, "x")
+        _conv_sizes(kernel, x, s0, s1, p0, p1, d0, d1, True)
+        if not kernel.is_contiguous():
+            raise ValueError("conv kernel must be contiguous")
+        return self._op(lib.ggml_conv_2d, [kernel, x], kernel.ptr, x.ptr, s0, s1, p0, p1, d0, d1, n_objects=8)
+
+    def pool_1d(self, a: "Tensor", op: str, k0: int, s0: int, p0: int = 0) -> "Tensor":
+        """``ggml_pool_1d``: ``op`` "max" or "avg" over windows of ``k0`` along ne[0]."""
+        a = _tensor(a, "a")
+        if s0 < 1 or k0 < 1 or p0 < 0 or (a.ne[0] + 2 * p0 - k0) // s0 + 1 < 1:
+            raise ValueError("pool_1d: kernel, stride and padding leave no output")
+        return self._op(lib.ggml_pool_1d, [a], a.ptr, _pool_op(op), k0, s0, p0)
+
+    def pool_2d(self, a: "Tensor", op: str, k0: int, k1: int, s0: int, s1: int,
+                p0: float = 0.0, p1: float = 0.0) -> "Tensor":
+        """``ggml_pool_2d``: ``op`` "max" or "avg" over k0 x k1 windows of dims 0 and 1."""
+        a = _tensor(a, "a")
+        ok = min(s0, s1, k0, k1) >= 1 and min(p0, p1) >= 0
+        if not ok or (a.ne[0] + 2 * p0 - k0) // s0 + 1 < 1 or (a.ne[1] + 2 * p1 - k1) // s1 + 1 < 1:
+            raise ValueError("pool_2d: kernel, stride and padding leave no output")
+        return self._op(lib.ggml_pool_2d, [a], a.ptr, _pool_op(op), k0, k1, s0, s1, float(p0), float(p1))
+
+    def flash_attn(self, q: "Tensor", k: "Tensor", v: "Tensor", mask: "Tensor | None" = None,
+                   scale: float = 1.0, max_bias: float = 0.0, logit_softcap: float = 0.0) -> "Tensor":
+        """``ggml_flash_attn_ext``: softmax(scale·K Qᵀ + mask) V fused. q ne [D, n_q, H, B],
+        k ne [D, n_kv, H_kv, B], v ne [Dv, n_kv, H_kv, B] (H % H_kv == 0), mask F16
+        [n_kv, >= n_q, ...] -> F32 ne [Dv, H, n_q, B]."""
+        q, k, v = _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v")
+        if k.ne[0] != q.ne[0] or not _divides(k.ne[2], q.ne[2]) or not _divides(k.ne[3], q.ne[3]):
+            raise ValueError(f"flash_attn: k ne={list(k.ne)} does not fit q ne={list(q.ne)}")
+        if not q.ne[3] == k.ne[3] == v.ne[3] or v.ne[1] != k.ne[1] or v.ne[2] != k.ne[2]:
+            raise ValueError("flash_attn: q, k and v batch/kv sizes differ")
+        inputs = [q, k, v]
+        if mask is not None:
+            mask = _tensor(mask, "mask")
+            if mask.type != lib.GGML_TYPE_F16 or not mask.is_contiguous():
+                raise TypeError("flash_attn mask must be a contiguous F16 tensor")
+            if mask.ne[0] != k.ne[1] or mask.ne[1] < q.ne[1] or not _divides(mask.ne[2], q.ne[2]) or not _divides(mask.ne[3], q.ne[3]):
+                raise ValueError(f"flash_attn: mask ne={list(mask.ne)} does not fit")
+            inputs.append(mask)
+        elif max_bias > 0:
+            raise ValueError("max_bias > 0 needs a mask")
+        return self._op(lib.ggml_flash_attn_ext, inputs, q.ptr, k.ptr, v.ptr,
+                        mask.ptr if mask is not None else ffi.NULL, float(scale), float(max_bias), float(logit_softcap))
+
+    def top_k(self, a: "Tensor", k: int) -> "Tensor":
+        """``ggml_top_k``: I32 indices of the ``k`` largest values of each row."""
+        a = _tensor(a, "a")
+        if not 1 <= k <= a.ne[0]:
+            raise ValueError(f"top_k: k must be in 1..{a.ne[0]}")
+        return self._op(lib.ggml_top_k, [a], a.ptr, int(k), n_objects=2)
+
+    def cumsum(self, a: "Tensor") -> "Tensor":
+        """``ggml_cumsum``: running sum along ne[0] (F32)."""
+        a = _tensor(a, "a")
+        if a.type != lib.GGML_TYPE_F32:
+            raise TypeError("cumsum needs an F32 tensor")
+        return self._op(lib.ggml_cumsum, [a], a.ptr)
+
+    def timestep_embedding(self, timesteps: "Tensor", dim: int, max_period: int = 10000) -> "Tensor":
+        """``ggml_timestep_embedding``: sinusoidal embeddings [dim, n] of F32 timesteps [n]."""
+        t = _tensor(timesteps, "timesteps")
+        if dim < 1 or max_period < 1 or t.n_dims != 1:
+            raise ValueError("timestep_embedding: dim, max_period >= 1 and a vector of timesteps")
+        return self._op(lib.ggml_timestep_embedding, [t], t.ptr, int(dim), int(max_period))
+
+    def cross_entropy_loss(self, logits: "Tensor", labels: "Tensor") -> "Tensor":
+        """``ggml_cross_entropy_loss``: mean over rows of -Σ labels·log softmax(logits)
+        (same shape, F32) -> scalar F32."""
+        a, b = _tensor(logits, "logits"), _tensor(labels, "labels")
+        if a.ne != b.ne:
+            raise ValueError("cross_entropy_loss: logits and labels must have the same shape")
+        return self._op(lib.ggml_cross_entropy_loss, [a, b], a.ptr, b.ptr)
+
+    def acc(self, a: "Tensor", b: "Tensor", nb1: int, nb2: int, nb3: int, offset: int) -> "Tensor":
+        """``ggml_acc``: a copy of a with b added into the view (strides nb1..nb3, byte offset)."""
+        a, b = _tensor(a, "a"), _tensor(b, "b")
+        if a.type != lib.GGML_TYPE_F32 or b.type != lib.GGML_TYPE_F32:
+            raise TypeError("acc needs F32 tensors")
+        if not a.is_contiguous() or b.nelements > a.nelements:
+            raise ValueError("acc needs a contiguous a at least as large as b")
+        ne = b.ne
+        last = offset + 4 * (ne[0] - 1) + (ne[1] - 1) * nb1 + (ne[2] - 1) * nb2 + (ne[3] - 1) * nb3
+        if b.nelements and (offset < 0 or min(nb1, nb2, nb3) < 0 or last + 4 > a.nbytes):
+            raise ValueError("acc: the view of b reaches outside a")
+        return self._op(lib.ggml_acc, [a, b], a.ptr, b.ptr, nb1, nb2, nb3, offset)
+
     # ------------------------------------------------------------------ Python ops
     def map_custom(self, fn: Any, *args: "Tensor", n_tasks: int = -1) -> "Tensor":
         """``ggml_map_custom{1,2,3}``: a node computed by the Python function
@@ -461,6 +609,43 @@ class Ops:
         n = -(-(stop - start) // step)
         self._reserve(int(n) * 4)  # type: ignore[attr-defined]
         return self._op(lib.ggml_arange, [], float(start), float(stop), float(step))
+
+
+def _by_creation(addresses: set[int]) -> list[Any]:
+    """Tensors (by address) in the order ggml made them: arena addresses grow."""
+    return [ffi.cast("struct ggml_tensor *", a) for a in sorted(addresses)]
+
+
+def _pool_op(op: str) -> int:
+    ops = {"max": lib.GGML_OP_POOL_MAX, "avg": lib.GGML_OP_POOL_AVG}
+    if op not in ops:
+        raise ValueError(f"pool op must be 'max' or 'avg', not {op!r}")
+    return ops[op]
+
+
+def _conv_out(size: int, k: int, s: int, p: int, d: int) -> int:
+    """ggml_calc_conv_output_size, without its division by zero for s == 0."""
+    if s < 1 or d < 1 or p < 0:
+        raise ValueError("convolution strides and dilations must be >= 1, paddings >= 0")
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _conv_sizes(kernel: "Tensor", x: "Tensor", s0: int, s1: int, p0: int, p1: int, d0: int,
+                d1: int, is_2d: bool) -> None:
+    if kernel.nelements == 0 or x.nelements == 0:
+        raise ValueError("convolution of an empty tensor")
+    if kernel.type not in (lib.GGML_TYPE_F16, lib.GGML_TYPE_F32) or x.type != lib.GGML_TYPE_F32:
+        raise TypeError("convolutions take an F16/F32 kernel and an F32 input")
+    if is_2d:
+        if kernel.ne[2] != x.ne[2]:
+            raise ValueError(f"kernel ne={list(kernel.ne)} and input ne={list(x.ne)}: channels (ne[2]) differ")
+        if _conv_out(x.ne[1], kernel.ne[1], s1, p1, d1) < 1:
+            raise ValueError("input too small for the kernel (dim 1)")
+    else:
+        if kernel.ne[1] != x.ne[1] or x.ne[3] != 1:
+            raise ValueError(f"kernel ne={list(kernel.ne)} and input ne={list(x.ne)}: channels (ne[1]) differ")
+    if _conv_out(x.ne[0], kernel.ne[0], s0, p0, d0) < 1:
+        raise ValueError("input too small for the kernel (dim 0)")
 
 
 def _prod(xs: Sequence[int]) -> int:

@@ -22,7 +22,9 @@ TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I8, G
 OPS = ["add", "sub", "mul", "div", "mul_mat", "out_prod", "scale", "norm", "rms_norm", "l2_norm",
        "soft_max", "get_rows", "set_rows", "reshape", "view", "permute", "transpose", "cont",
        "concat", "sum", "sum_rows", "mean", "argmax", "repeat", "cpy", "cast", "rope", "argsort",
-       "clamp", "diag_mask_inf", "swiglu", "geglu", "leaky_relu", "unary"]
+       "clamp", "diag_mask_inf", "swiglu", "geglu", "leaky_relu", "unary", "pad", "interpolate",
+       "im2col", "conv_1d", "conv_2d", "pool_1d", "pool_2d", "flash_attn", "top_k", "cumsum",
+       "timestep_embedding", "cross_entropy_loss", "acc", "map_custom"]
 
 calls = 0
 
@@ -43,7 +45,7 @@ def make(ctx, spec):
     return t
 
 
-@given(op=st.sampled_from(OPS), specs=st.lists(tensor_spec, min_size=1, max_size=3),
+@given(op=st.sampled_from(OPS), specs=st.lists(tensor_spec, min_size=1, max_size=4),
        ints=st.lists(st.integers(-2, 70), min_size=4, max_size=4),
        floats=st.lists(st.floats(-4, 4) | st.just(float("nan")), min_size=2, max_size=2),
        unary=st.sampled_from(sorted(UNARY_OPS)), mem=st.sampled_from([2048, 1 << 16, 1 << 22]),
@@ -80,6 +82,20 @@ def run(op, specs, ints, floats, unary, mem, no_alloc, compute):
                 "geglu": lambda: ctx.geglu(a, b if len(ts) > 1 else None),
                 "leaky_relu": lambda: ctx.leaky_relu(a, floats[0]),
                 "unary": lambda: ctx.unary(unary, a),
+                "pad": lambda: ctx.pad(a, *ints),
+                "interpolate": lambda: ctx.interpolate(a, ints, ints[0] % 4),
+                "im2col": lambda: ctx.im2col(a, b, ints[0], ints[1], ints[2], ints[3], 1, 1, ints[0] > 30, specs[-1][0]),
+                "conv_1d": lambda: ctx.conv_1d(a, b, ints[0] % 4, ints[1] % 3, ints[2] % 3),
+                "conv_2d": lambda: ctx.conv_2d(a, b, ints[0] % 4, ints[1] % 4, ints[2] % 3, ints[3] % 3),
+                "pool_1d": lambda: ctx.pool_1d(a, "max" if ints[0] > 30 else "avg", ints[1] % 5, ints[2] % 4, ints[3] % 3),
+                "pool_2d": lambda: ctx.pool_2d(a, "max", ints[0] % 4, ints[1] % 4, ints[2] % 4, ints[3] % 4),
+                "flash_attn": lambda: ctx.flash_attn(a, b, c, ts[3] if len(ts) > 3 else None, floats[0], abs(floats[1])),
+                "top_k": lambda: ctx.top_k(a, ints[0]),
+                "cumsum": lambda: ctx.cumsum(a),
+                "timestep_embedding": lambda: ctx.timestep_embedding(a, ints[0], ints[1]),
+                "cross_entropy_loss": lambda: ctx.cross_entropy_loss(a, b),
+                "acc": lambda: ctx.acc(a, b, ints[0], ints[1], ints[2], ints[3]),
+                "map_custom": lambda: ctx.map_custom(lambda dst, *rest: None, *ts[:1 + ints[0] % 3], n_tasks=ints[1]),
             }[op]()
             if compute and not no_alloc:
                 calls += 1

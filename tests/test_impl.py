@@ -179,7 +179,7 @@ def test_own_buffer_type_and_compute_from_another_thread():
         unregister(reg)
 
 
-def test_registration_is_undone_at_interpreter_exit():
+def test_registration_is_undone_at_interpreter_exit(tmp_path):
     code = textwrap.dedent('''
         import sys
         sys.path.insert(0, sys.argv[1])
@@ -192,7 +192,7 @@ def test_registration_is_undone_at_interpreter_exit():
     ''')
     env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
     r = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "registered", r.stderr
 
 

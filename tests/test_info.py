@@ -20,8 +20,8 @@ def test_info_reports_version_libraries_and_devices():
     assert "CPU" in format_info(data)
 
 
-def test_info_command_prints_json():
+def test_info_command_prints_json(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
     out = subprocess.run([sys.executable, "-m", "pyggml", "info", "--json"], env=env, check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True, cwd=tmp_path).stdout
     assert json.loads(out)["ggml_version"] == pyggml.GGML_VERSION

@@ -379,7 +379,7 @@ def test_tensor_from_numpy_shares_memory_and_tensor_alloc():
             tensor_alloc(buf, u)
 
 
-def test_objects_left_open_at_interpreter_exit_are_harmless():
+def test_objects_left_open_at_interpreter_exit_are_harmless(tmp_path):
     """Finalizers at interpreter exit never crash: leave everything open and exit."""
     import subprocess
     import sys
@@ -398,7 +398,7 @@ def test_objects_left_open_at_interpreter_exit_are_harmless():
         print("ok")
     """)
     env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
@@ -526,3 +526,39 @@ def test_backward_refuses_what_ggml_aborts_on():
             ctx.new_graph(8, grads=True).build_forward(ok).build_backward(ctx)
         with pytest.raises(ValueError, match="scalar"):
             a.set_loss()
+
+
+def test_convolution_pooling_padding_and_flash_attention_match_numpy():
+    X = rng.standard_normal((3, 10, 12)).astype(np.float32)           # C, H, W
+    K = rng.standard_normal((4, 3, 3, 3)).astype(np.float16)          # OC, IC, KH, KW
+    Q = rng.standard_normal((2, 5, 8)).astype(np.float32)             # heads, queries, dim
+    Kc = rng.standard_normal((2, 7, 8)).astype(np.float16)
+    V = rng.standard_normal((2, 7, 8)).astype(np.float16)
+    with Context(64 << 20) as ctx:
+        x, k = ctx.from_numpy(X), ctx.from_numpy(K)
+        conv = ctx.conv_2d(k, x, 1, 1, 1, 1)
+        pool = ctx.pool_2d(x, "max", 2, 2, 2, 2)
+        padded = ctx.pad(x, 1, 2)
+        fa = ctx.flash_attn(ctx.from_numpy(Q), ctx.from_numpy(Kc), ctx.from_numpy(V), scale=0.3)
+        g = ctx.new_graph(64)
+        for t in (conv, pool, padded, fa):
+            g.build_forward(t)
+        g.compute(n_threads=2)
+        Xp = np.pad(X, ((0, 0), (1, 1), (1, 1)))
+        ref = np.einsum("chwij,ocij->ohw", np.lib.stride_tricks.sliding_window_view(Xp, (3, 3), axis=(1, 2)),
+                        K.astype(np.float32))
+        np.testing.assert_allclose(conv.numpy(), ref, atol=0.01)      # im2col rounds to F16
+        np.testing.assert_array_equal(pool.numpy(), X.reshape(3, 5, 2, 6, 2).max(axis=(2, 4)))
+        np.testing.assert_array_equal(padded.numpy(), np.pad(X, ((0, 0), (0, 2), (0, 1))))
+        s = 0.3 * Q @ Kc.astype(np.float32).transpose(0, 2, 1)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        att = (p / p.sum(-1, keepdims=True)) @ V.astype(np.float32)    # heads, queries, dim
+        np.testing.assert_allclose(fa.numpy().transpose(1, 0, 2), att, atol=2e-3)
+        with pytest.raises(ValueError, match="strides"):
+            ctx.conv_2d(k, x, 0, 1)
+        with pytest.raises(ValueError, match="channels"):
+            ctx.conv_2d(ctx.from_numpy(K[:, :2]), x)
+        with pytest.raises(ValueError, match="no output"):
+            ctx.pool_2d(x, "max", 20, 20, 1, 1)
+        with pytest.raises(TypeError, match="F16"):
+            ctx.flash_attn(ctx.from_numpy(Q), ctx.from_numpy(Kc), ctx.from_numpy(V), mask=ctx.from_numpy(Q))
