@@ -7,7 +7,8 @@ ggml's own fallback applies (e.g. no ``synchronize``: a synchronous backend). Ab
 are the slots ggml calls unconditionally. ``api_version`` is ``GGML_BACKEND_API_VERSION``.
 
 Methods receive pyggml objects: :class:`~pyggml.tensor.Tensor` (``ne``, ``nb``, ``op``,
-``src``, ``op_params``; :func:`pyggml.ops.host_array` gives a NumPy view of host data),
+``src``, ``op_params`` and ``params``, the op parameters decoded per op;
+:func:`pyggml.ops.host_array` gives a NumPy view of host data),
 :class:`~pyggml.graph.Graph`, :class:`~pyggml.backend.BufferType`, ``memoryview`` for raw bytes.
 
 **Failures**: an exception in any method is logged with its traceback (logger

@@ -26,6 +26,63 @@ _EMPTY_OPS = {lib.GGML_OP_NONE, lib.GGML_OP_RESHAPE, lib.GGML_OP_VIEW, lib.GGML_
               lib.GGML_OP_TRANSPOSE}
 
 
+def _layouts() -> dict[int, list[tuple[str, str]]]:
+    """op -> [(name, "i" int32 | "f" float32)] per op_params slot, from the op constructors of
+    ggml.c (ggml_set_op_params calls)."""
+    f, i = "f", "i"
+    L = {
+        "NORM": [("eps", f)], "RMS_NORM": [("eps", f)], "L2_NORM": [("eps", f)],
+        "GROUP_NORM": [("n_groups", i), ("eps", f)],
+        "SOFT_MAX": [("scale", f), ("max_bias", f)], "SOFT_MAX_BACK": [("scale", f), ("max_bias", f)],
+        "SCALE": [("s", f), ("b", f)], "LEAKY_RELU": [("negative_slope", f)],
+        "CLAMP": [("min", f), ("max", f)],
+        "ROPE": [("n_past", i), ("n_dims", i), ("mode", i), ("n_ctx", i), ("n_ctx_orig", i),
+                 ("freq_base", f), ("freq_scale", f), ("ext_factor", f), ("attn_factor", f),
+                 ("beta_fast", f), ("beta_slow", f)],
+        "CONCAT": [("dim", i)], "PERMUTE": [("axis0", i), ("axis1", i), ("axis2", i), ("axis3", i)],
+        "ARGSORT": [("order", i)], "TOP_K": [("k", i)], "DIAG_MASK_INF": [("n_past", i)],
+        "DIAG_MASK_ZERO": [("n_past", i)],
+        "PAD": [("lp0", i), ("rp0", i), ("lp1", i), ("rp1", i), ("lp2", i), ("rp2", i),
+                ("lp3", i), ("rp3", i), ("circular", i)],
+        "IM2COL": [("s0", i), ("s1", i), ("p0", i), ("p1", i), ("d0", i), ("d1", i), ("is_2D", i)],
+        "POOL_1D": [("op", i), ("k0", i), ("s0", i), ("p0", i)],
+        "POOL_2D": [("op", i), ("k0", i), ("k1", i), ("s0", i), ("s1", i), ("p0", f), ("p1", f)],
+        "FLASH_ATTN_EXT": [("scale", f), ("max_bias", f), ("logit_softcap", f), ("prec", i)],
+        "ACC": [("nb1", i), ("nb2", i), ("nb3", i), ("offset", i), ("inplace", i)],
+        "SET": [("nb1", i), ("nb2", i), ("nb3", i), ("offset", i), ("inplace", i)],
+        "ARANGE": [("start", f), ("stop", f), ("step", f)],
+        "TIMESTEP_EMBEDDING": [("dim", i), ("max_period", i)],
+        "UPSCALE": [("mode", i)], "MUL_MAT": [("prec", i)],
+        "VIEW": [("offset_lo", i), ("offset_hi", i)],
+    }
+    return {getattr(lib, f"GGML_OP_{k}"): v for k, v in L.items() if hasattr(lib, f"GGML_OP_{k}")}
+
+
+_PARAM_LAYOUTS = _layouts()
+
+
+def decode_op_params(t: "Tensor") -> dict[str, Any]:
+    """See :attr:`Tensor.params`."""
+    p = t.ptr
+    raw = np.frombuffer(ffi.buffer(p.op_params), dtype=np.int32).copy()
+    if p.op == lib.GGML_OP_UNARY:
+        return {"unary_op": ffi.string(lib.ggml_unary_op_name(lib.ggml_get_unary_op(p))).decode()}
+    if p.op == lib.GGML_OP_GLU:
+        return {"glu_op": ffi.string(lib.ggml_glu_op_name(lib.ggml_get_glu_op(p))).decode(),
+                "swapped": bool(raw[1])}
+    layout = _PARAM_LAYOUTS.get(p.op)
+    if layout is None:
+        return {"raw": raw}
+    out: dict[str, Any] = {}
+    for k, (name, kind) in enumerate(layout):
+        out[name] = float(raw[k:k + 1].view(np.float32)[0]) if kind == "f" else int(raw[k])
+    if p.op == lib.GGML_OP_VIEW:
+        out = {"offset": int(raw[:2].view(np.int64)[0])}
+    if p.op == lib.GGML_OP_ROPE:
+        out["sections"] = raw[11:15].tolist()
+    return out
+
+
 def op_name(op: int) -> str:
     """``ggml_op_name``: ``"ADD"``, ``"MUL_MAT"``...; raises ValueError for an unknown op."""
     if not 0 <= op < lib.GGML_OP_COUNT:
@@ -124,6 +181,15 @@ class Tensor(CObject):
         """A copy of the op parameters as int32 (float parameters are bit-cast: ``.view(np.float32)``)."""
         p = self.ptr
         return np.frombuffer(ffi.buffer(p.op_params), dtype=np.int32).copy()
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """``op_params`` decoded for this node's op (names as in ggml.c), e.g. ROPE ->
+        ``{"n_dims", "mode", "n_ctx_orig", "freq_base", "freq_scale", "ext_factor",
+        "attn_factor", "beta_fast", "beta_slow"}``; SOFT_MAX -> ``{"scale", "max_bias"}``;
+        UNARY -> ``{"unary_op": "GELU"}``. Ops without a known layout give
+        ``{"raw": int32 array}``."""
+        return decode_op_params(self)
 
     @property
     def src(self) -> list["Tensor"]:

@@ -562,3 +562,19 @@ def test_convolution_pooling_padding_and_flash_attention_match_numpy():
             ctx.pool_2d(x, "max", 20, 20, 1, 1)
         with pytest.raises(TypeError, match="F16"):
             ctx.flash_attn(ctx.from_numpy(Q), ctx.from_numpy(Kc), ctx.from_numpy(V), mask=ctx.from_numpy(Q))
+
+
+def test_op_params_are_decoded_per_op():
+    with Context(1 << 20) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [64, 4, 6])
+        pos = ctx.new_tensor(GGMLType.I32, [6])
+        r = ctx.rope(a, pos, 32, mode=lib.GGML_ROPE_TYPE_NEOX, freq_base=1e5, freq_scale=0.5)
+        assert (r.params["n_dims"], r.params["mode"], r.params["freq_base"], r.params["freq_scale"]) == (32, 2, 1e5, 0.5)
+        assert ctx.soft_max(a, scale=0.125, max_bias=0.0).params == {"scale": 0.125, "max_bias": 0.0}
+        assert ctx.norm(a, 0.25).params == {"eps": 0.25}
+        assert ctx.unary("gelu_erf", a).params == {"unary_op": "GELU_ERF"}
+        assert ctx.swiglu(a).params == {"glu_op": "SWIGLU", "swapped": False}
+        assert ctx.view(a, [8], offset=16).params == {"offset": 16}
+        assert ctx.permute(a, 1, 0, 2).params == {"axis0": 1, "axis1": 0, "axis2": 2, "axis3": 3}
+        assert ctx.concat(a, a, 2).params == {"dim": 2}
+        assert "raw" in ctx.add(a, a).params
