@@ -53,14 +53,18 @@ class CObject:
 
     @property
     def closed(self) -> bool:
-        return self._ptr is None or (self._owner is not None and getattr(self._owner, "closed", False))
+        if self._ptr is None:
+            return True
+        owner = self._owner
+        return owner is not None and owner.closed
 
     @property
     def ptr(self) -> Any:
         """The C pointer (cffi cdata). Raises :class:`ClosedError` once closed."""
-        if self.closed:
+        p, owner = self._ptr, self._owner
+        if p is None or (owner is not None and owner.closed):
             raise ClosedError(f"this {self._kind} is closed")
-        return self._ptr
+        return p
 
     def _free(self, ptr: Any) -> None:
         type(self)._c_free(ptr)

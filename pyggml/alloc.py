@@ -26,8 +26,12 @@ class _Placements:
         self.buffers: set[int] = set()
 
     def record(self, graph: "Graph", allocator: Any) -> None:
-        bufs = {int(ffi.cast("uintptr_t", t.buffer_ptr)) for t in graph.nodes + graph.leafs
-                if t.buffer_ptr != ffi.NULL}
+        nodes = graph._raw_nodes()
+        bufs = set()
+        for p in nodes + graph._raw_leafs(nodes):
+            buf = p.view_src.buffer if p.view_src != ffi.NULL else p.buffer
+            if buf != ffi.NULL:
+                bufs.add(int(ffi.cast("uintptr_t", buf)))
         self.release(keep=bufs)  # buffers not used any more were freed by a reallocation
         self.buffers |= bufs
         ctx = graph.ctx

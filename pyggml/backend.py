@@ -279,7 +279,10 @@ class Backend(CObject):
     # --- capabilities
     def supports_op(self, op: Tensor) -> bool:
         """``ggml_backend_supports_op``: can this backend compute node ``op``?"""
-        return bool(lib.ggml_backend_supports_op(self.ptr, op.ptr))
+        return self._supports_raw(op.ptr)
+
+    def _supports_raw(self, p: Any) -> bool:
+        return bool(lib.ggml_backend_supports_op(self.ptr, p))
 
     def supports_buft(self, buft: BufferType) -> bool:
         """``ggml_backend_supports_buft``: can it use tensors in buffers of ``buft``?"""

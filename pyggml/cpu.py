@@ -85,7 +85,10 @@ def cpu_kernel_supports(node: Tensor) -> bool:
     """Whether ggml's CPU kernels handle the types of ``node`` (a stricter check than
     ``ggml_backend_supports_op``, whose CPU answer is true for some type combinations whose
     kernel then aborts the process)."""
-    p = node.ptr
+    return _cpu_kernel_supports_raw(node.ptr)
+
+
+def _cpu_kernel_supports_raw(p: Any) -> bool:
     if p.op in _BINARY:
         return (p.src[0].type, p.src[1].type, p.type) in _BINARY_TYPES
     if p.op in _CONVERT:
@@ -172,7 +175,10 @@ class CPUBackend(Backend):
 
     def supports_op(self, op: Tensor) -> bool:
         """``ggml_backend_supports_op`` and :func:`cpu_kernel_supports`."""
-        return super().supports_op(op) and cpu_kernel_supports(op)
+        return self._supports_raw(op.ptr)
+
+    def _supports_raw(self, p: Any) -> bool:
+        return bool(lib.ggml_backend_supports_op(self.ptr, p)) and _cpu_kernel_supports_raw(p)
 
     def set_use_ref(self, use_ref: bool) -> None:
         """``ggml_backend_cpu_set_use_ref``: use the slow reference kernels (for testing)."""

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._base import CObject, GGMLError
 from ._loader import ffi, lib
-from .tensor import Tensor
+from .tensor import _EMPTY_OPS, Tensor
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -185,25 +185,32 @@ class Graph(CObject):
     def n_nodes(self) -> int:
         return lib.ggml_graph_n_nodes(self.ptr)
 
+    def _raw_nodes(self) -> list[Any]:
+        g = self.ptr
+        return [lib.ggml_graph_node(g, i) for i in range(lib.ggml_graph_n_nodes(g))]
+
+    def _raw_leafs(self, nodes: list[Any]) -> list[Any]:
+        node_keys = {int(ffi.cast("uintptr_t", p)) for p in nodes}
+        out, seen = [], set()
+        for p in nodes:
+            for s in p.src:
+                if s == ffi.NULL:
+                    continue
+                key = int(ffi.cast("uintptr_t", s))
+                if key not in node_keys and key not in seen:
+                    seen.add(key)
+                    out.append(s)
+        return out
+
     @property
     def nodes(self) -> list[Tensor]:
         """The nodes in execution order (``ggml_graph_node``)."""
-        g = self.ptr
-        return [Tensor(lib.ggml_graph_node(g, i), self.ctx, (self._keep_tensor(),))
-                for i in range(lib.ggml_graph_n_nodes(g))]
+        return [Tensor(p, self.ctx, (self,)) for p in self._raw_nodes()]
 
     @property
     def leafs(self) -> list[Tensor]:
         """The tensors the nodes read that are not nodes themselves (inputs, weights)."""
-        nodes = {int(ffi.cast("uintptr_t", t.ptr)) for t in self.nodes}
-        out, seen = [], set()
-        for t in self.nodes:
-            for s in t.ptr.src:
-                key = int(ffi.cast("uintptr_t", s))
-                if s != ffi.NULL and key not in nodes and key not in seen:
-                    seen.add(key)
-                    out.append(Tensor(s, self.ctx, (self._keep_tensor(),)))
-        return out
+        return [Tensor(p, self.ctx, (self,)) for p in self._raw_leafs(self._raw_nodes())]
 
     def _keep_tensor(self) -> Any:
         return self  # node wrappers keep the graph (and so its context) alive
@@ -219,21 +226,24 @@ class Graph(CObject):
         from ._base import ClosedError
 
         buffer_closed = getattr(self.ctx, "_buffer_closed", lambda buf: False)
-        for t in self.nodes:
-            p = t.ptr
+        dead = bool(getattr(self.ctx, "_dead_buffers", None)) or any(
+            b._ptr is None for b in getattr(self.ctx, "_buffers", ()))
+        for p in self._raw_nodes():
             for s in [p] + [s for s in p.src if s != ffi.NULL]:
-                name = ffi.string(s.name).decode() or "(unnamed)"
                 if s.data == ffi.NULL and not (s.view_src != ffi.NULL and s.view_src.data != ffi.NULL):
-                    raise ValueError(f"tensor {name} of node {t.name or t.op_name} has no data: "
+                    name = ffi.string(s.name).decode() or "(unnamed)"
+                    raise ValueError(f"tensor {name} of node {ffi.string(p.name).decode()} has no data: "
                                      "allocate the graph first (GraphAllocator, Scheduler, alloc_tensors)")
-                buf = s.view_src.buffer if s.view_src != ffi.NULL else s.buffer
-                if buf != ffi.NULL and buffer_closed(buf):
-                    raise ClosedError(f"the buffer holding tensor {name} was freed (its allocator "
-                                      "or buffer is closed): allocate the graph again")
-            if not t.is_empty_op() and not backend.supports_op(t):
-                raise ValueError(f"backend {backend.name} cannot compute node {t.name!r} "
-                                 f"({t.op_name}, {t.type_name}, srcs "
-                                 f"{[s.type_name for s in t.src]})")
+                if dead:
+                    buf = s.view_src.buffer if s.view_src != ffi.NULL else s.buffer
+                    if buf != ffi.NULL and buffer_closed(buf):
+                        raise ClosedError(f"the buffer holding tensor {ffi.string(s.name).decode()} was "
+                                          "freed (its allocator or buffer is closed): allocate the graph again")
+            if p.op in _EMPTY_OPS or backend._supports_raw(p):
+                continue
+            t = Tensor(p, self.ctx, (self,))
+            raise ValueError(f"backend {backend.name} cannot compute node {t.name!r} "
+                             f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]})")
 
     def compute(self, backend: "Backend | None" = None, n_threads: int | None = None) -> None:
         """Compute the graph (``ggml_backend_graph_compute``) on ``backend``, by default a new CPU

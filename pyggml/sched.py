@@ -10,7 +10,7 @@ from ._loader import ffi, lib
 from .alloc import _Placements
 from .backend import Backend, BufferType
 from .graph import Graph, status_name
-from .tensor import Tensor
+from .tensor import _EMPTY_OPS, Tensor
 
 __all__ = ["Scheduler", "MAX_BACKENDS"]
 
@@ -75,19 +75,28 @@ class Scheduler(CObject):
         raise ValueError(f"backend {backend.name} is not one of this scheduler's")
 
     def _check_graph(self, graph: Graph) -> None:
-        nodes, leafs = graph.nodes, graph.leafs
+        nodes = graph._raw_nodes()
+        leafs = graph._raw_leafs(nodes)
         if len(nodes) + len(leafs) > self.graph_size:
             raise ValueError(f"graph has {len(nodes)} nodes and {len(leafs)} leafs, more than "
                              f"the scheduler's graph_size {self.graph_size}")
-        for t in nodes:
-            if not t.is_empty_op() and not any(b.supports_op(t) for b in self._backends):
+        for p in nodes:
+            if p.op not in _EMPTY_OPS and not any(b._supports_raw(p) for b in self._backends):
+                t = Tensor(p, graph.ctx, (graph,))
                 raise ValueError(f"no backend of the scheduler can compute node {t.name!r} ({t.op_name})")
-        for t in nodes + leafs:
-            buf = t.buffer_ptr
-            if buf != ffi.NULL:
-                buft = lib.ggml_backend_buffer_get_type(buf)
-                if not any(lib.ggml_backend_supports_buft(b.ptr, buft) for b in self._backends):
-                    raise ValueError(f"tensor {t.name!r} is in a buffer no backend of the scheduler can use")
+        bufts_ok: set[int] = set()
+        for p in nodes + leafs:
+            buf = p.view_src.buffer if p.view_src != ffi.NULL else p.buffer
+            if buf == ffi.NULL:
+                continue
+            buft = lib.ggml_backend_buffer_get_type(buf)
+            key = int(ffi.cast("uintptr_t", buft))
+            if key in bufts_ok:
+                continue
+            if not any(lib.ggml_backend_supports_buft(b.ptr, buft) for b in self._backends):
+                name = ffi.string(p.name).decode()
+                raise ValueError(f"tensor {name!r} is in a buffer no backend of the scheduler can use")
+            bufts_ok.add(key)
 
     # ------------------------------------------------------------------ allocation
     def reserve(self, graph: Graph) -> None:
