@@ -337,3 +337,25 @@ def test_python_events():
         assert dev.events[0].log == ["record", "wait", "sync", "free"]
     finally:
         unregister(reg)
+
+
+def test_load_and_unload_a_python_backend_module_from_python(tmp_path):
+    """ggml_backend_load / ggml_backend_unload of a module built from a script, by a plain
+    Python program (a subprocess: under pytest, the embedded module's start-up blocks)."""
+    script = tmp_path / "add_backend.py"
+    script.write_text(ARITH_SCRIPT)
+    code = textwrap.dedent(f"""
+        from pyggml.device import load_backend, registries, unload_backend
+        from pyggml.module import build_module
+        reg = load_backend(build_module({str(script)!r}, {str(tmp_path / "libggml-pyadd2.so")!r}))
+        assert reg.name == "PYADD" and [d.name for d in reg.devices] == ["PYADD"]
+        with reg.devices[0].init() as be:
+            assert be.name == "PYADD"
+        unload_backend(reg)
+        assert "PYADD" not in [r.name for r in registries()]
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
