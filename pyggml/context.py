@@ -54,6 +54,7 @@ class Context(CObject, Ops):
         self._allocators: list[Any] = []      # graph allocators / schedulers holding our tensors' data
         self._dead_buffers: set[int] = set()  # addresses of buffers freed under our tensors
         self._custom_errors: list[BaseException] = []
+        self._trial_ops: set[int] = set()      # ops made by Ops.op without checks of their own
 
     @classmethod
     def for_tensors(cls, n_tensors: int, *, graph_size: int = 0) -> "Context":

@@ -29,7 +29,7 @@ _CPU_SRC0_TYPES = {
     # every type with a to_float, and I32 (ggml_compute_forward_get_rows)
     lib.GGML_OP_GET_ROWS: {t for t in range(lib.GGML_TYPE_COUNT) if t not in (
         lib.GGML_TYPE_I8, lib.GGML_TYPE_I16, lib.GGML_TYPE_I64, lib.GGML_TYPE_F64)},
-    lib.GGML_OP_REPEAT: {_F16, _BF16, lib.GGML_TYPE_I16, _F32, lib.GGML_TYPE_I32, lib.GGML_TYPE_I64},
+    lib.GGML_OP_REPEAT: {_F16, _BF16, lib.GGML_TYPE_I16, _F32, lib.GGML_TYPE_I32},  # I64: commented out upstream
     lib.GGML_OP_CONCAT: {_F16, _BF16, lib.GGML_TYPE_I16, lib.GGML_TYPE_I8, _F32, lib.GGML_TYPE_I32},
     lib.GGML_OP_UNARY: {_F32, _F16}, lib.GGML_OP_GLU: {_F32, _F16},
     lib.GGML_OP_SQR: {_F32, _F16, _BF16}, lib.GGML_OP_SQRT: {_F32, _F16, _BF16},

@@ -58,6 +58,7 @@ class Graph(CObject):
         self.size = size
         self.grads = grads
         self._backward = False
+        self._trial_done = False
         self._seen: set[int] = set()
         self._n_leafs = 0
         self._keep: list[Tensor] = []
@@ -245,6 +246,30 @@ class Graph(CObject):
             raise ValueError(f"backend {backend.name} cannot compute node {t.name!r} "
                              f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]})")
 
+    def _trial_compute(self, backend: "Backend") -> None:
+        """Graphs with nodes made by ``Context.op`` (ops pyggml has no checks for) are computed
+        once in a forked copy of the process first, on the CPU: ggml aborting there raises
+        ValueError here instead."""
+        from ._fork import trial
+        from .cpu import CPUBackend
+
+        trial_ops = getattr(self.ctx, "_trial_ops", None)
+        if not trial_ops or not isinstance(backend, CPUBackend) or self._trial_done:
+            return
+        if not any(p.op in trial_ops for p in self._raw_nodes()):
+            return
+
+        def run() -> None:
+            be = lib.ggml_backend_cpu_init()
+            # one thread: the OpenMP runtime of the parent does not survive fork()
+            lib.ggml_backend_cpu_set_n_threads(be, 1)
+            lib.ggml_backend_graph_compute(be, self.ptr)
+
+        failure = trial(run, timeout=120)
+        if failure is not None:
+            raise ValueError(f"computing this graph would abort the process: {failure}")
+        self._trial_done = True
+
     def compute(self, backend: "Backend | None" = None, n_threads: int | None = None) -> None:
         """Compute the graph (``ggml_backend_graph_compute``) on ``backend``, by default a new CPU
         backend with ``n_threads`` threads.
@@ -264,6 +289,7 @@ class Graph(CObject):
         try:
             assert isinstance(backend, Backend)
             self._check_computable(backend)
+            self._trial_compute(backend)
             status = lib.ggml_backend_graph_compute(backend.ptr, self.ptr)
             custom_errors = getattr(self.ctx, "_custom_errors", [])
             if custom_errors:  # raised by map_custom functions on CPU worker threads

@@ -7,8 +7,9 @@ ValueError/TypeError/MemoryError instead of letting the process abort. Whether a
 *compute* a node (types it has kernels for) is checked when the graph is computed
 (:meth:`pyggml.graph.Graph.compute`), with the backend's own ``supports_op``.
 
-Ops of ggml.h not wrapped here are available unchecked as ``pyggml.lib.ggml_<op>``.
-Shapes in docstrings are ggml ``ne`` order.
+Every other op constructor of ggml.h is reachable as ``ctx.<name>(...)`` / :meth:`Ops.op`,
+tried first in a forked copy of the process (see :mod:`pyggml._fork`). Shapes in docstrings are
+ggml ``ne`` order.
 """
 from __future__ import annotations
 
@@ -59,6 +60,23 @@ def _tensor(x: Any, what: str) -> "Tensor":
     return x
 
 
+_CONSTRUCTORS: set[str] = set()
+
+
+def _op_constructors() -> set[str]:
+    """Names (without ``ggml_``) of ggml.h functions ``struct ggml_tensor * f(struct
+    ggml_context *, ...)`` that make a node."""
+    if not _CONSTRUCTORS:
+        for n in dir(lib):
+            if not n.startswith("ggml_") or n.startswith(("ggml_new_", "ggml_get_", "ggml_graph_")):
+                continue
+            t = ffi.typeof(getattr(lib, n))
+            if (t.kind == "function" and t.result.cname == "struct ggml_tensor *" and t.args
+                    and t.args[0].cname == "struct ggml_context *"):
+                _CONSTRUCTORS.add(n[5:])
+    return _CONSTRUCTORS
+
+
 def _divides(d: int, n: int) -> bool:
     """``n % d == 0`` as ggml writes it, without its division by zero (SIGFPE) for d == 0."""
     return d > 0 and n % d == 0
@@ -73,6 +91,8 @@ def _can_repeat(small: "Tensor", big: "Tensor") -> bool:
 
 class Ops:
     """Mixin of op constructors; ``self`` is a Context."""
+
+    _trial_ops: set[int]
 
     def _op(self, fn: Any, inputs: Sequence["Tensor"], *args: Any, n_objects: int = 1) -> "Tensor":
         """Call ``fn(ctx, *args)`` with the context's free space checked first.
@@ -125,9 +145,37 @@ class Ops:
     def __getattr__(self, name: str) -> Any:
         if name in UNARY_OPS:
             return lambda a: self.unary(name, a)
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}"
-                             + (f"; the unchecked C function is pyggml.lib.ggml_{name}"
-                                if hasattr(lib, f"ggml_{name}") else ""))
+        if not name.startswith("_") and name in _op_constructors():
+            return lambda *args: self.op(name, *args)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def op(self, name: str, *args: Any) -> "Tensor":
+        """Any op constructor of ggml.h, ``ggml_<name>(ctx, *args)``, e.g.
+        ``ctx.op("conv_transpose_1d", a, b, 1, 0, 1)``; Tensors are passed as their pointers.
+
+        Ops with a method of their own are checked by it. For the others pyggml knows no
+        conditions: the call is first tried in a forked copy of the process, and if ggml aborts
+        there, ValueError carries its message (graphs holding such nodes get the same trial
+        before their first CPU compute). Raises AttributeError for a name that is not an op.
+        """
+        from ._fork import trial
+        from .tensor import Tensor
+
+        if name in _CHECKED or name in UNARY_OPS:
+            return getattr(self, name)(*args)
+        if name not in _op_constructors():
+            raise AttributeError(f"ggml_{name} is not an op constructor of ggml.h")
+        fn = getattr(lib, f"ggml_{name}")
+        inputs = [a for a in args if isinstance(a, Tensor)]
+        c_args = [_tensor(a, "argument").ptr if isinstance(a, Tensor) else a for a in args]
+        self._reserve(0, n_objects=8)  # type: ignore[attr-defined]
+        ctx = self.ptr  # type: ignore[attr-defined]
+        failure = trial(lambda: fn(ctx, *c_args))
+        if failure is not None:
+            raise ValueError(f"ggml_{name} would abort the process: {failure}")
+        out = self._op(fn, inputs, *c_args, n_objects=8)
+        self._trial_ops.add(out.ptr.op)  # type: ignore[attr-defined]
+        return out
 
     def _binary(self, fn: Any, a: "Tensor", b: "Tensor") -> "Tensor":
         a, b = _tensor(a, "a"), _tensor(b, "b")
@@ -653,3 +701,7 @@ def _prod(xs: Sequence[int]) -> int:
     for x in xs:
         out *= x
     return out
+
+
+#: op names with a checked method of their own
+_CHECKED = {n for n in dir(Ops) if not n.startswith("_") and n not in ("op", "unary")}

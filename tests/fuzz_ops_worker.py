@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import pyggml
 from pyggml import Context, GGMLError, GGMLType
-from pyggml.ops import UNARY_OPS
+from pyggml import ffi
+from pyggml.ops import UNARY_OPS, _op_constructors
 
 EXPECTED = (ValueError, TypeError, MemoryError, KeyError, GGMLError)
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I8, GGMLType.I64,
@@ -24,7 +25,26 @@ OPS = ["add", "sub", "mul", "div", "mul_mat", "out_prod", "scale", "norm", "rms_
        "concat", "sum", "sum_rows", "mean", "argmax", "repeat", "cpy", "cast", "rope", "argsort",
        "clamp", "diag_mask_inf", "swiglu", "geglu", "leaky_relu", "unary", "pad", "interpolate",
        "im2col", "conv_1d", "conv_2d", "pool_1d", "pool_2d", "flash_attn", "top_k", "cumsum",
-       "timestep_embedding", "cross_entropy_loss", "acc", "map_custom"]
+       "timestep_embedding", "cross_entropy_loss", "acc", "map_custom", "generic"]
+GENERIC = sorted(_op_constructors())
+
+
+def generic_args(name, ts, ints, floats):
+    """Arguments for ggml_<name> after the context, from its C signature."""
+    args, k = [], 0
+    for t in pyggml.ffi.typeof(getattr(pyggml.lib, "ggml_" + name)).args[1:]:
+        k += 1
+        if t.cname == "struct ggml_tensor *":
+            args.append(ts[k % len(ts)])
+        elif t.kind == "pointer":
+            args.append(ffi.NULL)
+        elif t.cname in ("float", "double"):
+            args.append(floats[k % 2])
+        elif t.cname == "_Bool":
+            args.append(ints[k % 4] > 30)
+        else:
+            args.append(ints[k % 4])
+    return args
 
 calls = 0
 
@@ -95,6 +115,8 @@ def run(op, specs, ints, floats, unary, mem, no_alloc, compute):
                 "timestep_embedding": lambda: ctx.timestep_embedding(a, ints[0], ints[1]),
                 "cross_entropy_loss": lambda: ctx.cross_entropy_loss(a, b),
                 "acc": lambda: ctx.acc(a, b, ints[0], ints[1], ints[2], ints[3]),
+                "generic": lambda: ctx.op(GENERIC[ints[0] * 71 % len(GENERIC)], *generic_args(
+                    GENERIC[ints[0] * 71 % len(GENERIC)], ts, ints, floats)),
                 "map_custom": lambda: ctx.map_custom(lambda dst, *rest: None, *ts[:1 + ints[0] % 3], n_tasks=ints[1]),
             }[op]()
             if compute and not no_alloc:

@@ -578,3 +578,27 @@ def test_op_params_are_decoded_per_op():
         assert ctx.permute(a, 1, 0, 2).params == {"axis0": 1, "axis1": 0, "axis2": 2, "axis3": 3}
         assert ctx.concat(a, a, 2).params == {"dim": 2}
         assert "raw" in ctx.add(a, a).params
+
+
+def test_every_op_of_ggml_h_is_reachable_and_tried_in_a_fork_first():
+    """Ops without a checked method go through Context.op: ggml aborting in a forked trial
+    (construction or CPU compute) becomes ValueError with ggml's message."""
+    from pyggml.ops import _op_constructors
+
+    assert len(_op_constructors()) > 200
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    with Context(1 << 22) as ctx:
+        a = ctx.from_numpy(x)
+        rolled = ctx.roll(a, 3, 1, 0, 0)                       # ggml_roll via __getattr__
+        filled = ctx.op("fill", a, 2.5)
+        g = ctx.new_graph().build_forward(rolled).build_forward(filled)
+        g.compute()
+        np.testing.assert_array_equal(rolled.numpy(), np.roll(np.roll(x, 3, axis=1), 1, axis=0))
+        np.testing.assert_array_equal(filled.numpy(), np.full_like(x, 2.5))
+        with pytest.raises(ValueError, match=r"GGML_ASSERT\(a->type == GGML_TYPE_F32\)"):
+            ctx.op("win_part", ctx.from_numpy(np.ones(3, np.int8)), 2)      # construction aborts
+        counted = ctx.op("count_equal", a, a)                               # the CPU kernel aborts
+        with pytest.raises(ValueError, match="would abort"):
+            ctx.new_graph().build_forward(counted).compute()
+        with pytest.raises(AttributeError):
+            ctx.op("not_an_op", a)
