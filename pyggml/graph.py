@@ -213,9 +213,6 @@ class Graph(CObject):
         """The tensors the nodes read that are not nodes themselves (inputs, weights)."""
         return [Tensor(p, self.ctx, (self,)) for p in self._raw_leafs(self._raw_nodes())]
 
-    def _keep_tensor(self) -> Any:
-        return self  # node wrappers keep the graph (and so its context) alive
-
     def get_tensor(self, name: str) -> Tensor:
         """``ggml_graph_get_tensor``; KeyError if no node or leaf has that name."""
         t = lib.ggml_graph_get_tensor(self.ptr, name.encode())
