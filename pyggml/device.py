@@ -6,6 +6,7 @@ never freed. Registries loaded from a library (:func:`load_backend`) are removed
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,12 +202,27 @@ def registry_by_name(name: str) -> Registry:
     return Registry(p)
 
 
+def _unlock_cffi_embedding() -> None:
+    """Let a cffi-embedding module (e.g. from ``python -m pyggml.module``) start in this process.
+
+    On Python < 3.12 cffi's embedding start-up spins until ``PyCapsule_Type.tp_version_tag`` is
+    0 (it uses it as a lock), but any attribute lookup on a capsule object gives the type a
+    version tag: the load would hang forever. ``PyType_Modified`` resets the tag (it only
+    invalidates the method cache entries of the capsule type)."""
+    if sys.version_info < (3, 12):
+        import ctypes
+        import datetime
+
+        ctypes.pythonapi.PyType_Modified(ctypes.py_object(type(datetime.datetime_CAPI)))
+
+
 def load_backend(path: str | Path) -> Registry:
     """``ggml_backend_load``: load a backend module (a shared library exporting
     ``ggml_backend_init``) and register it. Raises FileNotFoundError or GGMLError."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(path)
+    _unlock_cffi_embedding()
     p = lib.ggml_backend_load(str(path).encode())
     if p == ffi.NULL:
         raise GGMLError(f"ggml could not load a backend from {path} (see the pyggml.ggml log)")

@@ -339,9 +339,29 @@ def test_python_events():
         unregister(reg)
 
 
+def test_load_and_unload_a_python_backend_module_in_process(tmp_path):
+    """ggml_backend_load / ggml_backend_unload, inside this (pytest) process: pytest has looked
+    up attributes of capsule objects, which used to make cffi's embedding start-up hang."""
+    from pyggml.device import load_backend, registries, unload_backend
+    from pyggml.module import build_module
+
+    script = tmp_path / "add_backend.py"
+    script.write_text(ARITH_SCRIPT)
+    getattr(pyggml.ffi, "anything", None)
+    import datetime
+    getattr(datetime.datetime_CAPI, "anything", None)   # gives PyCapsule_Type a version tag
+    reg = load_backend(build_module(script, tmp_path / "libggml-pyadd-inproc.so"))
+    try:
+        assert reg.name == "PYADD" and [d.name for d in reg.devices] == ["PYADD"]
+        with reg.devices[0].init() as be:
+            assert be.name == "PYADD"
+    finally:
+        unload_backend(reg)
+    assert "PYADD" not in [r.name for r in registries()]
+
+
 def test_load_and_unload_a_python_backend_module_from_python(tmp_path):
-    """ggml_backend_load / ggml_backend_unload of a module built from a script, by a plain
-    Python program (a subprocess: under pytest, the embedded module's start-up blocks)."""
+    """The same from a plain Python program."""
     script = tmp_path / "add_backend.py"
     script.write_text(ARITH_SCRIPT)
     code = textwrap.dedent(f"""
