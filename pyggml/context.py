@@ -162,10 +162,12 @@ class Context(CObject, Ops):
         In an allocating context the data is copied in; in a ``no_alloc`` context only the tensor
         is created (set its data once allocated). Raises TypeError for a dtype without a ggml type.
         """
+        from . import types
+
         a = np.asarray(array)
         if a.ndim > lib.GGML_MAX_DIMS:
             raise ValueError(f"{a.ndim}-d array: ggml tensors have at most {lib.GGML_MAX_DIMS} dims")
-        ggml_type = _type_of_dtype(a.dtype) if type is None else type
+        ggml_type = types.type_of_dtype(a.dtype) if type is None else type
         t = self.new_tensor(ggml_type, a.shape[::-1] or (1,), name=name)
         if not self.no_alloc:
             t.set(a)
@@ -225,19 +227,6 @@ class Context(CObject, Ops):
         if self.closed:
             return "<Context (closed)>"
         return f"<Context {self.used_mem}/{self.mem_size} bytes{' no_alloc' if self.no_alloc else ''}>"
-
-
-_DTYPE_TYPES = {np.dtype(np.float32): lib.GGML_TYPE_F32, np.dtype(np.float16): lib.GGML_TYPE_F16,
-                np.dtype(np.float64): lib.GGML_TYPE_F64, np.dtype(np.int8): lib.GGML_TYPE_I8,
-                np.dtype(np.int16): lib.GGML_TYPE_I16, np.dtype(np.int32): lib.GGML_TYPE_I32,
-                np.dtype(np.int64): lib.GGML_TYPE_I64}
-
-
-def _type_of_dtype(dtype: np.dtype) -> int:
-    try:
-        return _DTYPE_TYPES[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"no ggml type for NumPy dtype {dtype}; pass type=") from None
 
 
 def tensor_overhead() -> int:

@@ -32,14 +32,13 @@ from typing import Any, Sequence
 from . import callbacks
 from ._loader import ffi, lib
 from .backend import BufferType
+from .device import DEVICE_TYPES
 from .graph import Graph
 from .tensor import Tensor
 
 __all__ = ["PyRegistry", "PyDevice", "PyBufferType", "PyBuffer", "HostBuffer", "PyBackend",
            "register", "unregister", "DEVICE_TYPES"]
 
-DEVICE_TYPES = {"cpu": lib.GGML_BACKEND_DEVICE_TYPE_CPU, "gpu": lib.GGML_BACKEND_DEVICE_TYPE_GPU,
-                "igpu": lib.GGML_BACKEND_DEVICE_TYPE_IGPU, "accel": lib.GGML_BACKEND_DEVICE_TYPE_ACCEL}
 
 # objects ggml holds raw pointers to: kept alive here until ggml frees them
 _LIVE: dict[int, Any] = {}
@@ -86,16 +85,22 @@ class _SlotRouter:
         return getattr(self.impl, "_c_" + member)
 
 
-def _make(impl: _Impl) -> Any:
-    c = ffi.new(f"struct {impl._struct} *")
-    impl._c = c
+def _fill(impl: _Impl, iface: Any) -> None:
+    """Give ``impl`` its context handle and put a trampoline in each slot of ``iface`` (a
+    ``struct <impl._iface>``) that ``impl`` implements; the other slots stay NULL."""
     impl._router = _SlotRouter(impl)
     impl._handle = ffi.new_handle(impl._router)
-    c.context = impl._handle
     impl._strings = {}
     for member, _ in ffi.typeof(f"struct {impl._iface}").fields:
         if impl._implements(member):
-            setattr(c.iface, member, callbacks.slot(impl._iface, member))
+            setattr(iface, member, callbacks.slot(impl._iface, member))
+
+
+def _make(impl: _Impl) -> Any:
+    c = ffi.new(f"struct {impl._struct} *")
+    impl._c = c
+    _fill(impl, c.iface)
+    c.context = impl._handle
     return c
 
 
@@ -130,12 +135,7 @@ class PyBuffer(_Impl):
     # --- C side (buffer struct is made by ggml_backend_buffer_init and deleted by ggml)
     def _init_c(self, buft_ptr: Any, size: int) -> Any:
         iface = ffi.new("struct ggml_backend_buffer_i *")
-        self._router = _SlotRouter(self)
-        self._handle = ffi.new_handle(self._router)
-        self._strings = {}
-        for member, _ in ffi.typeof("struct ggml_backend_buffer_i").fields:
-            if self._implements(member):
-                setattr(iface, member, callbacks.slot("ggml_backend_buffer_i", member))
+        _fill(self, iface)
         iface.free_buffer = callbacks.slot("ggml_backend_buffer_i", "free_buffer")  # always: releases us
         ptr = lib.ggml_backend_buffer_init(buft_ptr, iface[0], self._handle, size)
         _LIVE[_addr(ptr)] = self

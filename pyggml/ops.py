@@ -24,19 +24,18 @@ __all__ = ["Ops", "UNARY_OPS", "host_array"]
 
 
 def host_array(t: "Tensor") -> Any:
-    """A NumPy view of any tensor's host memory (no ownership checks: for use inside
-    :meth:`Ops.map_custom` functions, where ggml owns the data for the call's duration)."""
-    import numpy as np
-
+    """A NumPy view of a plain-type tensor's host memory, NumPy order (shape ``ne`` reversed,
+    strides ``nb`` reversed), writable. No ownership checks: for code ggml calls while it owns
+    the data (:meth:`Ops.map_custom` functions, Python backends). ValueError for quantized
+    tensors or tensors without data."""
     from . import types
-    from .tensor import _ArrayOwner
+    from .tensor import _host_view
 
     p = t.ptr
     dtype = types.numpy_dtype(p.type)
     if dtype is None or p.data == ffi.NULL:
         raise ValueError(f"no NumPy view of a {t.type_name} tensor without data")
-    ne, nb = t.ne[:t.n_dims], t.nb[:t.n_dims]
-    return np.asarray(_ArrayOwner(int(ffi.cast("uintptr_t", p.data)), reversed(ne), reversed(nb), dtype, t))
+    return _host_view(t, dtype, t)
 
 #: element-wise ops of one tensor, name -> ggml function (``ggml_unary`` family and friends)
 UNARY_OPS = {name: getattr(lib, f"ggml_{name}") for name in (

@@ -139,9 +139,11 @@ class Scheduler(CObject):
         self._check_graph(graph)
         self._graph = graph
         self._stopped = False
+        allocates = not self._is_alloc  # ggml allocates the graph itself then
         status = fn(self.ptr, graph.ptr)
         self._is_alloc = True
-        self._placed.record(graph, self)
+        if allocates:
+            self._placed.record(graph, self)
         callbacks.raise_pending()
         if status != lib.GGML_STATUS_SUCCESS:
             raise GGMLError(f"scheduler compute failed: {status_name(status)}")

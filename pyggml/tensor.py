@@ -99,6 +99,13 @@ class _ArrayOwner:
                                     "strides": tuple(strides), "typestr": dtype.str, "version": 3}
 
 
+def _host_view(t: "Tensor", dtype: np.dtype, owner: Any) -> np.ndarray:
+    """NumPy view (shape ``ne`` reversed, strides ``nb`` reversed) of ``t``'s host data that
+    keeps ``owner`` alive. No checks: callers make sure the data is in host memory."""
+    ne, nb = t.ne[:t.n_dims], t.nb[:t.n_dims]
+    return np.asarray(_ArrayOwner(int(ffi.cast("uintptr_t", t.ptr.data)), reversed(ne), reversed(nb), dtype, owner))
+
+
 class Tensor(CObject):
     """A ggml tensor (borrowed from its context).
 
@@ -298,11 +305,10 @@ class Tensor(CObject):
                     raise ValueError(f"tensor {self.name!r} lives in a buffer its context does not own "
                                      "(a graph allocator or scheduler reuses it): use copy=True")
                 owners.append(buf)
-            ne, nb = self.ne[:self.n_dims], self.nb[:self.n_dims]
-            holder = _ArrayOwner(int(ffi.cast("uintptr_t", p.data)), reversed(ne), reversed(nb), dtype, self)
+            view = _host_view(self, dtype, self)
             for o in owners:
-                o._export(holder)
-            return np.asarray(holder)
+                o._export(view.base)
+            return view
         if not self.is_contiguous():
             raise ValueError(f"tensor {self.name!r} is not contiguous: copy it with Context.cont first")
         raw = np.empty(self.nbytes, dtype=np.uint8)

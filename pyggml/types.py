@@ -20,7 +20,7 @@ import numpy as np
 from ._loader import ffi, lib
 
 __all__ = ["GGMLType", "TypeLike", "ggml_type", "type_name", "block_size", "type_size",
-           "is_quantized", "row_size", "nbytes", "numpy_dtype", "can_quantize", "can_dequantize",
+           "is_quantized", "row_size", "type_of_dtype", "nbytes", "numpy_dtype", "can_quantize", "can_dequantize",
            "requires_imatrix", "to_float32", "quantize", "from_numpy_bytes", "to_numpy"]
 
 
@@ -132,6 +132,16 @@ def numpy_dtype(t: TypeLike) -> np.dtype | None:
     lacks; None for block-quantized types."""
     dt = _PLAIN_DTYPES.get(ggml_type(t).name)
     return None if dt is None else np.dtype(dt)
+
+
+def type_of_dtype(dtype: object) -> GGMLType:
+    """The ggml type of a NumPy dtype: float32 F32, float16 F16, float64 F64, int8..int64
+    I8..I64. TypeError for any other dtype (BF16 has no NumPy dtype: pass the type)."""
+    dt = np.dtype(dtype)  # type: ignore[call-overload]
+    for name, d in _PLAIN_DTYPES.items():
+        if name != "BF16" and np.dtype(d) == dt:
+            return GGMLType[name]
+    raise TypeError(f"no ggml type for NumPy dtype {dt}; pass the ggml type")
 
 
 def requires_imatrix(t: TypeLike) -> bool:
