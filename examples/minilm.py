@@ -61,26 +61,27 @@ class MiniLM:
         self.tokenizer.no_padding()
 
         self.backend = pyggml.CPUBackend(n_threads=n_threads)
+        self.extra = None
+        if backend != "cpu":  # e.g. "numpy" or "Vulkan0": that device holds the weights and
+            from pyggml import numpy_backend  # runs what it supports, the CPU the rest
+            from pyggml.device import device_by_name
+
+            if backend.upper() == numpy_backend.NAME:
+                numpy_backend.register()
+            self.extra = device_by_name(backend).init()  # BackendNotAvailableError says why not
         # weights: a no_alloc context holds the tensor structs, one backend buffer the data
         weights = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items()
                    if v.dtype == np.float32}  # skips embeddings.position_ids (int64)
         self.wctx = pyggml.Context.for_tensors(len(weights))
         self.w = {name: self.wctx.from_numpy(arr, name=name) for name, arr in weights.items()}
-        self.wbuf = self.wctx.alloc_tensors(self.backend)
+        self.wbuf = self.wctx.alloc_tensors(self.extra or self.backend)
         self.wbuf.usage = "weights"
         for name, arr in weights.items():
             self.w[name].set(arr)
-        if backend == "cpu":
-            self.extra = None
+        if self.extra is None:
             self.sched = None
             self.galloc = pyggml.GraphAllocator(self.backend)
-        else:  # e.g. "numpy": that backend first, the CPU for what it does not support
-            from pyggml import numpy_backend
-            from pyggml.device import device_by_name
-
-            if backend.upper() == numpy_backend.NAME:
-                numpy_backend.register()
-            self.extra = device_by_name(backend).init()
+        else:
             self.sched = pyggml.Scheduler([self.extra, self.backend], graph_size=GRAPH_SIZE)
             self.galloc = None
         self.n_splits = 0
@@ -198,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--backend", default="cpu",
-                   help="cpu (default), or a device name such as numpy: that backend runs what it "
-                        "supports and the CPU the rest, under a ggml scheduler")
+                   help="cpu (default), or a device name such as numpy, Vulkan0, CUDA0 or RPC0 (see "
+                        "`python -m pyggml info`): that backend runs what it supports and the CPU "
+                        "the rest, under a ggml scheduler")
     a = p.parse_args(argv)
     if a.threads is not None and a.threads < 1:
         p.error("--threads must be >= 1")

@@ -40,8 +40,12 @@ __version__ = "0.1.0"
 GGML_VERSION = "0.20.2"
 
 _log.install()
+from . import dl  # noqa: E402
+dl.load_modules()  # GGML_BACKEND_DL builds: load pyggml/lib's backend modules, report failures
+from .dl import BackendNotAvailableError  # noqa: E402
 
 __all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "__version__",
            "GGMLError", "ClosedError", "Context", "Tensor", "Graph", "GraphAllocator", "Backend",
            "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool", "Device", "Registry",
-           "devices", "registries", "Scheduler", "GGMLType", "PACKAGE_DIR", "utils"]
+           "devices", "registries", "Scheduler", "GGMLType", "PACKAGE_DIR", "utils",
+           "BackendNotAvailableError", "dl"]

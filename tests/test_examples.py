@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import pyggml
-from conftest import ROOT
+from conftest import ROOT, ggml_link_args, stage_backend_modules
 
 UPSTREAM = ROOT / "vendor" / "ggml" / "examples" / "simple"
 
@@ -23,9 +23,9 @@ def _upstream_output(name: str, tmp_path: Path) -> str:
     if not src.is_file() or shutil.which("g++") is None:
         pytest.skip("needs vendor/ggml (filled by the build) and g++")
     exe = tmp_path / name
-    subprocess.run(["g++", "-O1", str(src), "-I", str(pyggml.INCLUDE_DIR), "-L", str(pyggml.LIB_DIR),
-                    "-lggml", "-lggml-base", "-lggml-cpu", f"-Wl,-rpath,{pyggml.LIB_DIR}", "-o", str(exe)],
+    subprocess.run(["g++", "-O1", str(src), "-I", str(pyggml.INCLUDE_DIR), *ggml_link_args(), "-o", str(exe)],
                    check=True)
+    stage_backend_modules(tmp_path)
     return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
 
 

@@ -16,7 +16,8 @@ import pytest
 import pyggml
 from pyggml import _ffi_build, callbacks, ffi, lib
 
-HEADERS = _ffi_build.HEADERS
+# the seven pinned headers, plus the header of each extra backend of this build (ggml-rpc.h...)
+HEADERS = _ffi_build.headers_for(pyggml.dl.built_backends())
 INCLUDE = pyggml.INCLUDE_DIR
 
 
@@ -67,6 +68,20 @@ def test_every_declared_function_is_in_lib(header):
     missing = sorted(n for n in names - set(_ffi_build.UNDEFINED_FUNCTIONS) if not hasattr(lib, n))
     assert missing == []
     print(f"{header}: {len(names)} functions, all reachable")
+
+
+@pytest.mark.parametrize("backend", [b for b in pyggml.dl.built_backends() if b in _ffi_build.BACKEND_HEADERS])
+def test_backend_functions_are_bound_to_the_module_ggml_loaded(backend):
+    """In a GGML_BACKEND_DL build each function of a backend's header calls through a pointer
+    that pyggml bound to the module ggml loaded; otherwise they are linked (not trampolines)."""
+    names = regex_functions(_ffi_build.BACKEND_HEADERS[backend]) - set(_ffi_build.UNDEFINED_FUNCTIONS)
+    bound = {n: lib.pyggml_dl_is_bound(n.encode()) for n in names}
+    if not pyggml.dl.is_dl():
+        assert set(bound.values()) == {-1}
+    elif pyggml.dl.status()[backend].loaded:
+        assert set(bound.values()) == {1}, sorted(n for n, v in bound.items() if v != 1)
+    else:
+        assert set(bound.values()) == {0}
 
 
 def test_the_undefined_function_is_really_undefined():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,22 +15,39 @@ def _mapped_ggml_libraries() -> set[str]:
         return {line.split()[-1] for line in f if "libggml" in line}
 
 
+def _expected_mapped() -> set[str]:
+    """libggml + libggml-base, and the CPU library; in a GGML_BACKEND_DL build instead the module
+    ggml loaded for each backend that loaded."""
+    if not pyggml.dl.is_dl():
+        return {"libggml.so", "libggml-base.so", "libggml-cpu.so"}
+    return {"libggml.so", "libggml-base.so"} | {
+        os.path.basename(s.module) for s in pyggml.dl.status().values() if s.loaded}
+
+
 def test_loaded_libraries_are_the_bundled_ones():
     mapped = _mapped_ggml_libraries()
-    assert {os.path.basename(p) for p in mapped} == {"libggml.so", "libggml-base.so", "libggml-cpu.so"}
+    assert {os.path.basename(p) for p in mapped} == _expected_mapped()
     assert all(os.path.dirname(p) == str(pyggml.LIB_DIR) for p in mapped), mapped
 
 
 def test_one_file_per_library_with_origin_rpath():
     files = sorted(os.listdir(pyggml.LIB_DIR))
-    assert files == ["libggml-base.so", "libggml-cpu.so", "libggml.so"]
+    if pyggml.dl.is_dl():  # every built backend is a module (the CPU's: one, or 14 variants)
+        assert files == sorted(pyggml.dl.build_info()["libraries"])
+        assert {"libggml-base.so", "libggml.so"} <= set(files)
+        for b in pyggml.dl.built_backends():
+            assert any(f == f"libggml-{b}.so" or f.startswith(f"libggml-{b}-") for f in files), b
+    else:
+        assert files == ["libggml-base.so", "libggml-cpu.so", "libggml.so"]
     for name in files:
         path = pyggml.LIB_DIR / name
         assert not path.is_symlink()
         dyn = subprocess.run(["readelf", "-d", str(path)], check=True, capture_output=True, text=True).stdout
-        assert f"Library soname: [{name}]" in dyn
+        module = pyggml.dl.is_dl() and name not in ("libggml.so", "libggml-base.so")
+        if not module:  # modules are dlopen()ed by path: they have no soname
+            assert f"Library soname: [{name}]" in dyn
         if name != "libggml-base.so":  # base needs no other ggml library
-            assert "[$ORIGIN]" in dyn
+            assert re.search(r"R(UN)?PATH.*\[\$ORIGIN[]:;]", dyn), dyn
 
 
 def test_a_foreign_libggml_on_LD_LIBRARY_PATH_is_ignored(tmp_path):

@@ -1,0 +1,215 @@
+"""ggml's RPC backend: run graphs on devices of another process or machine (``ggml-rpc.h``).
+
+**Security: the RPC protocol has no authentication and no encryption.** Anyone who can reach a
+server's port can allocate memory on it and run any graph with it. Servers listen on loopback
+(127.0.0.1) by default; :func:`start_server` and ``python -m pyggml.rpc`` refuse any other
+address unless asked explicitly (``allow_remote=True`` / ``--allow-remote``), and then only
+belong on a network you trust completely.
+
+Server (blocks for ever; upstream ggml ships no ``rpc-server`` program, this is it)::
+
+    python -m pyggml.rpc --port 50052            # serves this machine's devices on 127.0.0.1
+
+Client::
+
+    reg = pyggml.rpc.add_server("127.0.0.1:50052")   # a Registry with one device per remote device
+    backend = reg.devices[0].init()                    # then use it like any other backend
+
+Needs a build with the RPC backend (``PYGGML_BACKENDS=cpu,rpc``); otherwise these raise
+:class:`~pyggml.dl.BackendNotAvailableError`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from . import dl
+from ._loader import PACKAGE_DIR, ffi, lib
+from .device import Device, Registry, devices as all_devices
+
+__all__ = ["DEFAULT_PORT", "add_server", "start_server", "Server", "main"]
+
+DEFAULT_PORT = 50052  # upstream rpc-server's default
+
+_added: dict[str, Registry] = {}
+
+
+def _require_rpc() -> None:
+    st = dl.status().get("rpc")
+    if st is None or not st.loaded:
+        raise dl.BackendNotAvailableError(f"ggml's RPC backend is not available: {dl.explain('RPC')}")
+
+
+def _endpoint(endpoint: str) -> str:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"RPC endpoint must be 'host:port', got {endpoint!r}")
+    return endpoint
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def add_server(endpoint: str) -> Registry:
+    """Connect to the RPC server at ``endpoint`` (``"host:port"``) and register its devices
+    (``ggml_backend_rpc_add_server`` + ``ggml_backend_register``): they appear in
+    :func:`pyggml.devices` as ``RPC0``, ``RPC1``... with the endpoint as description. Adding the
+    same endpoint again returns the same registry.
+
+    Raises ValueError for a malformed endpoint, ConnectionError if no server answers there (or it
+    offers no device), BackendNotAvailableError if this build has no RPC backend.
+    """
+    _require_rpc()
+    _endpoint(endpoint)
+    if endpoint in _added:
+        return _added[endpoint]
+    reg = lib.ggml_backend_rpc_add_server(endpoint.encode())
+    if reg == ffi.NULL:
+        raise ConnectionError(f"no ggml RPC server answered at {endpoint} (or it has no devices)")
+    lib.ggml_backend_register(reg)
+    _added[endpoint] = Registry(reg)
+    return _added[endpoint]
+
+
+def start_server(endpoint: str = f"127.0.0.1:{DEFAULT_PORT}", devices: Sequence[Device] | None = None,
+                 *, n_threads: int | None = None, cache_dir: str | os.PathLike | None = None,
+                 allow_remote: bool = False) -> None:
+    """Serve ``devices`` (default: every device of this process except RPC ones) to RPC clients
+    at ``endpoint`` (``ggml_backend_rpc_start_server``). **Never returns**: it serves one client
+    after another until the process ends, with the GIL released, so run it in a process of its
+    own (``python -m pyggml.rpc``, or :class:`Server`).
+
+    ``n_threads``: CPU threads for CPU devices (default: all cores). ``cache_dir``: where the
+    server caches large tensors by hash (default: none). A host other than loopback needs
+    ``allow_remote=True`` (the protocol has no authentication). Raises ValueError for a malformed
+    endpoint, a non-loopback host without ``allow_remote``, or no device to serve;
+    BackendNotAvailableError without an RPC backend.
+    """
+    _require_rpc()
+    host = _endpoint(endpoint).rpartition(":")[0]
+    if not _is_loopback(host) and not allow_remote:
+        raise ValueError(
+            f"refusing to serve on {host}: ggml's RPC protocol has no authentication, anyone who "
+            f"reaches the port can run code on this machine's devices. Use 127.0.0.1, or pass "
+            f"allow_remote=True on a network you trust completely")
+    if devices is None:
+        devices = [d for d in all_devices() if not d.name.startswith("RPC")]
+    if not devices:
+        raise ValueError("no device to serve")
+    arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in devices])
+    lib.ggml_backend_rpc_start_server(
+        endpoint.encode(), os.fsencode(cache_dir) if cache_dir else ffi.NULL,
+        n_threads or os.cpu_count() or 1, len(devices), arr)
+    # it returns only when it could not start (bad endpoint, port in use): ggml printed why
+    raise OSError(f"the RPC server could not start on {endpoint} (see its output above)")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """An RPC server in a child process (``python -m pyggml.rpc``), for tests and notebooks::
+
+        with pyggml.rpc.Server() as server:          # a free port on 127.0.0.1
+            reg = pyggml.rpc.add_server(server.endpoint)
+
+    Leaving the block (or :meth:`close`) kills the child. ``port=None`` picks a free port;
+    ``devices``: device names to serve (default: all but RPC). Raises TimeoutError if the server
+    does not accept connections within ``timeout`` seconds (its output is in the message).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, *,
+                 devices: Sequence[str] | None = None, n_threads: int | None = None,
+                 timeout: float = 30.0, allow_remote: bool = False):
+        self.host, self.port = host, port or _free_port(host)
+        self.endpoint = f"{host}:{self.port}"
+        cmd = [sys.executable, "-m", "pyggml.rpc", "--host", host, "--port", str(self.port)]
+        for d in devices or []:
+            cmd += ["--device", d]
+        if n_threads:
+            cmd += ["--threads", str(n_threads)]
+        if allow_remote:
+            cmd.append("--allow-remote")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_DIR.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                out = self.process.stdout.read().decode(errors="replace") if self.process.stdout else ""
+                raise OSError(f"the RPC server exited with code {self.process.returncode}:\n{out}")
+            with contextlib.suppress(OSError), socket.create_connection((host, self.port), timeout=0.5):
+                break  # it accepts; this probe connection is closed at once and the server moves on
+            if time.monotonic() > deadline:
+                self.close()
+                raise TimeoutError(f"the RPC server did not start listening on {self.endpoint} in {timeout} s")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<pyggml.rpc.Server {self.endpoint} pid {self.process.pid}>"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m pyggml.rpc",
+        description="Serve this machine's ggml devices to ggml RPC clients (upstream's rpc-server). "
+                    "WARNING: the protocol has no authentication; keep it on loopback or a network "
+                    "you trust completely.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("-p", "--port", type=int, default=DEFAULT_PORT, help=f"default: {DEFAULT_PORT}")
+    p.add_argument("-d", "--device", action="append", help="device to serve (repeatable; default: all)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("-c", "--cache", type=Path, default=None, help="directory for the tensor cache")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --host (no authentication: trusted networks only)")
+    a = p.parse_args(argv)
+    from .device import device_by_name
+
+    try:
+        devs = [device_by_name(n) for n in a.device] if a.device else None
+        if not _is_loopback(a.host):
+            print(f"WARNING: serving on {a.host}: ggml's RPC protocol has NO authentication and NO "
+                  "encryption. Anyone who reaches this port can use this machine's devices. "
+                  "Never expose it to an open network.", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the C loop never returns to Python
+        start_server(f"{a.host}:{a.port}", devs, n_threads=a.threads, cache_dir=a.cache,
+                     allow_remote=a.allow_remote)
+    except (ValueError, KeyError, OSError) as e:
+        print(f"pyggml.rpc: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

