@@ -34,6 +34,10 @@ Steps, each printed as it runs:
    header of each extra backend: ``ggml-cuda.h``, ``ggml-vulkan.h``, ``ggml-rpc.h``...) are copied
    to ``pyggml/include/``, preprocessed, and compiled by cffi in API (out-of-line) mode into
    ``pyggml/_ggml*.so`` (see ``pyggml/_ffi_build.py``).
+
+Environment: ``PYGGML_BACKENDS``, ``CMAKE_ARGS``, ``PYGGML_GGML_SRC``, ``PYGGML_CACHE_DIR`` (default
+``~/.cache/pyggml``), ``PYGGML_CUDA_ARCHITECTURES`` (default ``90``), ``CUDACXX`` (nvcc),
+``PYGGML_VULKAN_PREFIX`` or ``VULKAN_SDK`` (where the Vulkan headers are), ``PIP_INDEX_URL``.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from . import callbacks
+from . import callbacks, dl
 from ._base import CObject, GGMLError
 from ._loader import ffi, lib
 from .backend import Backend, Buffer, BufferType
@@ -109,6 +109,7 @@ class Threadpool(CObject):
     def __init__(self, n_threads: int):
         if not 1 <= n_threads <= lib.GGML_MAX_N_THREADS:
             raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}")
+        dl.require("cpu")  # a GGML_BACKEND_DL build whose CPU module did not load
         params = lib.ggml_threadpool_params_default(n_threads)
         super().__init__(lib.ggml_threadpool_new(ffi.new("struct ggml_threadpool_params *", params)), owned=True)
         self.n_threads = n_threads
@@ -127,9 +128,13 @@ class CPUBackend(Backend):
     node and raises KeyboardInterrupt: the backend's abort callback is a Python function, so
     Python's SIGINT handler runs inside it and its exception becomes "abort"
     (``ggml_backend_cpu_set_abort_callback``). ``abort_callback`` adds a condition of yours.
+
+    Raises :class:`~pyggml.dl.BackendNotAvailableError` in a ``GGML_BACKEND_DL`` build whose CPU
+    module did not load (no variant fits the processor), GGMLError if ggml cannot create it.
     """
 
     def __init__(self, n_threads: int | None = None):
+        dl.require("cpu")  # a GGML_BACKEND_DL build whose CPU module did not load
         ptr = lib.ggml_backend_cpu_init()
         if ptr == ffi.NULL:
             raise GGMLError("ggml_backend_cpu_init failed")

@@ -24,7 +24,7 @@ from typing import Any
 from ._loader import LIB_DIR, PACKAGE_DIR, ffi, lib
 
 __all__ = ["BackendStatus", "BackendNotAvailableError", "build_info", "built_backends",
-           "status", "load_modules", "explain"]
+           "status", "load_modules", "explain", "require"]
 
 _logger = logging.getLogger("pyggml")
 
@@ -168,6 +168,14 @@ class _Collect(logging.Handler):
 def status() -> dict[str, BackendStatus]:
     """{build name: :class:`BackendStatus`} for every backend this pyggml was built with."""
     return load_modules()
+
+
+def require(backend: str) -> None:
+    """Raise :class:`BackendNotAvailableError` (with :func:`explain`'s reason) unless the built
+    backend ``backend`` (``"cpu"``, ``"cuda"``...) is loaded: its C functions would abort."""
+    st = status().get(backend)
+    if st is None or not st.loaded:
+        raise BackendNotAvailableError(explain(REGISTRY_NAMES.get(backend, backend)))
 
 
 def _backend_of(name: str) -> str | None:

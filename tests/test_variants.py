@@ -244,3 +244,13 @@ def test_upstream_test_backend_ops_passes_on_vulkan(test_backend_ops):
     passed = re.search(r"(\d+)/(\d+) tests passed", r.stdout)
     assert passed and passed.group(1) == passed.group(2) and int(passed.group(1)) > 500
     print(f"test-backend-ops on {dev.name}: {passed.group(0)}")
+
+
+def test_cpu_functions_need_the_cpu_module(monkeypatch):
+    """If no CPU module could load (e.g. an x86-64-v3 module on an older processor), the CPU
+    backend raises instead of calling an unbound function (which aborts)."""
+    monkeypatch.setitem(dl._status, "cpu", dl.BackendStatus("cpu", False, None, 0, "no variant fits"))
+    with pytest.raises(pyggml.BackendNotAvailableError, match="cpu backend was built but did not load: no variant fits"):
+        pyggml.CPUBackend()
+    with pytest.raises(pyggml.BackendNotAvailableError, match="no variant fits"):
+        pyggml.Threadpool(2)
