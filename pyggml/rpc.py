@@ -150,7 +150,10 @@ class Server:
             cmd.append("--allow-remote")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_DIR.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
-        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        # cwd: the folder holding this pyggml, so that `-m pyggml.rpc` cannot pick up another
+        # (e.g. the unbuilt source tree when started from a checkout)
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                        cwd=PACKAGE_DIR.parent)
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
