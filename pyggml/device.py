@@ -232,7 +232,12 @@ def _unlock_cffi_embedding() -> None:
 
 def load_backend(path: str | Path) -> Registry:
     """``ggml_backend_load``: load a backend module (a shared library exporting
-    ``ggml_backend_init``) and register it. Raises FileNotFoundError or GGMLError."""
+    ``ggml_backend_init``) and register it. Raises FileNotFoundError or GGMLError.
+
+    The library is marked ``RTLD_NODELETE``: :func:`unload_backend` unregisters it, but its code
+    stays mapped. A module implemented in Python (``python -m pyggml.module``) leaves objects in
+    this interpreter (``sys.modules`` entries, types) that point into it; unmapping it would make
+    the next walk over ``sys.modules`` crash the process."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(path)
@@ -240,12 +245,20 @@ def load_backend(path: str | Path) -> Registry:
     p = lib.ggml_backend_load(str(path).encode())
     if p == ffi.NULL:
         raise GGMLError(f"ggml could not load a backend from {path} (see the pyggml.ggml log)")
+    import ctypes
+    import os
+
+    # one more reference, never dropped, with RTLD_NODELETE: ggml's dlclose cannot unmap it
+    _pinned.append(ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_NOLOAD | os.RTLD_NODELETE))
     return Registry(p)
 
 
+_pinned: list[Any] = []
+
+
 def unload_backend(reg: Registry) -> None:
-    """``ggml_backend_unload``: unregister a loaded backend and close its library (the C
-    functions pyggml bound to that library are unbound first)."""
+    """``ggml_backend_unload``: unregister a loaded backend (the C functions pyggml bound to
+    that library are unbound first). A library loaded by :func:`load_backend` stays mapped."""
     backend = dl._backend_of(reg.name)
     if backend:
         lib.pyggml_dl_unbind(backend.encode())

@@ -358,6 +358,13 @@ def test_load_and_unload_a_python_backend_module_in_process(tmp_path):
     finally:
         unload_backend(reg)
     assert "PYADD" not in [r.name for r in registries()]
+    # the module's Python objects outlive the unload: walking sys.modules (as inspect and
+    # pytest's traceback formatting do) crashed when ggml's dlclose unmapped the library
+    import inspect
+    import types
+
+    assert sum(isinstance(m, types.ModuleType) for m in list(sys.modules.values())) > 10
+    assert inspect.getmodule(print) is not None
 
 
 def test_load_and_unload_a_python_backend_module_from_python(tmp_path):
