@@ -36,7 +36,7 @@ Steps, each printed as it runs:
    ``pyggml/_ggml*.so`` (see ``pyggml/_ffi_build.py``).
 
 Environment: ``PYGGML_BACKENDS``, ``CMAKE_ARGS``, ``PYGGML_GGML_SRC``, ``PYGGML_CACHE_DIR`` (default
-``~/.cache/pyggml``), ``PYGGML_CUDA_ARCHITECTURES`` (default ``90``), ``CUDACXX`` (nvcc),
+``~/.cache/pyggml``), ``PYGGML_CUDA_ARCHITECTURES`` (default ``native`` with a GPU, else ``90``), ``CUDACXX`` (nvcc),
 ``PYGGML_VULKAN_PREFIX`` or ``VULKAN_SDK`` (where the Vulkan headers are), ``PIP_INDEX_URL``.
 """
 from __future__ import annotations
@@ -198,7 +198,7 @@ VULKAN_MIN_HEADER = (1, 3, 261)  # ggml-vulkan uses VK_EXT_layer_settings
 #: installed ``nvidia-cublas`` provides it.
 CUBLAS_WHEEL = ("nvidia-cublas", "nvidia_cublas-13.0.2.14-py3-none-manylinux_2_27_x86_64.whl",
                 "0cf238ffdbe46c00cb9aa98e7bca745c223a5ca5a53e686ac8b3e5a08fe80d6c")
-DEFAULT_CUDA_ARCHITECTURES = "90"  # H100/H200; the build machine may have no GPU to ask
+DEFAULT_CUDA_ARCHITECTURES = "90"  # H100/H200, when no GPU is there to ask (else "native")
 
 _TRUE, _FALSE = {"1", "on", "yes", "true", "y"}, {"0", "off", "no", "false", "n", ""}
 
@@ -313,6 +313,18 @@ def _find_cuda_toolkit() -> tuple[Path, Path]:
     return Path(nvcc), root
 
 
+def _gpus_present() -> bool:
+    """True if ``nvidia-smi -L`` lists a GPU (then CMake can ask for 'native' architectures)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
 def _find_cublas(toolkit: Path, cache_dir: Path) -> tuple[Path, Path] | None:
     """(include dir, lib dir) of cuBLAS when it is not in the toolkit; None when it is."""
     if any(list((toolkit / d).glob("libcublas.so*")) for d in ("lib64", "lib", "targets/x86_64-linux/lib")):
@@ -341,10 +353,14 @@ def _cuda_args(cache_dir: Path, user_args: list[str]) -> tuple[list[str], list[s
     args = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={toolkit / 'bin' / 'nvcc'}"]
     rpath = [str(toolkit / d) for d in ("lib64", "targets/x86_64-linux/lib") if (toolkit / d).is_dir()]
     arch = os.environ.get("PYGGML_CUDA_ARCHITECTURES") or _cmake_value(user_args, "CMAKE_CUDA_ARCHITECTURES")
-    if not arch:
+    if not arch and _gpus_present():
+        arch = "native"
+        log("CUDA architectures: native (the GPUs of this machine); set PYGGML_CUDA_ARCHITECTURES, "
+            "e.g. '80;86;89;90', to build for others")
+    elif not arch:
         arch = DEFAULT_CUDA_ARCHITECTURES
-        log(f"CUDA architectures: {arch} (H100/H200); set PYGGML_CUDA_ARCHITECTURES, e.g. "
-            f"'native' or '80;86;89;90', for other GPUs")
+        log(f"CUDA architectures: {arch} (H100/H200; no GPU here to ask); set "
+            f"PYGGML_CUDA_ARCHITECTURES, e.g. 'native' or '80;86;89;90', for other GPUs")
     args.append(f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
     import ctypes.util
     stub = list(toolkit.glob("**/stubs/libcuda.so"))

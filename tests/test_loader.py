@@ -26,8 +26,11 @@ def _expected_mapped() -> set[str]:
 
 def test_loaded_libraries_are_the_bundled_ones():
     mapped = _mapped_ggml_libraries()
-    assert {os.path.basename(p) for p in mapped} == _expected_mapped()
-    assert all(os.path.dirname(p) == str(pyggml.LIB_DIR) for p in mapped), mapped
+    assert _expected_mapped() <= {os.path.basename(p) for p in mapped}
+    # every mapped file named like one of pyggml's libraries is pyggml's own (other tests map
+    # modules of their own, e.g. Python backends, and ggml maps the CPU variants it scores)
+    bundled = set(os.listdir(pyggml.LIB_DIR))
+    assert all(os.path.dirname(p) == str(pyggml.LIB_DIR) for p in mapped if os.path.basename(p) in bundled), mapped
 
 
 def test_one_file_per_library_with_origin_rpath():
