@@ -4,8 +4,9 @@ Two layers:
 
 * **raw** — ``from pyggml import ffi, lib``: every function, enum value and integer/string
   constant declared in ggml.h, ggml-alloc.h, ggml-backend.h, ggml-cpu.h, gguf.h, ggml-opt.h and
-  the internal ggml-backend-impl.h under its C name, exactly as in C (and as unchecked: a
-  failed ``GGML_ASSERT`` aborts the process). C callbacks in Python: :mod:`pyggml.callbacks`.
+  the internal ggml-backend-impl.h (and, in builds with those backends, ggml-cuda.h,
+  ggml-vulkan.h, ggml-rpc.h) under its C name, exactly as in C (and as unchecked: a failed
+  ``GGML_ASSERT`` aborts the process). C callbacks in Python: :mod:`pyggml.callbacks`.
 * **Pythonic** — :class:`Context`, :class:`Tensor`, :class:`Graph`, :class:`Backend`,
   :class:`Buffer`, :class:`BufferType`, :class:`Event`, :class:`Device`, :class:`Registry`,
   :class:`Scheduler`, :class:`GraphAllocator`, :class:`CPUBackend`, :mod:`pyggml.types`,
@@ -14,6 +15,11 @@ Two layers:
 
 **Shapes:** ggml's ``ne[0]`` is the fastest-varying dimension, so a NumPy shape is ``ne``
 reversed (NumPy ``(rows, cols)`` = ggml ``ne [cols, rows]``).
+
+Builds with several backends (``PYGGML_BACKENDS=cpu,cuda,vulkan,rpc``) load them as modules at
+import; :mod:`pyggml.dl` and ``python -m pyggml info`` say what loaded and why not, and
+:class:`BackendNotAvailableError` is raised for a backend that is missing. :mod:`pyggml.rpc`:
+ggml's RPC client and server.
 
 Importing pyggml sets ``GGML_NO_BACKTRACE=1`` (unless already set), so a failed ``GGML_ASSERT``
 aborts without forking a debugger, and sends ggml's log to :mod:`logging` (:mod:`pyggml.log`).
