@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from . import dl
 from ._loader import PACKAGE_DIR, ffi, lib

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,7 +49,7 @@ def minilm_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def minilm_reference() -> tuple[list[str], "np.ndarray"]:
+def minilm_reference() -> tuple[list[str], Any]:
     """(sentences, sentence-transformers embeddings) from tests/data/make_minilm_reference.py."""
     import numpy as np
 
@@ -64,8 +65,6 @@ def test_backend_ops(tmp_path_factory) -> Path:
     there (the CPU one is the reference every backend is compared with)."""
     import shutil
     import subprocess
-
-    import pyggml
 
     src = ROOT / "vendor" / "ggml" / "tests" / "test-backend-ops.cpp"
     if not src.is_file() or shutil.which("g++") is None:
