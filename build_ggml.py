@@ -395,19 +395,19 @@ def vulkan_header_version(include_dir: Path) -> tuple[int, int, int] | None:
 
 def _vulkan_args(cache_dir: Path) -> list[str]:
     """CMake arguments for ``GGML_VULKAN``, after checking every prerequisite (a 10-minute shader
-    compile should not be what finds a missing tool)."""
+    compile should not be what finds a missing tool). Looks in ``$PYGGML_VULKAN_PREFIX``,
+    ``$VULKAN_SDK``, the prefix ``scripts/vulkan_sdk.sh`` fills, then the system."""
     fix = ("On Debian 12, scripts/vulkan_sdk.sh installs all of them (Vulkan headers from "
            "Debian 13 into a private prefix); elsewhere install the LunarG Vulkan SDK and set "
            "VULKAN_SDK.")
-    candidates = []
-    for env in ("PYGGML_VULKAN_PREFIX", "VULKAN_SDK"):
-        if os.environ.get(env):
-            candidates += [Path(os.environ[env]) / "include", Path(os.environ[env]) / "usr" / "include"]
+    sdk = Path(os.environ["VULKAN_SDK"]) if os.environ.get("VULKAN_SDK") else None
+    prefixes = [Path(os.environ[e]) for e in ("PYGGML_VULKAN_PREFIX", "VULKAN_SDK") if os.environ.get(e)]
+    candidates = [p / sub for p in prefixes for sub in ("include", "usr/include")]
     candidates += [cache_dir / "vulkan-headers" / "usr" / "include", Path("/usr/include")]
     problems, args = [], ["-DGGML_VULKAN=ON"]
+
     found = [(c, vulkan_header_version(c)) for c in candidates]
     good = [(c, v) for c, v in found if v and v >= VULKAN_MIN_HEADER]
-    want = ".".join(map(str, VULKAN_MIN_HEADER))
     if good:
         inc, ver = good[0]
         log(f"Vulkan headers {'.'.join(map(str, ver))} in {inc}")
@@ -416,26 +416,25 @@ def _vulkan_args(cache_dir: Path) -> list[str]:
             problems.append(f"{inc} has no vulkan/vulkan.hpp (Vulkan-Hpp)")
     else:
         seen = ", ".join(f"{'.'.join(map(str, v))} in {c}" for c, v in found if v) or "none"
-        problems.append(f"Vulkan headers >= {want} (found: {seen})")
-    glslc = shutil.which("glslc") or (os.environ.get("VULKAN_SDK") and shutil.which("glslc", path=os.path.join(os.environ["VULKAN_SDK"], "bin")))
+        problems.append(f"Vulkan headers >= {'.'.join(map(str, VULKAN_MIN_HEADER))} (found: {seen})")
+
+    glslc = shutil.which("glslc") or (sdk and shutil.which("glslc", path=str(sdk / "bin")))
     if glslc:
         args.append(f"-DVulkan_GLSLC_EXECUTABLE={glslc}")
     else:
         problems.append("glslc (the GLSL to SPIR-V compiler; Debian package glslc)")
-    spirv = [p for p in ([Path(os.environ["VULKAN_SDK"]) / "include"] if os.environ.get("VULKAN_SDK") else [])
-             + [Path("/usr/include"), Path("/usr/local/include")] if (p / "spirv" / "unified1" / "spirv.hpp").is_file()]
-    if not spirv:
+
+    spirv_dirs = ([sdk / "include"] if sdk else []) + [Path("/usr/include"), Path("/usr/local/include")]
+    if not any((d / "spirv" / "unified1" / "spirv.hpp").is_file() for d in spirv_dirs):
         problems.append("SPIRV-Headers (spirv/unified1/spirv.hpp; Debian package spirv-headers)")
-    import ctypes.util
-    loader = ctypes.util.find_library("vulkan")
-    libs = [Path(d) / "libvulkan.so.1" for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")]
-    libs = [p for p in libs if p.exists()]
-    if os.environ.get("VULKAN_SDK") and list((Path(os.environ["VULKAN_SDK"]) / "lib").glob("libvulkan.so*")):
-        pass  # CMake's FindVulkan looks there itself
-    elif libs:
-        args.append(f"-DVulkan_LIBRARY={libs[0]}")
-    elif not loader:
-        problems.append("the Vulkan loader libvulkan.so.1 (Debian package libvulkan1)")
+
+    if not (sdk and list((sdk / "lib").glob("libvulkan.so*"))):  # FindVulkan looks in the SDK itself
+        loaders = [Path(d) / "libvulkan.so.1" for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")]
+        loaders = [p for p in loaders if p.exists()]
+        if loaders:
+            args.append(f"-DVulkan_LIBRARY={loaders[0]}")
+        else:
+            problems.append("the Vulkan loader libvulkan.so.1 (Debian package libvulkan1)")
     if problems:
         raise BuildError("Vulkan was requested but these are missing:\n  - " + "\n  - ".join(problems)
                          + "\n" + fix)
