@@ -15,6 +15,7 @@ A CPU-only build links the CPU backend into ``libggml.so``: nothing is loaded at
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -62,10 +63,15 @@ _status: dict[str, BackendStatus] = {}
 _loaded = False
 
 
-def build_info() -> dict[str, Any]:
-    """What ``build_ggml.py`` recorded in ``pyggml/_build_info.json`` ({} if absent)."""
+@functools.lru_cache(maxsize=None)
+def _read_build_info() -> dict[str, Any]:
     path = PACKAGE_DIR / "_build_info.json"
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def build_info() -> dict[str, Any]:
+    """What ``build_ggml.py`` recorded in ``pyggml/_build_info.json`` ({} if absent; read once)."""
+    return dict(_read_build_info())
 
 
 def built_backends() -> list[str]:
