@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
-import time
 from pathlib import Path
+
+from _timing import median_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = [f"Sentence number {i} says something about {w}." for i, w in
@@ -25,13 +25,7 @@ SENTENCES = [f"Sentence number {i} says something about {w}." for i, w in
 
 def _rate(fn, repeat: int) -> float:
     """Median sentences per second of fn() over ``repeat`` runs (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return len(SENTENCES) / statistics.median(times)
+    return len(SENTENCES) / median_seconds(fn, repeat)
 
 
 def bench(minilm, model_dir: Path, device: str, threads: int, repeat: int) -> dict[int, float]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
-import time
 from pathlib import Path
+
+from _timing import median_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,13 +29,7 @@ SENTENCES = [f"{s} {p}" for s in SUBJECTS for p in PREDICATES]  # 64
 
 def _rate(fn, repeat: int) -> float:
     """Median sentences per second of fn() over ``repeat`` runs (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return len(SENTENCES) / statistics.median(times)
+    return len(SENTENCES) / median_seconds(fn, repeat)
 
 
 def bench_pyggml(model_dir: Path, threads: int, repeat: int) -> dict[int, float]:

@@ -12,23 +12,12 @@ Nothing here is asserted.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
-import pyggml
 from pyggml import Context, CPUBackend, GGMLType, GraphAllocator, numpy_backend
 
-
-def _median(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from _timing import median_seconds
 
 
 def chain_graph(backend, n_nodes: int):
@@ -53,7 +42,7 @@ def main() -> None:
     per_node = {}
     for name, be in (("numpy backend", npb), ("CPU backend", cpu)):
         ctx, g = chain_graph(be, n)
-        per_node[name] = _median(lambda: g.compute(be), a.repeat) / n
+        per_node[name] = median_seconds(lambda: g.compute(be), a.repeat) / n
         ctx.close()
     print(f"(a) dispatch, graph of {n} ADD nodes of 16 floats, median of {a.repeat}")
     print(f"    numpy backend {per_node['numpy backend'] * 1e6:8.1f} us/node   "
@@ -73,8 +62,8 @@ def main() -> None:
         GraphAllocator(npb).alloc_graph(g)
         ta.set(A)
         tb.set(B)
-        t_backend = _median(lambda: g.compute(npb), a.repeat)
-        t_numpy = _median(lambda: B @ A.T, a.repeat)
+        t_backend = median_seconds(lambda: g.compute(npb), a.repeat)
+        t_numpy = median_seconds(lambda: B @ A.T, a.repeat)
         np.testing.assert_allclose(out.numpy(), B @ A.T, rtol=1e-3, atol=1e-3)
         ctx.close()
         print(f"    {f'{K} x {M} x {N}':>18} {t_backend * 1e3:11.2f} ms {t_numpy * 1e3:9.2f} ms {t_backend / t_numpy:6.2f}x")

@@ -100,8 +100,7 @@ def functions_by_header(include_dir: Path, headers: list[str] = HEADERS) -> dict
     # keep the '# <line> "<file>"' markers pycparser understands; drop gcc's flags after them
     text = re.sub(r'^# (\d+) "([^"]*)".*$', r'# \1 "\2"', text, flags=re.M)
     out = {}
-    for ext in pycparser.CParser().parse(_PYCPARSER_PRELUDE + text.replace("[64 / sizeof(int32_t)]", "[16]"),
-                                         "ggml-headers").ext:
+    for ext in _parse(text).ext:
         if isinstance(ext, c_ast.Decl) and isinstance(ext.type, c_ast.FuncDecl):
             out[ext.name] = (os.path.basename(ext.coord.file), ext.type)
     return out
@@ -279,7 +278,7 @@ const char *pyggml_dl_open_error(const char *path) {
 def _named_prototype(func: c_ast.FuncDecl, name: str) -> tuple[str, list[str]]:
     """``func`` as a C prototype named ``name`` with parameters named a0, a1...; and those names."""
     import copy
-    func = copy.deepcopy(func)
+    func = copy.deepcopy(func)  # the parameters are renamed in place
     names = []
     for i, p in enumerate(func.args.params if func.args else []):
         if isinstance(p, c_ast.EllipsisParam):
@@ -291,8 +290,7 @@ def _named_prototype(func: c_ast.FuncDecl, name: str) -> tuple[str, list[str]]:
         if isinstance(p, c_ast.Typename):  # unnamed parameter: make it a declaration
             func.args.params[i] = c_ast.Decl(p.name, p.quals, [], [], [], p.type, None, None)
         names.append(f"a{i}")
-    _innermost(func).declname = name
-    return c_generator.CGenerator().visit(c_ast.Decl(name, [], [], [], [], func, None, None)), names
+    return _declaration(func, name).rstrip(";"), names
 
 
 def dl_trampolines(include_dir: Path, headers: list[str], modules: dict[str, str]) -> str:

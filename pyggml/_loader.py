@@ -18,8 +18,10 @@ INCLUDE_DIR = PACKAGE_DIR / "include"
 
 # dependency order: base has no ggml dependency, cpu needs base, ggml (the registry) needs both.
 # In a GGML_BACKEND_DL build the CPU backend is a module that ggml loads itself (pyggml.dl).
-_DL = (json.loads((PACKAGE_DIR / "_build_info.json").read_text()).get("backend_dl", False)
-       if (PACKAGE_DIR / "_build_info.json").is_file() else False)
+#: what build_ggml.py recorded in pyggml/_build_info.json ({} if absent), read once here
+BUILD_INFO: dict = (json.loads((PACKAGE_DIR / "_build_info.json").read_text())
+                    if (PACKAGE_DIR / "_build_info.json").is_file() else {})
+_DL = bool(BUILD_INFO.get("backend_dl", False))
 _LIBRARIES = ["libggml-base.so", "libggml.so"] if _DL else ["libggml-base.so", "libggml-cpu.so", "libggml.so"]
 
 # ggml's abort handler forks gdb for a backtrace unless this is set; it is read when the library

@@ -15,14 +15,12 @@ A CPU-only build links the CPU backend into ``libggml.so``: nothing is loaded at
 """
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ._loader import LIB_DIR, PACKAGE_DIR, ffi, lib
+from ._loader import BUILD_INFO, LIB_DIR, ffi, lib
 
 __all__ = ["BackendStatus", "BackendNotAvailableError", "build_info", "built_backends",
            "status", "load_modules", "explain", "require"]
@@ -63,15 +61,9 @@ _status: dict[str, BackendStatus] = {}
 _loaded = False
 
 
-@functools.lru_cache(maxsize=None)
-def _read_build_info() -> dict[str, Any]:
-    path = PACKAGE_DIR / "_build_info.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def build_info() -> dict[str, Any]:
-    """What ``build_ggml.py`` recorded in ``pyggml/_build_info.json`` ({} if absent; read once)."""
-    return dict(_read_build_info())
+    """What ``build_ggml.py`` recorded in ``pyggml/_build_info.json`` ({} if absent)."""
+    return dict(BUILD_INFO)
 
 
 def built_backends() -> list[str]:

@@ -97,11 +97,13 @@ def start_server(endpoint: str = f"127.0.0.1:{DEFAULT_PORT}", devices: Sequence[
     ``n_threads``: CPU threads for CPU devices (default: all cores). ``cache_dir``: where the
     server caches large tensors by hash (default: none). A host other than loopback needs
     ``allow_remote=True`` (the protocol has no authentication). Raises ValueError for a malformed
-    endpoint, a non-loopback host without ``allow_remote``, or no device to serve;
+    endpoint, ``n_threads`` < 1, a non-loopback host without ``allow_remote``, or no device to serve;
     BackendNotAvailableError without an RPC backend.
     """
     _require_rpc()
     host = _endpoint(endpoint).rpartition(":")[0]
+    if n_threads is not None and n_threads < 1:
+        raise ValueError(f"n_threads must be >= 1, got {n_threads}")
     if not _is_loopback(host) and not allow_remote:
         raise ValueError(
             f"refusing to serve on {host}: ggml's RPC protocol has no authentication, anyone who "
