@@ -16,7 +16,7 @@ Client::
     backend = reg.devices[0].init()                    # then use it like any other backend
 
 Needs a build with the RPC backend (``PYGGML_BACKENDS=cpu,rpc``); otherwise these raise
-:class:`~pyggml.dl.BackendNotAvailableError`.
+:class:`~pyggml.errors.BackendNotAvailableError`.
 """
 from __future__ import annotations
 
@@ -32,9 +32,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import dl
-from ._loader import PACKAGE_DIR, ffi, lib
-from .device import Device, Registry, devices as all_devices
+from .device import Device, device_by_name, devices as all_devices
+from .errors import BackendNotAvailableError
+from .raw import PACKAGE_DIR, dl, ffi, lib
+from .raw.boundary import calling
+from .registry import Registry
 
 __all__ = ["DEFAULT_PORT", "add_server", "start_server", "Server", "main"]
 
@@ -46,7 +48,7 @@ _added: dict[str, Registry] = {}
 def _require_rpc() -> None:
     st = dl.status().get("rpc")
     if st is None or not st.loaded:
-        raise dl.BackendNotAvailableError(f"ggml's RPC backend is not available: {dl.explain('RPC')}")
+        raise BackendNotAvailableError(f"ggml's RPC backend is not available: {dl.explain('RPC')}")
 
 
 def _endpoint(endpoint: str) -> str:
@@ -78,10 +80,11 @@ def add_server(endpoint: str) -> Registry:
     _endpoint(endpoint)
     if endpoint in _added:
         return _added[endpoint]
-    reg = lib.ggml_backend_rpc_add_server(endpoint.encode())
-    if reg == ffi.NULL:
-        raise ConnectionError(f"no ggml RPC server answered at {endpoint} (or it has no devices)")
-    lib.ggml_backend_register(reg)
+    with calling():
+        reg = lib.ggml_backend_rpc_add_server(endpoint.encode())
+        if reg == ffi.NULL:
+            raise ConnectionError(f"no ggml RPC server answered at {endpoint} (or it has no devices)")
+        lib.ggml_backend_register(reg)
     _added[endpoint] = Registry(reg)
     return _added[endpoint]
 
@@ -199,8 +202,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host (no authentication: trusted networks only)")
     a = p.parse_args(argv)
-    from .device import device_by_name
-
     try:
         devs = [device_by_name(n) for n in a.device] if a.device else None
         if not _is_loopback(a.host):

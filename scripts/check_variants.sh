@@ -4,7 +4,7 @@
 #
 #   scripts/check_variants.sh vulkan-rpc   # PYGGML_BACKENDS=cpu,vulkan,rpc: build, then the whole
 #                                          # test suite with Vulkan on Mesa's lavapipe and an RPC
-#                                          # server on 127.0.0.1 (tests/test_variants.py)
+#                                          # server on 127.0.0.1 (tests/variants/test_variants.py)
 #   scripts/check_variants.sh cuda         # PYGGML_BACKENDS=cpu,cuda: compile and link (no GPU
 #                                          # here); with a GPU, the whole test suite on it
 #   scripts/check_variants.sh all-variants # PYGGML_BACKENDS=cpu-all-variants: ggml's 14 x86 CPU
@@ -71,7 +71,7 @@ except pyggml.BackendNotAvailableError as e:
     print("device_by_name('CUDA0') ->", e)
 PY
         )
-        run_tests cuda tests/test_variants.py tests/test_info.py tests/test_raw_api.py
+        run_tests cuda tests/variants/test_variants.py tests/test_info.py tests/raw/test_raw_api.py
     fi
 }
 
