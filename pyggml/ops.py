@@ -24,7 +24,7 @@ import numpy as np
 from . import _trial, types
 from .buffer import host_array_owner
 from .enums import GGMLType, PoolOp, SortOrder
-from .raw import callbacks, ffi, lib
+from .raw import callbacks, ffi, lib, requires
 from .errors import ClosedError
 from .tensor import BorrowScope, Tensor, can_repeat, tensor_arg
 
@@ -344,9 +344,16 @@ class Ops:
         return _make(self, lib.ggml_scale, (a,), a._ptr, float(s))
 
     def clamp(self, a: Tensor, min: float, max: float) -> Tensor:
-        """``ggml_clamp``: a clipped to [min, max] (a view computed in place)."""
+        """``ggml_clamp``: a clipped to [min, max] (a new tensor since ggml 0.25; a view computed
+        in place before)."""
         a = _t(a, "a")
         return _make(self, lib.ggml_clamp, (a,), a._ptr, float(min), float(max))
+
+    def clamp_inplace(self, a: Tensor, min: float, max: float) -> Tensor:
+        """``ggml_clamp_inplace`` (ggml >= 0.25): a clipped to [min, max], written over a (a view
+        of a)."""
+        a = _t(a, "a")
+        return _make(self, requires("ggml_clamp_inplace"), (a,), a._ptr, float(min), float(max))
 
     def leaky_relu(self, a: Tensor, negative_slope: float) -> Tensor:
         """``ggml_leaky_relu``: a where a > 0, else negative_slope·a."""
@@ -610,6 +617,12 @@ class Ops:
         """``ggml_swiglu`` (a split in halves: silu(x)·g) or ``ggml_swiglu_split`` (silu(a)·b)."""
         return self._glu(lib.ggml_swiglu, lib.ggml_swiglu_split, a, b)
 
+    def swiglu_clamp(self, a: Tensor, b: Tensor, limit: float) -> Tensor:
+        """``ggml_swiglu_clamp`` (ggml >= 0.25): silu(a)·b with both clamped by ``limit`` (a and
+        b contiguous, of the same ne and type)."""
+        fn = requires("ggml_swiglu_clamp")
+        return self._glu(None, lambda c, x, y: fn(c, x, y, float(limit)), a, b)
+
     def geglu(self, a: Tensor, b: Tensor | None = None) -> Tensor:
         """``ggml_geglu`` / ``ggml_geglu_split``: gelu(x)·g."""
         return self._glu(lib.ggml_geglu, lib.ggml_geglu_split, a, b)
@@ -715,6 +728,19 @@ class Ops:
             raise ValueError("max_bias > 0 needs a mask")
         return _make(self, lib.ggml_flash_attn_ext, inputs, q._ptr, k._ptr, v._ptr, m_ptr,
                      float(scale), float(max_bias), float(logit_softcap))
+
+    def dsv4_hc_pre_gated(self, x: Tensor, gate: Tensor, scale: float = 1.0) -> Tensor:
+        """``ggml_dsv4_hc_pre_gated`` (ggml >= 0.25): hyper-connection pre-mix with a per-element
+        gate, ``result[i, t] = scale·Σ_h x[i, h, t]·sigmoid(gate[i, h, t])``. x and gate F32 ne
+        [n_embd, hc, n_tokens] -> F32 [n_embd, n_tokens]."""
+        fn = requires("ggml_dsv4_hc_pre_gated")
+        x, gate = _t(x, "x"), _t(gate, "gate")
+        if x._type != _F32 or gate._type != _F32:
+            raise TypeError("dsv4_hc_pre_gated takes F32 tensors")
+        xn, gn = x._ne, gate._ne
+        if xn[1] < 1 or xn[3] != 1 or gn[:3] != xn[:3] or gn[3] != 1:
+            raise ValueError(f"dsv4_hc_pre_gated: x ne={list(xn)} and gate ne={list(gn)} must be the same [n_embd, hc, n_tokens]")
+        return _make(self, fn, (x, gate), x._ptr, gate._ptr, float(scale))
 
     def top_k(self, a: Tensor, k: int) -> Tensor:
         """``ggml_top_k``: I32 indices of the ``k`` largest values of each row."""

@@ -28,7 +28,7 @@ import numpy as np
 from . import _cobject, buffer, types
 from .enums import GGMLType, Op, TensorFlag
 from .errors import ClosedError
-from .raw import ffi, lib
+from .raw import ffi, lib, requires
 from .raw.boundary import calling
 
 if TYPE_CHECKING:
@@ -112,6 +112,7 @@ def decode_op_params(p: Any) -> dict[str, Any]:
         out = {"offset": int(raw[:2].view(np.int64)[0])}
     if p.op == lib.GGML_OP_ROPE:
         out["sections"] = raw[11:15].tolist()
+        out["n_offs"] = int(raw[15])  # ggml_rope_set_offset (ggml >= 0.25; 0 before)
     return out
 
 
@@ -394,6 +395,52 @@ class Tensor(_cobject.CObject):
         if self.nelements != 1 or self._type != GGMLType.F32:
             raise ValueError("a loss must be a scalar F32 tensor")
         lib.ggml_set_loss(self.ptr)
+        return self
+
+    # ------------------------------------------------------------------ node settings (ggml >= 0.25)
+    def set_rope_offset(self, n_offs: int) -> "Tensor":
+        """``ggml_rope_set_offset`` (ggml >= 0.25): this ROPE / ROPE_BACK node rotates dims
+        ``[n_offs, n_offs + n_dims)`` of ``ne[0]`` and copies the others. Raises ValueError for
+        another op, a vision rope, or an offset that is odd, negative or leaves the row (ggml's
+        CPU kernel asserts on those)."""
+        fn = requires("ggml_rope_set_offset")
+        p = self.ptr
+        if p.op not in (Op.ROPE, Op.ROPE_BACK):
+            raise ValueError(f"set_rope_offset needs a ROPE node, not {op_name(p.op)}")
+        params = decode_op_params(p)
+        n_dims, mode = params["n_dims"], params["mode"]
+        if mode == lib.GGML_ROPE_TYPE_VISION:
+            raise ValueError("a vision rope takes no offset")
+        if n_offs < 0 or n_offs % 2 or n_offs + n_dims > self._ne[0]:
+            raise ValueError(f"rope offset {n_offs}: must be even, >= 0, and n_offs + n_dims ({n_dims}) "
+                             f"<= ne[0] ({self._ne[0]})")
+        fn(p, int(n_offs))
+        return self
+
+    def set_flash_attn_n_kv_max(self, n_kv_max: int) -> "Tensor":
+        """``ggml_flash_attn_ext_set_n_kv_max`` (ggml >= 0.25): this FLASH_ATTN_EXT node treats
+        the finite entries of its mask as a sparse K/V set of at most ``n_kv_max`` per row (0:
+        off). Raises ValueError for another op or a negative count."""
+        fn = requires("ggml_flash_attn_ext_set_n_kv_max")
+        p = self.ptr
+        if p.op != Op.FLASH_ATTN_EXT or n_kv_max < 0:
+            raise ValueError("set_flash_attn_n_kv_max needs a FLASH_ATTN_EXT node and a count >= 0")
+        fn(p, int(n_kv_max))
+        return self
+
+    def set_prec(self, acc: int | None = None, src: dict[int, int] | None = None) -> "Tensor":
+        """``ggml_prec_set_acc`` / ``ggml_prec_set_src`` (ggml >= 0.25): the least precision this
+        node's kernels may accumulate in (``acc``) or convert source ``i`` to (``src={i: prec}``),
+        as :class:`~pyggml.enums.Prec` values. Raises ValueError where ggml refuses (other ops:
+        MUL_MAT takes both, FLASH_ATTN_EXT ``acc`` only, and ``src`` only for source 1)."""
+        p = self.ptr
+        if acc is not None and not requires("ggml_prec_set_acc")(p, int(acc)):
+            raise ValueError(f"ggml takes no accumulator precision for {op_name(p.op)}")
+        for i, prec in (src or {}).items():
+            if not 0 <= i < lib.GGML_MAX_SRC:
+                raise ValueError(f"source index {i} outside 0..{lib.GGML_MAX_SRC - 1}")
+            if not requires("ggml_prec_set_src")(p, int(prec), int(i)):
+                raise ValueError(f"ggml takes no precision for source {i} of {op_name(p.op)}")
         return self
 
     def __repr__(self) -> str:

@@ -5,7 +5,7 @@ headers. Build-time only: this package is not installed with pyggml.
 both call :func:`build`, which runs the steps in order, each a module:
 
 1. :mod:`~pyggml_build.source` — the pinned upstream source (:mod:`~pyggml_build.pins`: one row
-   per ggml version, fetched from PyPI, hash-checked, cached, unpacked into ``vendor/ggml/``);
+   per ggml version, fetched from PyPI, hash-checked, cached, unpacked into ``vendor/ggml-<version>/``);
 2. :mod:`~pyggml_build.config` and :mod:`~pyggml_build.toolchains` — which backends, and what
    each needs (checked before anything long runs);
 3. :mod:`~pyggml_build.cmake` — ggml's libraries and backend modules into ``pyggml/lib``;
@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ggml-version", choices=sorted(pins.PINS),
                    help=f"ggml version to build (default: $PYGGML_GGML_VERSION, else {pins.DEFAULT_VERSION})")
     p.add_argument("--ggml-src", help="a ggml source tree of a pinned version (default: $PYGGML_GGML_SRC, "
-                                      "else vendor/ggml, fetched from PyPI if needed)")
+                                      "else vendor/ggml-<version>, fetched from PyPI if needed)")
     p.add_argument("--build-dir", type=Path, default=ROOT / "build", help="default: ./build")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs (default: all cores)")
-    p.add_argument("--fetch-only", action="store_true", help="only fill vendor/ggml and stop")
+    p.add_argument("--fetch-only", action="store_true", help="only fill vendor/ggml-<version> and stop")
     p.add_argument("cmake_args", nargs="*", help="extra CMake arguments, after `--`")
     a = p.parse_args(argv)
     try:

@@ -56,6 +56,10 @@ def build_libraries(src: Path, build_dir: Path, args: list[str], jobs: int) -> P
     """Configure, build and install ggml; return the staging prefix."""
     stage = build_dir / "stage"
     t0 = time.monotonic()
+    cache = build_dir / "CMakeCache.txt"
+    if cache.is_file() and f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\n" not in cache.read_text():
+        log(f"{build_dir} was configured for another source tree: starting it afresh")
+        shutil.rmtree(build_dir)
     run([_cmake(), "-S", str(src), "-B", str(build_dir)] + args)
     run([_cmake(), "--build", str(build_dir), "--config", "Release", "-j", str(jobs)])
     if stage.exists():

@@ -8,8 +8,11 @@ the test suite.
 Each row also says where the few upstream files that pyggml's tests and examples compile come
 from (``extras``): ``tests/test-backend-ops.cpp`` (upstream's oracle, run against the NumPy
 backend), ``examples/simple`` (ported to Python; the test compiles the C originals) and
-``examples/mnist`` (the training benchmark's C anchor). They are unpacked into the same
-``vendor/ggml/`` tree, at those paths.
+``examples/mnist`` (the training benchmark's C anchor), and any file a standalone build needs
+that the tree lacks (``ggml.pc.in``, the pkg-config template). They are unpacked into the same
+``vendor/ggml-<version>/`` tree, at those paths. llama.cpp's copy of ggml has no ``tests/`` or
+``examples/``: its ``test-backend-ops.cpp`` is llama.cpp's own (the same file, kept in sync by
+upstream), and the examples come from the ggml 0.20.2 archive, whose C API they use is unchanged.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ class Archive:
 @dataclass(frozen=True)
 class Pin:
     """How to get ggml ``version``: the ``ggml`` folder at ``folder`` inside ``archive`` (a path
-    relative to the archive's top folder), plus ``extras``: {path in vendor/ggml: (archive,
+    relative to the archive's top folder), plus ``extras``: {path in the tree: (archive,
     path inside that archive relative to its top folder)}. ``undefined_functions``: declared in
     the headers but defined in no library of this version (binding them would make the
     extension's import fail), with the reason."""
@@ -62,15 +65,17 @@ PINS: dict[str, Pin] = {
                   extras={},  # the ggml repository's tree has tests/ and examples/ itself
                   undefined_functions={"ggml_threadpool_get_n_threads": _THREADPOOL_N_THREADS}),
     "0.25.3": Pin("0.25.3", _LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/ggml",
-                  # llama.cpp keeps upstream's test-backend-ops.cpp in its own tests/ folder
+                  # llama.cpp keeps upstream's test-backend-ops.cpp in its own tests/ folder;
+                  # its ggml folder lacks ggml.pc.in, which a standalone CMake build configures
                   extras={"tests/test-backend-ops.cpp": (_LLAMA_CPP_PYTHON_0_3_36,
                                                          "vendor/llama.cpp/tests/test-backend-ops.cpp"),
+                          "ggml.pc.in": (_LIBGGML_0_20_2, "ggml/ggml.pc.in"),
                           **_EXAMPLES},
                   undefined_functions={"ggml_threadpool_get_n_threads": _THREADPOOL_N_THREADS}),
 }
 
 #: The version a plain build gets; ``PYGGML_GGML_VERSION`` picks another row of :data:`PINS`.
-DEFAULT_VERSION = "0.20.2"
+DEFAULT_VERSION = "0.25.3"
 
 #: Headers the bindings are generated from (paths in the ggml tree). The last one is internal:
 #: upstream's CMake does not install it, but Python backends need its vtables.

@@ -1,8 +1,9 @@
 """Step 1, the upstream source: fetch a pinned archive from the package index, check its hash,
-unpack its ``ggml`` folder (and the few extra files pyggml compiles) into ``vendor/ggml/``.
+unpack its ``ggml`` folder (and the few extra files pyggml compiles) into
+``vendor/ggml-<version>/``, one folder per pinned version.
 
-Nothing here is committed: ``vendor/ggml/`` is ignored by git and refilled when the pinned
-version changes (a stamp file records which archive filled it).
+Nothing here is committed: ``vendor/`` is ignored by git; a folder is refilled when its row of
+the pins table changes (a stamp file records what filled it).
 """
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ from .common import BuildError, log
 from .pins import HEADERS, PINS, Archive, Pin
 
 __all__ = ["ROOT", "VENDOR_DIR", "STAMP_NAME", "cache_dir", "fetch_pinned", "source_version",
-           "check_source", "unpack", "resolve_source"]
+           "check_source", "unpack", "resolve_source", "vendor_tree"]
 
 ROOT = Path(__file__).resolve().parent.parent
-VENDOR_DIR = ROOT / "vendor" / "ggml"
+VENDOR_DIR = ROOT / "vendor"
 STAMP_NAME = ".pyggml-source"
 
 
@@ -131,26 +132,38 @@ def unpack(pin: Pin, dest: Path, cache: Path | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp, tarfile.open(_fetch(archive, cache)) as tar:
             for target, inner in files:
                 top, found = _members(tar, inner)
-                if len(found) != 1 or not found[0].isfile():
+                found = [m for m in found if m.isfile()][-1:]  # an archive may list a file twice
+                if not found:
                     raise BuildError(f"{archive.filename} has no file {inner}")
                 tar.extractall(tmp, members=found, filter="data")
                 (dest / target).parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(os.path.join(tmp, top, inner), dest / target)
-    (dest / STAMP_NAME).write_text(f"{pin.version} {pin.archive.sha256}\n")
+    (dest / STAMP_NAME).write_text(_stamp(pin))
+
+
+def _stamp(pin: Pin) -> str:
+    """What fills the tree: the version and a digest of the whole row (archives and extras)."""
+    return f"{pin.version} {hashlib.sha256(repr(pin).encode()).hexdigest()}\n"
+
+
+def vendor_tree(version: str) -> Path:
+    """Where the build unpacks ggml ``version``: ``vendor/ggml-<version>/``."""
+    return VENDOR_DIR / f"ggml-{version}"
 
 
 def resolve_source(pin: Pin, ggml_src: str | None = None, cache: Path | None = None) -> tuple[Path, Pin]:
     """The ggml tree to build and its pin: ``ggml_src`` (or ``$PYGGML_GGML_SRC``), a tree whose
-    version is pinned; otherwise ``vendor/ggml/``, (re)filled from ``pin``'s archive unless its
-    stamp says it already holds it."""
+    version is pinned; otherwise :func:`vendor_tree`, (re)filled from ``pin``'s archive unless
+    its stamp says it already holds it."""
     ggml_src = ggml_src or os.environ.get("PYGGML_GGML_SRC")
     if ggml_src:
         log(f"using ggml source from {ggml_src}")
         explicit = pin if os.environ.get("PYGGML_GGML_VERSION") else None
         return check_source(Path(ggml_src), explicit)
-    stamp = VENDOR_DIR / STAMP_NAME
-    if not (stamp.is_file() and stamp.read_text().strip() == f"{pin.version} {pin.archive.sha256}"):
-        unpack(pin, VENDOR_DIR, cache)
+    tree = vendor_tree(pin.version)
+    stamp = tree / STAMP_NAME
+    if not (stamp.is_file() and stamp.read_text() == _stamp(pin)):
+        unpack(pin, tree, cache)
     else:
-        log(f"using {VENDOR_DIR} (ggml {pin.version} from {pin.archive.filename})")
-    return check_source(VENDOR_DIR, pin)
+        log(f"using {tree} (ggml {pin.version} from {pin.archive.filename})")
+    return check_source(tree, pin)

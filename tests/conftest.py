@@ -1,12 +1,27 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# the build-time package pyggml_build lives next to the package in the checkout (it is not
+# installed): tests/build imports it. Appended, so that an installed pyggml still wins over the
+# source tree's.
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+
+def ggml_tree() -> Path:
+    """The upstream tree the build unpacked for the ggml this pyggml was built with
+    (``vendor/ggml-<version>/``: headers, tests/test-backend-ops.cpp, examples)."""
+    import pyggml
+
+    return ROOT / "vendor" / f"ggml-{pyggml.GGML_VERSION}"
 
 
 def load_example(name: str):
@@ -66,11 +81,11 @@ def test_backend_ops(tmp_path_factory) -> Path:
     import shutil
     import subprocess
 
-    src = ROOT / "vendor" / "ggml" / "tests" / "test-backend-ops.cpp"
+    src = ggml_tree() / "tests" / "test-backend-ops.cpp"
     if not src.is_file() or shutil.which("g++") is None:
-        pytest.skip("needs vendor/ggml (filled by the build) and g++")
+        pytest.skip("needs vendor/ggml-<version> (filled by the build) and g++")
     exe = tmp_path_factory.mktemp("tbo") / "test-backend-ops"
-    subprocess.run(["g++", "-O1", "-std=c++17", str(src), "-I", str(ROOT / "vendor" / "ggml" / "include"),
+    subprocess.run(["g++", "-O1", "-std=c++17", str(src), "-I", str(ggml_tree() / "include"),
                     *ggml_link_args(), "-lpthread", "-o", str(exe)], check=True)
     stage_backend_modules(exe.parent)
     return exe

@@ -13,8 +13,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import pyggml
-from pyggml import Context, GGMLError, GGMLType
-from pyggml import ffi
+from pyggml import Context, GGMLError, GGMLType, ffi
 from pyggml.ops import UNARY_OPS, op_constructors
 
 EXPECTED = (ValueError, TypeError, MemoryError, KeyError, GGMLError)
@@ -45,6 +44,7 @@ def generic_args(name, ts, ints, floats):
         else:
             args.append(ints[k % 4])
     return args
+
 
 calls = 0
 

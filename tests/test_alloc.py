@@ -3,25 +3,12 @@ from __future__ import annotations
 
 import gc
 
-
-
-
-
 import numpy as np
-
 import pytest
-
-
 
 from pyggml import ClosedError, Context, CPUBackend, GGMLType, GraphAllocator
 
-
-
 rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_alloc_tensors_and_graph_allocator():

@@ -1,27 +1,13 @@
 """pyggml.backend: compute checks, async copies, graph plans."""
 from __future__ import annotations
 
-
-
-
-
-
 import numpy as np
-
 import pytest
 
 import pyggml
-
-
 from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
 
-
-
 rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_unsupported_type_is_refused_before_compute():

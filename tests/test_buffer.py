@@ -1,27 +1,11 @@
 """pyggml.buffer: buffers over NumPy memory."""
 from __future__ import annotations
 
-
-
-
-
-
 import numpy as np
-
 import pytest
 
 import pyggml
-
-
-
 from pyggml.device import device_by_type
-
-
-rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_backend_buffer_from_numpy_without_copy():

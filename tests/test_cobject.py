@@ -1,26 +1,10 @@
 """pyggml._cobject: the lifetime scheme, also at interpreter exit."""
 from __future__ import annotations
 
-
-
 import os
 
 
-
-import numpy as np
-
-
 import pyggml
-
-
-
-
-
-rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_objects_left_open_at_interpreter_exit_are_harmless(tmp_path):

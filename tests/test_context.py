@@ -1,26 +1,10 @@
 """pyggml.context: full contexts, closed contexts."""
 from __future__ import annotations
 
-
-
-
-
-
 import numpy as np
-
 import pytest
 
-
-
 from pyggml import ClosedError, Context, CPUBackend, GGMLType
-
-
-
-rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_full_context_raises_memory_error():

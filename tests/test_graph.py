@@ -1,26 +1,12 @@
 """pyggml.graph: graph size checks and backward graphs against NumPy."""
 from __future__ import annotations
 
-
-
-
-
-
 import numpy as np
-
 import pytest
-
-
 
 from pyggml import Context, GGMLType
 
-
-
 rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_graph_too_small_raises():

@@ -1,22 +1,13 @@
 """pyggml.ops: op constructors against NumPy, and the checks that replace ggml's asserts."""
 from __future__ import annotations
 
-
-
-
-
-
 import numpy as np
-
 import pytest
 
-
-
-from pyggml import Context, GGMLType
-
-
+from pyggml import Context, GGMLType, lib
 
 rng = np.random.default_rng(1)
+
 
 def compute(ctx, out, backend=None):
     ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
@@ -173,3 +164,77 @@ def test_every_op_of_ggml_h_is_reachable_and_tried_in_a_fork_first():
             ctx.new_graph().build_forward(counted).compute()
         with pytest.raises(AttributeError):
             ctx.op("not_an_op", a)
+
+
+# ------------------------------------------------------------------ new in ggml 0.25
+new_in_025 = pytest.mark.skipif(not hasattr(lib, "ggml_swiglu_clamp"), reason="built with ggml < 0.25")
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+@new_in_025
+def test_ops_new_in_ggml_025_match_numpy():
+    a = (rng.standard_normal((3, 8)) * 4).astype(np.float32)
+    b = (rng.standard_normal((3, 8)) * 4).astype(np.float32)
+    x = rng.standard_normal((5, 3, 8)).astype(np.float32)   # NumPy (n_tokens, hc, n_embd)
+    gate = rng.standard_normal((5, 3, 8)).astype(np.float32)
+    with Context(16 << 20) as ctx:
+        ta, tb, tx, tg = ctx.from_numpy(a), ctx.from_numpy(b), ctx.from_numpy(x), ctx.from_numpy(gate)
+        g, u = np.minimum(a, 2.5), np.clip(b, -2.5, 2.5)
+        np.testing.assert_allclose(compute(ctx, ctx.swiglu_clamp(ta, tb, 2.5)), g * _sigmoid(g) * u, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(compute(ctx, ctx.dsv4_hc_pre_gated(tx, tg, 0.5)),
+                                   0.5 * (x * _sigmoid(gate)).sum(axis=1), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(compute(ctx, ctx.clamp_inplace(ta, -1.0, 1.0)), np.clip(a, -1, 1))
+        with pytest.raises(ValueError, match="same"):
+            ctx.swiglu_clamp(ta, tx, 1.0)
+        with pytest.raises(ValueError, match="n_embd, hc, n_tokens"):
+            ctx.dsv4_hc_pre_gated(tx, ta, 1.0)
+
+
+@new_in_025
+def test_rope_offset_rotates_a_block_of_each_row():
+    x = rng.standard_normal((1, 4, 2, 16)).astype(np.float32)   # ne [16, 2, 4, 1]
+    pos = np.arange(4, dtype=np.int32)
+    with Context(16 << 20) as ctx:
+        tx, tp = ctx.from_numpy(x), ctx.from_numpy(pos)
+        shifted = ctx.rope(tx, tp, 8, mode=2).set_rope_offset(4)
+        assert shifted.params["n_offs"] == 4
+        block = ctx.rope(ctx.cont(ctx.view(tx, [8, 2, 4], offset=4 * 4)), tp, 8, mode=2)
+        out, ref = compute(ctx, shifted), compute(ctx, block)
+        np.testing.assert_array_equal(out[..., 4:12], ref.reshape(out[..., 4:12].shape))
+        np.testing.assert_array_equal(out[..., :4], x[0, ..., :4])
+        np.testing.assert_array_equal(out[..., 12:], x[0, ..., 12:])
+        for bad in (3, -2, 10):
+            with pytest.raises(ValueError, match="offset"):
+                ctx.rope(tx, tp, 8, mode=2).set_rope_offset(bad)
+        with pytest.raises(ValueError, match="ROPE"):
+            tx.set_rope_offset(2)
+
+
+@new_in_025
+def test_precision_and_sparse_kv_settings_are_written_to_the_node():
+    from pyggml.enums import Prec
+
+    with Context.for_tensors(16) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [8, 4])
+        mm = ctx.mul_mat(a, a).set_prec(acc=Prec.F32, src={1: Prec.F16})
+        assert mm.op_params[0] == Prec.F32 and mm.op_params[3] == Prec.F16
+        with pytest.raises(ValueError, match="source 0"):
+            mm.set_prec(src={0: Prec.F16})
+        with pytest.raises(ValueError, match="accumulator"):
+            ctx.add(a, a).set_prec(acc=Prec.F32)
+        q = ctx.new_tensor(GGMLType.F32, [8, 2, 2, 1])
+        fa = ctx.flash_attn(q, q, q).set_flash_attn_n_kv_max(3)
+        assert fa.op_params[4] == 3
+        with pytest.raises(ValueError, match="FLASH_ATTN_EXT"):
+            mm.set_flash_attn_n_kv_max(3)
+
+
+@pytest.mark.skipif(hasattr(lib, "ggml_swiglu_clamp"), reason="built with ggml >= 0.25")
+def test_ops_of_a_later_ggml_say_so():
+    with Context.for_tensors(4) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [8])
+        with pytest.raises(AttributeError, match="not in ggml 0.20.2"):
+            ctx.swiglu_clamp(a, a, 1.0)

@@ -1,26 +1,12 @@
 """pyggml.sched: the scheduler, its eval callback and its checks."""
 from __future__ import annotations
 
-
-
-
-
-
 import numpy as np
-
 import pytest
-
-
 
 from pyggml import Context, CPUBackend, GGMLType, Scheduler
 
-
-
 rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_scheduler_eval_callback_sees_and_stops():

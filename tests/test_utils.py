@@ -1,27 +1,13 @@
 """pyggml.utils: graph copies, backend comparison, tensors over NumPy memory."""
 from __future__ import annotations
 
-
-
-
-
-
 import numpy as np
-
 import pytest
 
 import pyggml
-
-
 from pyggml import Context, CPUBackend, GGMLType
 
-
-
 rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_graph_copy_and_compare_graph_backend():

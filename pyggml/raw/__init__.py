@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ffi", "lib", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR", "BUILD_INFO", "GGML_VERSION"]
+__all__ = ["ffi", "lib", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR", "BUILD_INFO", "GGML_VERSION", "requires"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 LIB_DIR = PACKAGE_DIR / "lib"
@@ -58,3 +58,15 @@ from .._ggml import ffi, lib  # noqa: E402  (after the libraries it links are lo
 
 #: The upstream ggml release the bindings were generated from (``ggml_version()``).
 GGML_VERSION: str = ffi.string(lib.ggml_version()).decode()
+
+
+def requires(function: str) -> Any:
+    """``lib.<function>``, or AttributeError naming the ggml this pyggml was built with when its
+    headers lack it. The one place where the Pythonic layer learns what a ggml version has: from
+    the generated declarations, never from a version number. (Vtable slots whose signature
+    changed are read the same way: :func:`pyggml.impl._vtable.slot_arity`.)"""
+    fn = getattr(lib, function, None)
+    if fn is None:
+        raise AttributeError(f"{function} is not in ggml {GGML_VERSION}, which this pyggml was built "
+                             "with: it came with a later ggml (rebuild with PYGGML_GGML_VERSION=0.25.3)")
+    return fn

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, load_example
 
 pytest.importorskip("safetensors")

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 import pyggml
-from conftest import ROOT
 
 BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
 

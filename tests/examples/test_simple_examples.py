@@ -11,17 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, ggml_link_args, ggml_tree, stage_backend_modules
 
 import pyggml
-from conftest import ROOT, ggml_link_args, stage_backend_modules
 
-UPSTREAM = ROOT / "vendor" / "ggml" / "examples" / "simple"
+UPSTREAM = ggml_tree() / "examples" / "simple"
 
 
 def _upstream_output(name: str, tmp_path: Path) -> str:
     src = UPSTREAM / f"{name}.cpp"
     if not src.is_file() or shutil.which("g++") is None:
-        pytest.skip("needs vendor/ggml (filled by the build) and g++")
+        pytest.skip("needs vendor/ggml-<version> (filled by the build) and g++")
     exe = tmp_path / name
     subprocess.run(["g++", "-O1", str(src), "-I", str(pyggml.INCLUDE_DIR), *ggml_link_args(), "-o", str(exe)],
                    check=True)

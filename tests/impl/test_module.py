@@ -2,33 +2,30 @@
 from __future__ import annotations
 
 import os
-
 import re
-
 import subprocess
-
 import sys
-
 import textwrap
 
-
 import numpy as np
-
 import pytest
 
 import pyggml
-
-
 from pyggml import GGMLType
-
 from pyggml.cpu import cpu_buffer_type
-
-
-from pyggml.impl import HostBuffer, PyBackend, PyBufferType, PyDevice, PyRegistry, register, unregister
-
+from pyggml.impl import (
+    HostBuffer,
+    PyBackend,
+    PyBufferType,
+    PyDevice,
+    PyRegistry,
+    register,
+    unregister,
+)
 from pyggml.ops import host_array
 
 BINARY = {"ADD": np.add, "MUL": np.multiply}
+
 
 class ArithBackend(PyBackend):
     def graph_compute(self, graph):
@@ -40,6 +37,7 @@ class ArithBackend(PyBackend):
                 raise RuntimeError("backend failure")
             a, b = (host_array(s) for s in node.src[:2])
             host_array(node)[...] = BINARY[node.op_name](a, b)
+
 
 class HostBufferType(PyBufferType):
     def get_name(self):
@@ -53,6 +51,7 @@ class HostBufferType(PyBufferType):
         return True
 
     allocated: list = []
+
 
 class ArithDevice(PyDevice):
     def __init__(self, name, own_buffers=False):
@@ -81,6 +80,7 @@ class ArithDevice(PyDevice):
     def offload_op(self, op):
         return True
 
+
 @pytest.fixture
 def arith():
     dev = ArithDevice("ARITH")
@@ -89,6 +89,7 @@ def arith():
     yield dev
     unregister(reg)
 
+
 def _graph(ctx):
     a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
     b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
@@ -96,9 +97,11 @@ def _graph(ctx):
     out = ctx.sqr(ab) + ab            # SQR only on the CPU
     return a, b, out, ctx.new_graph(32).build_forward(out)
 
+
 def _expected(x, y):
     ab = (x + y) * y
     return ab ** 2 + ab
+
 
 ARITH_SCRIPT = '''
 import numpy as np
@@ -187,8 +190,8 @@ def test_numpy_backend_support_mode_lists_its_claims(tmp_path, test_backend_ops)
 def test_load_and_unload_a_python_backend_module_in_process(tmp_path):
     """ggml_backend_load / ggml_backend_unload, inside this (pytest) process: pytest has looked
     up attributes of capsule objects, which used to make cffi's embedding start-up hang."""
-    from pyggml.registry import load_backend, registries, unload_backend
     from pyggml.module import build_module
+    from pyggml.registry import load_backend, registries, unload_backend
 
     script = tmp_path / "add_backend.py"
     script.write_text(ARITH_SCRIPT)

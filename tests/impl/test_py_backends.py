@@ -2,35 +2,33 @@
 from __future__ import annotations
 
 import os
-
-
 import subprocess
-
 import sys
-
 import textwrap
-
 import threading
 
 import numpy as np
-
 import pytest
 
 import pyggml
-
-from pyggml.enums import DeviceType
-
 from pyggml import Context, CPUBackend, GGMLType, Scheduler
-
 from pyggml.cpu import cpu_buffer_type
-
 from pyggml.device import device_by_name
-
-from pyggml.impl import HostBuffer, PyBackend, PyBufferType, PyDevice, PyRegistry, register, unregister
-
+from pyggml.enums import DeviceType
+from pyggml.impl import (
+    HostBuffer,
+    PyBackend,
+    PyBufferType,
+    PyDevice,
+    PyRegistry,
+    register,
+    unregister,
+)
+from pyggml.impl._vtable import slot_arity
 from pyggml.ops import host_array
 
 BINARY = {"ADD": np.add, "MUL": np.multiply}
+
 
 class ArithBackend(PyBackend):
     def graph_compute(self, graph):
@@ -42,6 +40,7 @@ class ArithBackend(PyBackend):
                 raise RuntimeError("backend failure")
             a, b = (host_array(s) for s in node.src[:2])
             host_array(node)[...] = BINARY[node.op_name](a, b)
+
 
 class HostBufferType(PyBufferType):
     def get_name(self):
@@ -55,6 +54,7 @@ class HostBufferType(PyBufferType):
         return True
 
     allocated: list = []
+
 
 class ArithDevice(PyDevice):
     def __init__(self, name, own_buffers=False):
@@ -83,6 +83,7 @@ class ArithDevice(PyDevice):
     def offload_op(self, op):
         return True
 
+
 @pytest.fixture
 def arith():
     dev = ArithDevice("ARITH")
@@ -91,6 +92,7 @@ def arith():
     yield dev
     unregister(reg)
 
+
 def _graph(ctx):
     a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
     b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
@@ -98,15 +100,18 @@ def _graph(ctx):
     out = ctx.sqr(ab) + ab            # SQR only on the CPU
     return a, b, out, ctx.new_graph(32).build_forward(out)
 
+
 def _expected(x, y):
     ab = (x + y) * y
     return ab ** 2 + ab
+
 
 ARITH_SCRIPT = '''
 import numpy as np
 from pyggml import GGMLType
 from pyggml.cpu import cpu_buffer_type
 from pyggml.impl import PyBackend, PyDevice, PyRegistry
+from pyggml.impl._vtable import slot_arity
 from pyggml.ops import host_array
 
 
@@ -291,3 +296,45 @@ def test_trace_backend_example_runs():
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "trace_backend.py")], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert "computed: {'MUL_MAT': 1" in out and "split(s)" in out
+
+
+class OptimizingBackend(ArithBackend):
+    def graph_optimize(self, graph, params):
+        """Called by the scheduler on every split before it copies inputs; ggml >= 0.25 passes
+        allocation-dependency params (None before)."""
+        nodes = graph.nodes
+        self.device.optimized.append((len(nodes), type(params).__name__))
+        if params is not None and len(nodes) >= 2:
+            params.add_alloc_dep(nodes[0], nodes[-1])  # keep the first node alive to the end
+
+
+class OptimizingDevice(ArithDevice):
+    def __init__(self, name):
+        super().__init__(name)
+        self.optimized = []
+
+    def init_backend(self, params):
+        return OptimizingBackend(self)
+
+
+def test_graph_optimize_slot_gets_the_params_of_the_ggml_it_was_built_with():
+    dev = OptimizingDevice("OPTIM")
+    reg = PyRegistry("OPTIM", [dev])
+    register(reg)
+    try:
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        y = x + 1
+        with device_by_name("OPTIM").init() as be, CPUBackend() as cpu, \
+                Context.for_tensors(32, graph_size=32) as ctx:
+            sched = Scheduler([be, cpu], graph_size=64)
+            a, b, out, graph = _graph(ctx)
+            sched.alloc_graph(graph)
+            a.set(x)
+            b.set(y)
+            sched.compute(graph)
+            np.testing.assert_allclose(out.numpy(), _expected(x, y), rtol=1e-6)
+            sched.close()
+    finally:
+        unregister(reg)
+    expected = "GraphOptimizeParams" if slot_arity("ggml_backend_i", "graph_optimize") == 3 else "NoneType"
+    assert dev.optimized and {kind for _, kind in dev.optimized} == {expected}

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from pyggml import GGMLError, callbacks, ffi, lib
+from pyggml import GGMLError, callbacks, lib
 from pyggml.raw.boundary import calling, check_status, record
 
 

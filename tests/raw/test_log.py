@@ -1,27 +1,11 @@
 """pyggml.raw.log: ggml's log into named Python loggers."""
 from __future__ import annotations
 
-
 import logging
 
 
-
-
-import numpy as np
-
-
 import pyggml
-
-
 from pyggml import lib
-
-
-
-rng = np.random.default_rng(1)
-
-def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
-    return out.numpy()
 
 
 def test_ggml_log_goes_to_named_loggers(caplog, tmp_path):

@@ -15,15 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_example
 
 import pyggml
-from pyggml.enums import DeviceType
 from pyggml import dl, lib, rpc
 from pyggml.device import device_by_name, device_by_type, devices
-from pyggml.registry import registry_by_name
+from pyggml.enums import DeviceType
 from pyggml.info import format_info, info
-
-from conftest import load_example
+from pyggml.registry import registry_by_name
 
 rng = np.random.default_rng(5)
 BUILT = dl.built_backends()

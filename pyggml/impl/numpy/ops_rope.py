@@ -37,9 +37,9 @@ def _sup_rope(p: Any) -> bool:
     if not _same_shape(a, p) or pos.type != _I32:
         return False
     ip = _iparams(p)
-    n_dims, mode = int(ip[1]), int(ip[2])
+    n_dims, mode, n_offs = int(ip[1]), int(ip[2]), int(ip[15])
     na = _ne(a)
-    if mode not in _ROPE_MODES or n_dims <= 0 or n_dims % 2 or n_dims > na[0]:
+    if mode not in _ROPE_MODES or n_dims <= 0 or n_dims % 2 or n_offs < 0 or n_offs % 2 or n_offs + n_dims > na[0]:
         return False
     if _nel(pos) < na[2]:
         return False
@@ -86,6 +86,7 @@ def _rope(sin_sign: float) -> Callable[[Any], None]:
         a = _src(p, 0)
         ip = _iparams(p)
         n_dims, mode = int(ip[1]), int(ip[2])
+        o = int(ip[15])                              # ggml >= 0.25: rotate dims [o, o + n_dims)
         x = _read_f32(a)                             # (n3, n2, n1, n0)
         n2 = x.shape[1]
         positions = _view(_src(p, 1)).reshape(-1)[:n2]
@@ -95,18 +96,19 @@ def _rope(sin_sign: float) -> Callable[[Any], None]:
         out = np.array(x, dtype=np.float32, copy=True)
         half = n_dims // 2
         if mode == 0:
-            x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
-            out[..., 0:n_dims:2] = x0 * c - x1 * s
-            out[..., 1:n_dims:2] = x0 * s + x1 * c
+            x0, x1 = x[..., o:o + n_dims:2], x[..., o + 1:o + n_dims:2]
+            out[..., o:o + n_dims:2] = x0 * c - x1 * s
+            out[..., o + 1:o + n_dims:2] = x0 * s + x1 * c
         else:
-            x0, x1 = x[..., :half], x[..., half:n_dims]
-            out[..., :half] = x0 * c - x1 * s
-            out[..., half:n_dims] = x0 * s + x1 * c
+            x0, x1 = x[..., o:o + half], x[..., o + half:o + n_dims]
+            out[..., o:o + half] = x0 * c - x1 * s
+            out[..., o + half:o + n_dims] = x0 * s + x1 * c
         _write(p, out)
     return comp
 
 
 _ROPE_NOTES = ("F32 or F16 (same type in and out); modes 0 (normal) and 2 (NeoX) only, no "
-               "mrope/vision; I32 positions [ne2]; optional F32 freq_factors; YaRN ext_factor")
+               "mrope/vision; I32 positions [ne2]; optional F32 freq_factors; YaRN ext_factor; "
+               "the rotated dims' offset (op_params[15], ggml_rope_set_offset)")
 _add("ROPE", _sup_rope, _rope(1.0), _ROPE_NOTES)
 _add("ROPE_BACK", _sup_rope, _rope(-1.0), _ROPE_NOTES + " (inverse rotation)")
