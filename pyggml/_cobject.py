@@ -34,10 +34,31 @@ from typing import Any, Callable
 from .errors import ClosedError, GGMLError
 from .raw import ffi
 
-__all__ = ["CObject", "register_wrapper", "wrap"]
+__all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap"]
 
 
-class CObject:
+class CBorrowed:
+    """What every object holding a C pointer offers: :attr:`ptr` (ClosedError once closed),
+    :attr:`closed`, :meth:`close`, ``with``. No instance layout of its own, so that the most
+    numerous borrowed objects (tensors) can keep just the slots they need."""
+
+    __slots__ = ()
+
+    @property
+    def closed(self) -> bool:  # pragma: no cover - every subclass defines it
+        raise TypeError("abstract")
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise TypeError("abstract")
+
+
+class CObject(CBorrowed):
     """A Python object around one C object pointer (see the module docstring)."""
 
     __slots__ = ("_ptr", "_owner", "__weakref__", "__dict__")
@@ -49,6 +70,7 @@ class CObject:
         if ptr is None or ptr == ffi.NULL:
             raise GGMLError(f"ggml returned NULL for a {self._kind}")
         self._ptr = ptr
+        self._key = ptr
         self._owner = owner
         self._owned = owned
         self._keep = keep
@@ -106,12 +128,6 @@ class CObject:
         else:
             self._free(ptr)
 
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __del__(self) -> None:
         # at interpreter exit module globals may already be gone: then leak, never crash
         if sys is None or sys.is_finalizing():
@@ -127,7 +143,8 @@ class CObject:
                 and self._ptr == other._ptr)  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash((type(self), self._ptr))
+        # the pointer it was made with: the hash must not change when the object is closed
+        return hash((type(self), self.__dict__.get("_key", self._ptr)))
 
 
 _WRAPPERS: dict[str, Callable[..., Any]] = {}

@@ -63,6 +63,18 @@ class Placer:
     def _buffer_types(self) -> list[Any]:
         return []
 
+    def _unplace(self, graph: "Graph") -> None:
+        """Before ggml places ``graph``: forget the places of its tensors that sit in this
+        placer's buffers or in buffers a placer has freed (ggml keeps a tensor that has data
+        where it is, which would leave it in memory about to be freed, or already freed), so
+        that they are placed again. Tensors in the user's buffers (weights) stay."""
+        g = graph.ptr
+        stale = [b for b in buffer.graph_buffers(g)
+                 if buffer.retired_by_placer(b) or getattr(buffer.lookup(b), "owner", None) is self]
+        if stale:
+            lib.pyggml_graph_unplace(g, ffi.new("ggml_backend_buffer_t[]", stale), len(stale))
+            graph.checked.clear()
+
     def _placed(self, graph: "Graph | None", *, placed: bool = True) -> None:
         """After ggml allocated (or reserved for) ``graph``: notice reallocated buffers, and
         record the graph as the one the memory holds (unless ``placed`` is False: a reserve)."""
@@ -70,8 +82,8 @@ class Placer:
         if sizes != self._last_sizes or self._may_chunk():
             self._retire()
             self._last_sizes = sizes
-            if graph is not None:
-                self._track_buffers(graph)
+        if graph is not None:
+            self._track_buffers(graph)
         if placed and graph is not None:
             old = self._graph
             if old is not None and old is not graph:
@@ -83,18 +95,11 @@ class Placer:
             graph.checked.clear()
 
     def _track_buffers(self, graph: "Graph") -> None:
-        bufts = {b for b in self._buffer_types()}
-        nodes = graph.raw_nodes()
-        found: set[Any] = set()
-        for p in nodes + graph._raw_leafs(nodes):
-            v = p.view_src
-            buf = v.buffer if v != ffi.NULL else p.buffer
-            if buf == ffi.NULL or buf in found:
-                continue
-            found.add(buf)
-            rec = buffer.lookup(buf)
-            if rec is not None and rec.holds(p.data, 0):
-                continue  # a buffer pyggml knows already (weights, inputs)
+        """Record the buffers ggml allocated for this placer that ``graph``'s tensors are in."""
+        bufts = set(self._buffer_types())
+        for buf in buffer.graph_buffers(graph.ptr):
+            if buffer.lookup(buf) is not None:
+                continue  # a buffer pyggml knows already (weights, inputs, ours)
             if lib.ggml_backend_buffer_get_usage(buf) == _COMPUTE and (
                     not bufts or lib.ggml_backend_buffer_get_type(buf) in bufts):
                 self._records.append(buffer.track(buf, self))
@@ -102,7 +107,7 @@ class Placer:
     def _retire(self) -> None:
         for rec in self._records:
             if rec.alive:
-                buffer.retire(rec.ptr)
+                buffer.retire(rec.ptr, by_placer=True)
         self._records.clear()
         if self._graph is not None:
             self._graph.checked.clear()
@@ -141,13 +146,16 @@ class GraphAllocator(_cobject.CObject, Placer):
 
     def __init__(self, where: "Backend | BufferType"):
         buft = where if isinstance(where, BufferType) else where.default_buffer_type
-        super().__init__(lib.ggml_gallocr_new(buft.ptr), owned=True, keep=buft)
+        with calling():  # asks the buffer type's alignment and maximum size
+            ptr = lib.ggml_gallocr_new(buft.ptr)
+        super().__init__(ptr, owned=True, keep=buft)
         self._buft = buft
         self._init_placer()
 
     def _free(self, ptr: Any) -> None:
         self._retire()
-        lib.ggml_gallocr_free(ptr)
+        with calling():  # frees its buffers (a Python buffer's free_buffer)
+            lib.ggml_gallocr_free(ptr)
 
     def _sizes(self) -> tuple[int, ...]:
         return (int(lib.ggml_gallocr_get_buffer_size(self.ptr, 0)),)
@@ -168,6 +176,7 @@ class GraphAllocator(_cobject.CObject, Placer):
         """``ggml_gallocr_reserve``: size the buffer for ``graph`` (a worst case) without
         allocating its tensors. Raises MemoryError if the buffer cannot be allocated."""
         g = self._graph_ok(graph)
+        self._unplace(graph)
         with calling():
             ok = lib.ggml_gallocr_reserve(self.ptr, g)
             self._placed(graph, placed=False)
@@ -181,6 +190,7 @@ class GraphAllocator(_cobject.CObject, Placer):
         (``set_output``) are kept; other intermediate memory is reused. Raises MemoryError on
         failure."""
         g = self._graph_ok(graph)
+        self._unplace(graph)
         with calling():
             ok = lib.ggml_gallocr_alloc_graph(self.ptr, g)
             self._placed(graph if ok else None, placed=bool(ok))

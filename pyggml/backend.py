@@ -19,7 +19,7 @@ from .buffer_type import BufferType
 from .errors import ClosedError, GGMLError
 from .raw import dl, ffi, lib
 from .raw.boundary import calling, check_status
-from .tensor import EMPTY_OPS, Tensor, context_of, tensor_arg
+from .tensor import EMPTY_OPS, Tensor, tensor_arg
 
 if TYPE_CHECKING:
     from .device import Device
@@ -30,11 +30,6 @@ __all__ = ["Backend", "GraphPlan"]
 
 def _str(p: Any) -> str:
     return "" if p == ffi.NULL else ffi.string(p).decode("utf-8", "replace")
-
-
-def _label(p: Any) -> str:
-    name = ffi.string(p.name).decode("utf-8", "replace")
-    return repr(name) if name else f"({ffi.string(lib.ggml_op_name(p.op)).decode()} ne={list(p.ne)})"
 
 
 def _tensor_with_data(t: Tensor) -> Any:
@@ -241,41 +236,30 @@ class Backend(_cobject.CObject):
 
     # --- compute
     def _check_graph(self, graph: "Graph", n_nodes: int) -> _Checked:
-        """Walk the whole graph once: everything ggml would assert on or misuse."""
+        """Check the whole graph once: everything ggml would assert on or misuse. The memory of
+        every node and source is checked in one C call (:func:`pyggml.buffer.check_graph_memory`)."""
         if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
             graph.restore_sources()
         placer = graph.placed_by
         if placer is not None and not placer.covers(graph):
             raise ClosedError("the graph allocator or scheduler that placed this graph has since "
                               "placed another one: allocate this graph again")
-        records: dict[Any, buffer.LiveBuffer] = {}
-        contexts: dict[Any, int] = {}
-        seen: set[Any] = set()
-        nodes = graph.raw_nodes()
-        for node in nodes:
-            for p in (node, *node.src):
-                if p == ffi.NULL or p in seen:
-                    continue
-                seen.add(p)
-                ctx = context_of(p)
-                if ctx is not None:
-                    if ctx._gen < 0:
-                        raise ClosedError(f"tensor {_label(p)} of this graph belongs to a closed context")
-                    contexts[ctx] = ctx._gen
-                if p.data == ffi.NULL and not (p.view_src != ffi.NULL and p.view_src.data != ffi.NULL):
-                    raise ValueError(f"tensor {_label(p)} of node {_label(node)} has no data: allocate "
-                                     "the graph first (GraphAllocator, Scheduler, Context.alloc_tensors)")
-                rec = buffer.check_tensor_memory(p, _label(p))
-                if rec is not None:
-                    records[rec.ptr] = rec
-        for node in nodes:
-            if node.op in EMPTY_OPS:
+        g = graph.ptr
+        contexts = graph.contexts()
+        for ctx, gen in contexts:
+            if ctx._gen != gen or ctx._gen < 0:
+                raise ClosedError("a context holding tensors of this graph is closed or was reset")
+        buffer.check_graph_memory(g, need_data=True)
+        records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
+        supports = self._supports_raw
+        for i in range(n_nodes):
+            node = lib.ggml_graph_node(g, i)
+            if node.op in EMPTY_OPS or supports(node):
                 continue
-            if not self._supports_raw(node):
-                t = Tensor._of(node)
-                raise ValueError(f"backend {self.name} cannot compute node {t._label()} "
-                                 f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]})")
-        return _Checked(graph, n_nodes, list(records.values()), list(contexts.items()))
+            t = Tensor._of(node)
+            raise ValueError(f"backend {self.name} cannot compute node {t._label()} "
+                             f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]})")
+        return _Checked(graph, n_nodes, records, contexts)
 
     def _prepare(self, graph: "Graph") -> Any:
         """The graph's C pointer, after the check (cached on the graph) of everything computing

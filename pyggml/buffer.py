@@ -16,6 +16,7 @@ memory.
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     from .buffer_type import BufferType
     from .tensor import Tensor
 
-__all__ = ["Buffer", "LiveBuffer", "track", "retire", "lookup", "host_array_owner"]
+__all__ = ["Buffer", "LiveBuffer", "track", "retire", "lookup", "live_table", "graph_buffers",
+           "retired_by_placer", "check_graph_memory", "host_array_owner"]
 
 
 def _str(p: Any) -> str:
@@ -69,28 +71,73 @@ class LiveBuffer:
 #: ggml_backend_buffer_t -> LiveBuffer, for every live buffer pyggml knows (cdata pointers hash
 #: and compare by address)
 _LIVE: dict[Any, LiveBuffer] = {}
+#: buffers graph allocators and schedulers freed (the latest few thousand): tensors still placed
+#: in them may be placed again by an allocator, unlike those of a closed Buffer of the user's
+_RETIRED_BY_PLACERS: "OrderedDict[Any, None]" = OrderedDict()
+_MAX_RETIRED = 4096
+_table: list[Any] = [None, 0, -1]  # [C array of struct pyggml_live_buffer, length, version]
+_version = 0
 
 
 def track(ptr: Any, owner: Any) -> LiveBuffer:
     """Record ``ptr`` as a live buffer owned by ``owner`` (idempotent for the same owner)."""
+    global _version
     rec = _LIVE.get(ptr)
     if rec is None or rec.owner is not owner:
         if rec is not None:
             rec.alive = False
         rec = _LIVE[ptr] = LiveBuffer(ptr, owner)
+        _RETIRED_BY_PLACERS.pop(ptr, None)
+        _version += 1
     return rec
 
 
-def retire(ptr: Any) -> None:
-    """Forget ``ptr``: it was freed (or is about to be). Tensors in it become unusable."""
+def retire(ptr: Any, *, by_placer: bool = False) -> None:
+    """Forget ``ptr``: it was freed (or is about to be). Tensors in it become unusable (and,
+    ``by_placer``: an allocator may place them again)."""
+    global _version
     rec = _LIVE.pop(ptr, None)
     if rec is not None:
         rec.alive = False
+        _version += 1
+    if by_placer:
+        _RETIRED_BY_PLACERS[ptr] = None
+        if len(_RETIRED_BY_PLACERS) > _MAX_RETIRED:
+            _RETIRED_BY_PLACERS.popitem(last=False)
+
+
+def retired_by_placer(ptr: Any) -> bool:
+    """Whether ``ptr`` is a buffer a graph allocator or scheduler freed (and nothing live now)."""
+    return ptr in _RETIRED_BY_PLACERS and ptr not in _LIVE
 
 
 def lookup(ptr: Any) -> LiveBuffer | None:
     """The record of buffer ``ptr``, or None if pyggml knows no live buffer there."""
     return _LIVE.get(ptr)
+
+
+def live_table() -> tuple[Any, int]:
+    """Every live buffer as a C array of ``struct pyggml_live_buffer`` (for the C helpers that
+    check a whole graph's memory at once), and its length; rebuilt only when buffers change."""
+    if _table[2] != _version:
+        recs = list(_LIVE.values())
+        arr = ffi.new("struct pyggml_live_buffer[]", max(len(recs), 1))
+        for i, r in enumerate(recs):
+            arr[i].buffer, arr[i].base, arr[i].size = r.ptr, r.base, r.size
+        _table[:] = [arr, len(recs), _version]
+    return _table[0], _table[1]
+
+
+def graph_buffers(g: Any) -> list[Any]:
+    """The distinct buffers (``ggml_backend_buffer_t``) graph ``g``'s nodes and sources are in
+    (possibly freed ones: compare them, never dereference them)."""
+    cap = 64
+    while True:
+        out = ffi.new("ggml_backend_buffer_t[]", cap)
+        n = lib.pyggml_graph_buffers(g, out, cap)
+        if n >= 0:
+            return [out[i] for i in range(n)]
+        cap *= 4
 
 
 def check_tensor_memory(p: Any, name: str) -> LiveBuffer | None:
@@ -108,6 +155,27 @@ def check_tensor_memory(p: Any, name: str) -> LiveBuffer | None:
                           "graph allocator or scheduler was closed, or reallocated for a larger "
                           "graph): allocate it again")
     return rec
+
+
+def _label(p: Any) -> str:
+    name = ffi.string(p.name).decode("utf-8", "replace")
+    return repr(name) if name else f"({ffi.string(lib.ggml_op_name(p.op)).decode()} ne={list(p.ne)})"
+
+
+def check_graph_memory(g: Any, *, need_data: bool) -> None:
+    """Check every node and source of graph ``g`` in one C call (``pyggml_graph_check_memory``):
+    a tensor in a backend buffer must be in a live one, its data inside it; with
+    ``need_data``, every tensor must have data. Raises ValueError (no data) or ClosedError."""
+    table, n = live_table()
+    bad, node = ffi.new("struct ggml_tensor **"), ffi.new("struct ggml_tensor **")
+    code = lib.pyggml_graph_check_memory(g, table, n, need_data, bad, node)
+    if code == 1:
+        raise ValueError(f"tensor {_label(bad[0])} of node {_label(node[0])} has no data: allocate "
+                         "the graph first (GraphAllocator, Scheduler, Context.alloc_tensors)")
+    if code:
+        raise ClosedError(f"tensor {_label(bad[0])} of this graph is in a buffer that was freed or "
+                          "replaced (its buffer, graph allocator or scheduler was closed, or "
+                          "reallocated for a larger graph): allocate the graph again")
 
 
 class Buffer(_cobject.CObject):
@@ -130,7 +198,8 @@ class Buffer(_cobject.CObject):
         retire(ptr)
         for part in getattr(self, "_parts", ()):  # a multi-buffer frees its parts
             retire(part)
-        lib.ggml_backend_buffer_free(ptr)
+        with calling():  # a Python buffer's free_buffer
+            lib.ggml_backend_buffer_free(ptr)
 
     def close(self) -> None:
         """``ggml_backend_buffer_free`` if owned (idempotent). Tensors in the buffer become
@@ -138,14 +207,14 @@ class Buffer(_cobject.CObject):
         if self._ptr is not None and self._owned:
             rec = _LIVE.get(self._ptr)
             if rec is not None and rec.owner is self:
-                rec.alive = False
-                del _LIVE[self._ptr]
+                retire(self._ptr)
         super().close()
 
     @property
     def name(self) -> str:
         """``ggml_backend_buffer_name``."""
-        return _str(lib.ggml_backend_buffer_name(self.ptr))
+        with calling():  # the name of its buffer type
+            return _str(lib.ggml_backend_buffer_name(self.ptr))
 
     @property
     def size(self) -> int:
@@ -162,17 +231,20 @@ class Buffer(_cobject.CObject):
     @property
     def alignment(self) -> int:
         """Byte alignment of tensor data (``ggml_backend_buffer_get_alignment``)."""
-        return int(lib.ggml_backend_buffer_get_alignment(self.ptr))
+        with calling():
+            return int(lib.ggml_backend_buffer_get_alignment(self.ptr))
 
     @property
     def max_size(self) -> int:
         """``ggml_backend_buffer_get_max_size``, bytes."""
-        return int(lib.ggml_backend_buffer_get_max_size(self.ptr))
+        with calling():
+            return int(lib.ggml_backend_buffer_get_max_size(self.ptr))
 
     @property
     def is_host(self) -> bool:
         """Whether the memory is host memory (``ggml_backend_buffer_is_host``)."""
-        return bool(lib.ggml_backend_buffer_is_host(self.ptr))
+        with calling():
+            return bool(lib.ggml_backend_buffer_is_host(self.ptr))
 
     @property
     def buffer_type(self) -> "BufferType":
@@ -191,7 +263,8 @@ class Buffer(_cobject.CObject):
 
     def alloc_size(self, tensor: "Tensor") -> int:
         """Bytes ``tensor`` takes in this buffer (``ggml_backend_buffer_get_alloc_size``)."""
-        return int(lib.ggml_backend_buffer_get_alloc_size(self.ptr, tensor.ptr))
+        with calling():
+            return int(lib.ggml_backend_buffer_get_alloc_size(self.ptr, tensor.ptr))
 
     def clear(self, value: int = 0) -> None:
         """Set every byte to ``value`` (0..255; ``ggml_backend_buffer_clear``). Raises what a

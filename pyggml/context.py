@@ -75,6 +75,7 @@ class Context(_cobject.CObject, Ops):
         self._buffers: list[Buffer] = []   # from alloc_tensors, closed with the context
         self._callbacks: list[Any] = []    # Python ops (map_custom) live as long as the context
         self._deps: set[Any] = set()       # other contexts whose tensors ours point at
+        self._last_dep: Any = None
         self._trial_ops: set[int] = set()  # ops made by Ops.op without checks of their own
         _tensor_mod.register_arena(self, self._arena.ctypes.data, size)
 
@@ -249,6 +250,13 @@ class Context(_cobject.CObject, Ops):
         super().close()
         for b in self._buffers:
             b.close()
+
+    # one Python object per ggml context: identity is equality (cheap to hash, and stable
+    # when the context is closed)
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
 
     def __repr__(self) -> str:
         if self.closed:

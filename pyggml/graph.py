@@ -261,6 +261,22 @@ class Graph(_cobject.CObject):
                     out.append(s)
         return out
 
+    def contexts(self) -> list[tuple[Any, int]]:
+        """(context, generation) of the context holding the graph and of every context its
+        tensors come from (what op constructors recorded: ``Context._deps``, transitively)."""
+        owner = self._owner
+        if isinstance(owner, BorrowScope):
+            return []
+        out: dict[Any, int] = {}
+        todo = [owner]
+        while todo:
+            ctx = todo.pop()
+            if ctx in out:
+                continue
+            out[ctx] = ctx._gen
+            todo.extend(getattr(ctx, "_deps", ()))
+        return list(out.items())
+
     def node_set(self) -> frozenset[Any]:
         """Every node and leaf struct of the graph (cached until the graph changes)."""
         if self._node_set is None:

@@ -23,7 +23,7 @@ from .errors import ClosedError
 from .graph import Graph
 from .raw import callbacks, ffi, lib
 from .raw.boundary import calling, check_status
-from .tensor import EMPTY_OPS, BorrowScope, Tensor, context_of, tensor_arg
+from .tensor import EMPTY_OPS, BorrowScope, Tensor, tensor_arg
 
 __all__ = ["Scheduler", "MAX_BACKENDS", "EvalCallback"]
 
@@ -154,44 +154,42 @@ class Scheduler(_cobject.CObject, Placer):
                              f"the scheduler's graph_size {self.graph_size}")
         if not any(p.op not in _VIEW_OPS for p in nodes):
             raise ValueError("the graph has no node that computes anything: a scheduler cannot split it")
+        contexts = graph.contexts()
+        for ctx, gen in contexts:
+            if gen < 0:
+                raise ClosedError("a context holding tensors of this graph is closed")
+        buffer.check_graph_memory(g, need_data=False)
         backends = [b._ptr for b in self._backends]
-        with calling():
+        with calling():  # supports_op / supports_buft of Python devices
             for p in nodes:
                 if p.op not in EMPTY_OPS and not any(lib.ggml_backend_supports_op(b, p) for b in backends):
                     raise ValueError(f"no backend of the scheduler can compute node {_label(p)} "
                                      f"({ffi.string(lib.ggml_op_name(p.op)).decode()})")
-            records: dict[Any, Any] = {}
-            contexts: dict[Any, int] = {}
             for p in nodes + leafs:
-                ctx = context_of(p)
-                if ctx is not None:
-                    if ctx._gen < 0:
-                        raise ClosedError(f"tensor {_label(p)} of this graph belongs to a closed context")
-                    contexts[ctx] = ctx._gen
                 v = p.view_src
                 buf = v.buffer if v != ffi.NULL else p.buffer
                 if buf == ffi.NULL:
                     continue
-                rec = buffer.check_tensor_memory(p, _label(p))
-                if rec is not None:
-                    records[rec.ptr] = rec
                 buft = lib.ggml_backend_buffer_get_type(buf)
                 # ggml_backend_sched_backend_id_from_cur aborts for a pre-allocated tensor no
-                # backend can both read (its buffer type) and run (its op) 
+                # backend can both read (its buffer type) and run (its op)
                 if not any(lib.ggml_backend_supports_buft(b, buft) and lib.ggml_backend_supports_op(b, p)
                            for b in backends):
                     raise ValueError(f"tensor {_label(p)} is in a buffer ({ffi.string(lib.ggml_backend_buffer_name(buf)).decode()}) "
                                      "that no backend of the scheduler can use for its op")
-        graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, list(records.values()), list(contexts.items()))
+        records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
+        graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, records, contexts)
         return g
 
     def _take(self, graph: Graph) -> Any:
-        """``graph``'s pointer, its sources restored if another scheduler (or this one, before
-        it split another graph) rewrote them."""
+        """``graph``'s pointer, ready to be split: its sources restored if a scheduler rewrote
+        them (another one, or this one before it split another graph), its tensors in memory an
+        allocator freed or this scheduler owns forgotten (they are placed again), checked."""
         if not isinstance(graph, Graph):
             raise TypeError(f"a scheduler computes pyggml Graphs, not {type(graph).__name__}")
         if graph.split_by is not None and not (graph.split_by is self and self._graph is graph):
             graph.restore_sources()
+        self._unplace(graph)
         return self._check_graph(graph)
 
     # ------------------------------------------------------------------ allocation

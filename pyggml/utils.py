@@ -51,7 +51,8 @@ class GraphCopy(_cobject.CObject):
     def _free(self, ptr: Any) -> None:
         self._scope.close()
         buffer.retire(ptr.buffer)
-        lib.ggml_backend_graph_copy_free(ptr[0])
+        with calling():  # frees the copy's buffer
+            lib.ggml_backend_graph_copy_free(ptr[0])
 
 
 def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:

@@ -224,6 +224,11 @@ int pyggml_dl_is_bound(const char *name);
 const char *pyggml_dl_open_error(const char *path);
 int pyggml_graph_save_srcs(struct ggml_cgraph *graph, struct ggml_tensor **out, int capacity);
 void pyggml_graph_restore_srcs(struct ggml_cgraph *graph, struct ggml_tensor **saved, int n_nodes);
+struct pyggml_live_buffer { ggml_backend_buffer_t buffer; uintptr_t base; size_t size; };
+int pyggml_graph_buffers(struct ggml_cgraph *graph, ggml_backend_buffer_t *out, int capacity);
+int pyggml_graph_check_memory(struct ggml_cgraph *graph, const struct pyggml_live_buffer *live, int n_live,
+                              int need_data, struct ggml_tensor **bad, struct ggml_tensor **node);
+int pyggml_graph_unplace(struct ggml_cgraph *graph, ggml_backend_buffer_t *buffers, int n_buffers);
 """
 
 _DL_C = r"""
@@ -287,6 +292,90 @@ void pyggml_graph_restore_srcs(struct ggml_cgraph *graph, struct ggml_tensor **s
         struct ggml_tensor *node = ggml_graph_node(graph, i);
         for (int j = 0; j < GGML_MAX_SRC; j++) node->src[j] = saved[i * GGML_MAX_SRC + j];
     }
+}
+
+/* --- the memory of a graph's tensors (pyggml.backend, pyggml.alloc, pyggml.sched). These
+   helpers read tensor structs and compare buffer pointers; they never dereference a buffer,
+   which may have been freed: that is what they find out. */
+struct pyggml_live_buffer { ggml_backend_buffer_t buffer; uintptr_t base; size_t size; };
+
+static ggml_backend_buffer_t pyggml_buffer_of(const struct ggml_tensor *t) {
+    return t->view_src ? t->view_src->buffer : t->buffer;
+}
+
+/* The distinct buffers (view_src's for views) of every node and source of `graph`, into `out`;
+   returns how many, or -1 if more than `capacity`. */
+int pyggml_graph_buffers(struct ggml_cgraph *graph, ggml_backend_buffer_t *out, int capacity) {
+    int n = 0, n_nodes = ggml_graph_n_nodes(graph);
+    for (int i = 0; i < n_nodes; i++) {
+        struct ggml_tensor *node = ggml_graph_node(graph, i);
+        for (int j = -1; j < GGML_MAX_SRC; j++) {
+            const struct ggml_tensor *t = j < 0 ? node : node->src[j];
+            if (!t) continue;
+            ggml_backend_buffer_t b = pyggml_buffer_of(t);
+            if (!b) continue;
+            int k = 0;
+            while (k < n && out[k] != b) k++;
+            if (k < n) continue;
+            if (n == capacity) return -1;
+            out[n++] = b;
+        }
+    }
+    return n;
+}
+
+/* Check every node and source of `graph`: if it is in a backend buffer, that buffer must be one
+   of `live` and its data inside it; with `need_data`, every tensor must also have data (a view:
+   its source's). Returns 0 if all pass, else 1 (no data), 2 (a buffer that is not live) or
+   3 (data outside its buffer), with the tensor in *bad and the node that reads it in *node. */
+int pyggml_graph_check_memory(struct ggml_cgraph *graph, const struct pyggml_live_buffer *live, int n_live,
+                              int need_data, struct ggml_tensor **bad, struct ggml_tensor **node) {
+    int n_nodes = ggml_graph_n_nodes(graph);
+    for (int i = 0; i < n_nodes; i++) {
+        struct ggml_tensor *nd = ggml_graph_node(graph, i);
+        for (int j = -1; j < GGML_MAX_SRC; j++) {
+            struct ggml_tensor *t = j < 0 ? nd : nd->src[j];
+            if (!t) continue;
+            *bad = t; *node = nd;
+            if (!t->data && !(t->view_src && t->view_src->data)) {
+                if (need_data) return 1;
+                continue;
+            }
+            ggml_backend_buffer_t b = pyggml_buffer_of(t);
+            if (!b) continue;  /* context memory */
+            int k = 0;
+            while (k < n_live && live[k].buffer != b) k++;
+            if (k == n_live) return 2;
+            uintptr_t d = (uintptr_t) (t->data ? t->data : t->view_src->data);
+            if (d < live[k].base || d > live[k].base + live[k].size) return 3;
+        }
+    }
+    *bad = NULL; *node = NULL;
+    return 0;
+}
+
+/* Forget where the tensors of `graph` that sit in one of `buffers` were placed: data and buffer
+   set to NULL (for views too), so that an allocator places them again. Returns how many. */
+int pyggml_graph_unplace(struct ggml_cgraph *graph, ggml_backend_buffer_t *buffers, int n_buffers) {
+    int n = 0, n_nodes = ggml_graph_n_nodes(graph);
+    for (int pass = 0; pass < 2; pass++) {  /* views first, while their source still says where it is */
+        for (int i = 0; i < n_nodes; i++) {
+            struct ggml_tensor *nd = ggml_graph_node(graph, i);
+            for (int j = -1; j < GGML_MAX_SRC; j++) {
+                struct ggml_tensor *t = j < 0 ? nd : nd->src[j];
+                if (!t || (pass == 0) != (t->view_src != NULL)) continue;
+                ggml_backend_buffer_t b = pyggml_buffer_of(t);
+                if (!b) continue;
+                for (int k = 0; k < n_buffers; k++) {
+                    if (buffers[k] == b) {
+                        t->data = NULL; t->buffer = NULL; n++;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    return n;
 }
 
 /* Why `path` cannot be loaded (dlerror's message), or NULL if it can. */

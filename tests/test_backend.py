@@ -57,3 +57,17 @@ def test_async_copies_plans_multi_buffers_and_backend_loading(tmp_path):
         load_backend(tmp_path / "libggml-empty.so")
     with pytest.raises(FileNotFoundError):
         load_backend(tmp_path / "missing.so")
+
+
+def test_a_custom_op_that_raises_under_a_graph_plan_is_raised_by_the_plan():
+    with Context(1 << 20) as ctx, CPUBackend(n_threads=2) as cpu:
+        a = ctx.from_numpy(np.ones(64, np.float32))
+
+        def fail(dst, src, ith, nth):
+            raise KeyError("custom op")
+
+        g = ctx.new_graph().build_forward(ctx.map_custom(fail, a))
+        plan = cpu.graph_plan(g)
+        with pytest.raises(KeyError, match="custom op"):
+            plan.compute()
+        plan.close()

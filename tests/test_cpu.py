@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+import pyggml
 from pyggml import Context, CPUBackend, GGMLType
 
 
@@ -27,3 +28,18 @@ def test_ctrl_c_interrupts_a_cpu_compute():
                 g.compute(be)
         finally:
             timer.cancel()
+
+
+def test_closing_a_threadpool_a_backend_uses_gives_the_backend_its_own_threads_back():
+    with CPUBackend() as be, Context.for_tensors(8, graph_size=8) as ctx:
+        pool = pyggml.Threadpool(2)
+        be.set_threadpool(pool)
+        a = ctx.new_tensor(GGMLType.F32, [64]).set_input()
+        y = ctx.sqr(a)
+        g = ctx.new_graph(8).build_forward(y)
+        with pyggml.GraphAllocator(be) as galloc:
+            galloc.alloc_graph(g)
+            a.set(np.ones(64, np.float32))
+            pool.close()                         # would be a use after free at the next compute
+            g.compute(be)
+            np.testing.assert_array_equal(y.numpy(), np.ones(64))

@@ -338,3 +338,124 @@ def test_graph_optimize_slot_gets_the_params_of_the_ggml_it_was_built_with():
         unregister(reg)
     expected = "GraphOptimizeParams" if slot_arity("ggml_backend_i", "graph_optimize") == 3 else "NoneType"
     assert dev.optimized and {kind for _, kind in dev.optimized} == {expected}
+
+
+class Boom(Exception):
+    pass
+
+
+class FlakyBuffer(HostBuffer):
+    """A host buffer whose slots raise when told to."""
+    fail: set = set()
+
+    def get_tensor(self, tensor, out, offset):
+        if "get_tensor" in self.fail:
+            raise Boom("get_tensor")
+        super().get_tensor(tensor, out, offset)
+
+    def clear(self, value):
+        if "clear" in self.fail:
+            raise Boom("clear")
+        super().clear(value)
+
+    def memset_tensor(self, tensor, value, offset, size):
+        if "memset_tensor" in self.fail:
+            raise Boom("memset_tensor")
+        super().memset_tensor(tensor, value, offset, size)
+
+
+class FlakyBufferType(PyBufferType):
+    def get_name(self):
+        return "FLAKY"
+
+    def alloc_buffer(self, size):
+        if "alloc_buffer" in FlakyBuffer.fail:
+            raise Boom("alloc_buffer")
+        return FlakyBuffer(size)
+
+    def get_alignment(self):
+        if "get_alignment" in FlakyBuffer.fail:
+            raise Boom("get_alignment")
+        return 32
+
+
+@pytest.fixture
+def flaky():
+    FlakyBuffer.fail = set()
+    yield FlakyBuffer.fail
+    FlakyBuffer.fail = set()
+
+
+def test_a_python_buffers_failures_are_raised_by_the_call_that_caused_them(flaky):
+    buft = FlakyBufferType().as_buffer_type()     # the BufferType keeps the Python object alive
+    import gc
+    gc.collect()
+    with Context.for_tensors(4) as ctx:
+        t = ctx.new_tensor(GGMLType.F32, [4])
+        buf = ctx.alloc_tensors(buft)
+        t.set(np.arange(4, dtype=np.float32))
+        np.testing.assert_array_equal(t.numpy(), np.arange(4))
+        flaky.add("get_tensor")
+        with pytest.raises(Boom, match="get_tensor"):
+            t.numpy()                               # not uninitialised memory
+        flaky.add("clear")
+        with pytest.raises(Boom, match="clear"):
+            buf.clear(0)
+        flaky.add("memset_tensor")
+        with pytest.raises(Boom, match="memset_tensor"):
+            pyggml.Backend.tensor_memset(t, 0)
+        flaky.add("alloc_buffer")
+        with pytest.raises(Boom, match="alloc_buffer"):
+            buft.alloc_buffer(64)
+        flaky.clear()
+        flaky.add("get_alignment")
+        with pytest.raises(Boom, match="get_alignment"), CPUBackend():
+            pyggml.GraphAllocator(buft)              # ggml divided by the 0 it would have got
+    with CPUBackend():                                # nothing left over for an unrelated call
+        pass
+
+
+class RaisingSupportsDevice(ArithDevice):
+    def supports_op(self, op):
+        if op.op_name == "MUL":
+            raise Boom("supports_op")
+        return super().supports_op(op)
+
+
+class SyncFailBackend(ArithBackend):
+    def synchronize(self):
+        raise Boom("synchronize")
+
+
+class SyncFailDevice(ArithDevice):
+    def init_backend(self, params):
+        return SyncFailBackend(self)
+
+
+def test_a_python_devices_failures_surface_from_the_call_not_later():
+    dev = RaisingSupportsDevice("RAISING")
+    reg = PyRegistry("RAISING", [dev])
+    register(reg)
+    try:
+        with device_by_name("RAISING").init() as be, CPUBackend() as cpu, \
+                Context.for_tensors(16, graph_size=32) as ctx:
+            sched = Scheduler([be, cpu])
+            a, b, out, g = _graph(ctx)
+            with pytest.raises(Boom, match="supports_op"):
+                sched.alloc_graph(g)                  # not from some later compute
+            x = np.ones((2, 4), np.float32)
+            with pytest.raises(ValueError):           # unrelated, and clean
+                a.set(np.ones((3, 3), np.float32))
+            sched.close()
+            del x
+    finally:
+        unregister(reg)
+    dev2 = SyncFailDevice("SYNCFAIL")
+    reg2 = PyRegistry("SYNCFAIL", [dev2])
+    register(reg2)
+    try:
+        with device_by_name("SYNCFAIL").init() as be:
+            with pytest.raises(Boom, match="synchronize"):
+                be.synchronize()
+    finally:
+        unregister(reg2)
