@@ -31,6 +31,7 @@ from pyggml import GGMLType
 
 MAX_SEQ_LENGTH = 256  # sentence-transformers' max_seq_length for this model
 GRAPH_SIZE = 2048
+PAD_TO = 8            # token counts are padded to a multiple of this: one cached graph per bucket
 
 
 def default_model_dir() -> Path:
@@ -78,16 +79,17 @@ class MiniLM:
         self.wbuf.usage = "weights"
         for name, arr in weights.items():
             self.w[name].set(arr)
+        # one graph per (padded length, batch size), built once and computed again with new inputs
         if self.extra is None:
             self.sched = None
-            self.galloc = pyggml.GraphAllocator(self.backend)
+            self.graphs = pyggml.GraphCache(self._build, backend=self.backend, graph_size=GRAPH_SIZE)
         else:
             self.sched = pyggml.Scheduler([self.extra, self.backend], graph_size=GRAPH_SIZE)
-            self.galloc = None
+            self.graphs = pyggml.GraphCache(self._build, scheduler=self.sched, graph_size=GRAPH_SIZE)
         self.n_splits = 0
 
     def close(self) -> None:
-        for obj in (self.galloc, self.sched, self.wctx, self.extra, self.backend):
+        for obj in (self.graphs, self.sched, self.wctx, self.extra, self.backend):
             if obj is not None:
                 obj.close()
 
@@ -106,7 +108,7 @@ class MiniLM:
         return ctx.norm(x, self.eps) * self.w[prefix + ".weight"] + self.w[prefix + ".bias"]
 
     def _build(self, ctx: pyggml.Context, T: int, B: int):
-        """The encoder graph for B sentences of T tokens; returns (inputs, output)."""
+        """The encoder graph for B sentences of T tokens: ({name: input}, {name: output})."""
         H, nh = self.hidden, self.n_heads
         hd = H // nh
         tokens = ctx.new_tensor(GGMLType.I32, [T, B]).set_input()            # [T, B]
@@ -141,32 +143,25 @@ class MiniLM:
         # mean pooling over the real tokens as a batched mat-vec, then L2 normalisation
         x_t = ctx.cont(ctx.transpose(ctx.reshape(x, H, T, B)))                 # [T, H, B]
         pooled = ctx.mul_mat(x_t, pool)                                        # [H, 1, B]
-        out = ctx.l2_norm(ctx.reshape(pooled, H, B), 1e-12).set_output()       # [H, B]
-        return (tokens, positions, kq_mask, pool), out
+        out = ctx.l2_norm(ctx.reshape(pooled, H, B), 1e-12)                   # [H, B]
+        return {"tokens": tokens, "positions": positions, "kq_mask": kq_mask, "pool": pool}, {"out": out}
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """ids, mask: NumPy (B, T) -> embeddings NumPy (B, H) float32."""
-        B, T = ids.shape
-        with pyggml.Context.for_tensors(GRAPH_SIZE, graph_size=GRAPH_SIZE) as ctx:
-            (tokens, positions, kq_mask, pool), out = self._build(ctx, T, B)
-            graph = ctx.new_graph(GRAPH_SIZE).build_forward(out)
-            if self.sched is not None:
-                self.sched.alloc_graph(graph)
-            else:
-                self.galloc.alloc_graph(graph)
-            m = mask.astype(np.float32)
-            tokens.set(ids.astype(np.int32))
-            positions.set(np.arange(T, dtype=np.int32))
-            # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
-            bias = np.where(m[:, None, None, :] > 0, 0.0, -np.inf).astype(np.float32)
-            kq_mask.set(np.broadcast_to(bias, (B, 1, T, T)))
-            pool.set((m / m.sum(axis=1, keepdims=True))[:, None, :])       # NumPy (B, 1, T)
-            if self.sched is not None:
-                self.sched.compute(graph)
-                self.n_splits = self.sched.n_splits
-            else:
-                graph.compute(self.backend)
-            return out.numpy().reshape(B, self.hidden)                      # NumPy order of [H, B]
+        """ids, mask: NumPy (B, T) -> embeddings NumPy (B, H) float32. T is padded to a multiple
+        of PAD_TO (the mask hides the padding), so that batches of similar lengths share a graph."""
+        B, T0 = ids.shape
+        T = min(-(-T0 // PAD_TO) * PAD_TO, max(T0, MAX_SEQ_LENGTH))
+        ids = np.pad(ids, ((0, 0), (0, T - T0)))
+        m = np.pad(mask, ((0, 0), (0, T - T0))).astype(np.float32)
+        # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
+        bias = np.where(m[:, None, None, :] > 0, 0.0, -np.inf).astype(np.float32)
+        out = self.graphs.compute(
+            (T, B), tokens=ids.astype(np.int32), positions=np.arange(T, dtype=np.int32),
+            kq_mask=np.broadcast_to(bias, (B, 1, T, T)),
+            pool=(m / m.sum(axis=1, keepdims=True))[:, None, :])["out"]   # NumPy (B, 1, T)
+        if self.sched is not None:
+            self.n_splits = self.sched.n_splits
+        return out.reshape(B, self.hidden)                                   # NumPy order of [H, B]
 
     def embed(self, sentences: list[str], batch_size: int = 64) -> np.ndarray:
         """Embeddings of ``sentences``: NumPy float32 (n, 384), unit L2 norm, rows in input order.

@@ -11,7 +11,8 @@ Three layers, each a folder or a set of modules (ARCHITECTURE.md draws them):
 * **Pythonic** — one module per ggml concept: :class:`Context`, :class:`Tensor` (and the op
   constructors of :mod:`pyggml.ops`), :class:`Graph`, :class:`GraphAllocator`,
   :class:`BufferType`, :class:`Buffer`, :class:`Backend` (compute), :class:`Event`,
-  :class:`Device`, :class:`Registry`, :class:`Scheduler`, :class:`CPUBackend`; plus
+  :class:`Device`, :class:`Registry`, :class:`Scheduler`, :class:`CPUBackend`,
+  :class:`GraphCache` (graphs built once per shape, computed again with new inputs); plus
   :mod:`pyggml.types`, :mod:`pyggml.enums`, :mod:`pyggml.gguf`, :mod:`pyggml.rpc`. Objects own
   or borrow their C object explicitly (``close()``, ``with``; :mod:`pyggml._cobject`) and check
   what ggml would assert on, raising Python exceptions instead.
@@ -49,6 +50,7 @@ from .device import Device, devices
 from .registry import Registry, registries
 from .cpu import CPUBackend, Threadpool
 from .sched import Scheduler
+from .graph_cache import GraphCache
 from . import utils
 
 __version__ = "0.1.0"
@@ -63,5 +65,5 @@ dl.load_modules()  # GGML_BACKEND_DL builds: load pyggml/lib's backend modules, 
 __all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR", "__version__",
            "GGMLError", "ClosedError", "BackendNotAvailableError", "Context", "Tensor", "Graph",
            "GraphAllocator", "Backend", "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool",
-           "Device", "Registry", "devices", "registries", "Scheduler", "GGMLType", "enums", "types",
+           "Device", "Registry", "devices", "registries", "Scheduler", "GraphCache", "GGMLType", "enums", "types",
            "utils", "callbacks", "dl"]

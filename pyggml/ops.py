@@ -31,6 +31,7 @@ from .tensor import BorrowScope, Tensor, can_repeat, tensor_arg
 __all__ = ["Ops", "UNARY_OPS", "host_array", "op_constructors"]
 
 _t = tensor_arg
+_OVERHEAD = int(lib.ggml_tensor_overhead())
 _F32, _F16, _I32, _I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
 
 
@@ -89,17 +90,25 @@ def _prod(xs: Sequence[int]) -> int:
     return out
 
 
-def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:
-    """Call ``fn(ctx, *args)`` with the context's free space checked first, and wrap the node.
+def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, int, int, int] | None,
+                type: Any, *args: Any, n_objects: int = 1) -> Tensor:
+    """The new node ``fn(ctx, *args)``, its ``ne`` and type as the caller computed them the way
+    ggml.c does (``tests/test_ops.py`` compares them with C's for every op that passes them), or
+    read from C when ``ne`` is None.
 
-    In a ``no_alloc`` context (the common case) that is all. In an allocating context the node
-    is made with allocation switched off, so its data size is known before any data is taken
-    from the arena; the context's space is checked again, then data is given with
-    ``ggml_new_buffer``. A context that made a node from another context's tensors keeps that
-    context alive."""
+    The context's free space is checked first. In a ``no_alloc`` context (the common case) that
+    is all. In an allocating context the node is made with allocation switched off, so its data
+    size is known before any data is taken from the arena; the context's space is checked again,
+    then data is given with ``ggml_new_buffer``. A context that made a node from another
+    context's tensors keeps that context alive (``Context._deps``). This is the hot path of
+    every op constructor: it reads only Python attributes besides the one C call."""
     if ctx._gen < 0:
         raise ClosedError("this context is closed")
-    ctx._reserve(0, n_objects)
+    room = ctx._room - _OVERHEAD * n_objects
+    if room < 0:
+        ctx._reserve(0, n_objects)  # asks ggml for the exact free space, raises MemoryError
+    else:
+        ctx._room = room
     c = ctx._ptr
     if ctx._no_alloc:
         p = fn(c, *args)
@@ -111,9 +120,31 @@ def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: in
             lib.ggml_set_no_alloc(c, False)
         _give_data(ctx, p)
     for t in inputs:
-        if t._owner is not ctx:
-            ctx._deps.add(t._owner)
-    return Tensor(p, ctx)
+        owner = t._owner
+        if owner is not ctx and owner is not ctx._last_dep:
+            ctx._deps.add(owner)
+            ctx._last_dep = owner
+    if ne is None:
+        return Tensor(p, ctx)
+    return Tensor._known(p, ctx, ne, type)
+
+
+def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:
+    """:func:`_make_known` with the node's ne and type read from C."""
+    return _make_known(ctx, fn, inputs, None, None, *args, n_objects=n_objects)
+
+
+def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
+    """An element-wise binary op constructor (``ggml_add``...): b tiles a; a's ne and type."""
+    def op(self: Any, a: Tensor, b: Tensor) -> Tensor:
+        a, b = _t(a, "a"), _t(b, "b")
+        an, bn = a._ne, b._ne
+        if an != bn and not can_repeat(bn, an):
+            raise ValueError(f"b (ne={list(bn)}) does not tile a (ne={list(an)}): ggml broadcasts "
+                             "by repeating b, so each a.ne[i] must be a multiple of b.ne[i]")
+        return _make_known(self, fn, (a, b), an, a._type, a._ptr, b._ptr)
+    op.__doc__ = doc
+    return op
 
 
 def _give_data(ctx: Any, ptr: Any) -> None:
@@ -136,6 +167,11 @@ def _give_data(ctx: Any, ptr: Any) -> None:
             p.data = lib.ggml_new_buffer(ctx._ptr, nbytes)
         elif p.data == ffi.NULL and p.view_src.data != ffi.NULL:
             p.data = ffi.cast("char *", p.view_src.data) + p.view_offs
+
+
+_RESHAPE = (None, lib.ggml_reshape_1d, lib.ggml_reshape_2d, lib.ggml_reshape_3d, lib.ggml_reshape_4d)
+_ONES = ((1, 1, 1, 1), (1, 1, 1), (1, 1), (1,), ())
+_REST = ((0, 1, 2, 3), (1, 2, 3), (2, 3), (3,), ())
 
 
 def _rows_contiguous(a: Tensor) -> bool:
@@ -172,7 +208,7 @@ class Ops:
             raise ValueError(f"unknown unary op {name!r}; known: {sorted(UNARY_OPS)}")
         if name in _UNARY_NEEDS_ROWS and not _rows_contiguous(a):
             raise ValueError(f"{name} needs a tensor with contiguous rows: use cont() first")
-        return _make(self, fn, (a,), a._ptr)
+        return _make_known(self, fn, (a,), a._ne, a._type, a._ptr)
 
     def neg(self, a: Tensor) -> Tensor:
         """``ggml_neg``: -a."""
@@ -278,13 +314,10 @@ class Ops:
         """``ggml_expm1``: exp(a) - 1."""
         return self.unary("expm1", a)
 
-    def __getattr__(self, name: str) -> Any:
-        if not name.startswith("_") and name in op_constructors():
-            return lambda *args: self.op(name, *args)
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | op_constructors())
+    if TYPE_CHECKING:
+        # the op constructors without a method of their own are installed below, one method
+        # each (a __getattr__ would slow down every attribute read of a Context)
+        def __getattr__(self, name: str) -> Any: ...
 
     def op(self, name: str, *args: Any) -> Tensor:
         """Any op constructor of ggml.h, ``ggml_<name>(ctx, *args)``, e.g.
@@ -311,28 +344,10 @@ class Ops:
         self._trial_ops.add(int(out._ptr.op))
         return out
 
-    def _binary(self, fn: Any, a: Tensor, b: Tensor) -> Tensor:
-        a, b = _t(a, "a"), _t(b, "b")
-        if not can_repeat(b._ne, a._ne):
-            raise ValueError(f"b (ne={_ne(b)}) does not tile a (ne={_ne(a)}): ggml broadcasts by "
-                             "repeating b, so each a.ne[i] must be a multiple of b.ne[i]")
-        return _make(self, fn, (a, b), a._ptr, b._ptr)
-
-    def add(self, a: Tensor, b: Tensor) -> Tensor:
-        """``ggml_add``: a + b, b tiled over a (ggml broadcasting). Result has a's ne and type."""
-        return self._binary(lib.ggml_add, a, b)
-
-    def sub(self, a: Tensor, b: Tensor) -> Tensor:
-        """``ggml_sub``: a - b, b tiled over a."""
-        return self._binary(lib.ggml_sub, a, b)
-
-    def mul(self, a: Tensor, b: Tensor) -> Tensor:
-        """``ggml_mul``: a * b element-wise, b tiled over a."""
-        return self._binary(lib.ggml_mul, a, b)
-
-    def div(self, a: Tensor, b: Tensor) -> Tensor:
-        """``ggml_div``: a / b element-wise, b tiled over a."""
-        return self._binary(lib.ggml_div, a, b)
+    add = _binary_op(lib.ggml_add, "``ggml_add``: a + b, b tiled over a (ggml broadcasting). Result has a's ne and type.")
+    sub = _binary_op(lib.ggml_sub, "``ggml_sub``: a - b, b tiled over a.")
+    mul = _binary_op(lib.ggml_mul, "``ggml_mul``: a * b element-wise, b tiled over a.")
+    div = _binary_op(lib.ggml_div, "``ggml_div``: a / b element-wise, b tiled over a.")
 
     def scale(self, a: Tensor, s: float) -> Tensor:
         """``ggml_scale``: a * s. a must be padded-1d (contiguous rows packed)."""
@@ -341,7 +356,7 @@ class Ops:
         # ggml_is_padded_1d (static in ggml.c)
         if not (nb[0] == lib.ggml_type_size(a._type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]):
             raise ValueError("scale needs a tensor whose rows are packed: use cont() first")
-        return _make(self, lib.ggml_scale, (a,), a._ptr, float(s))
+        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, a._ptr, float(s))
 
     def clamp(self, a: Tensor, min: float, max: float) -> Tensor:
         """``ggml_clamp``: a clipped to [min, max] (a new tensor since ggml 0.25; a view computed
@@ -394,17 +409,17 @@ class Ops:
     def norm(self, a: Tensor, eps: float = 1e-5) -> Tensor:
         """``ggml_norm``: (a - mean) / sqrt(var + eps) along ne[0]."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_norm, (a,), a._ptr, float(eps))
+        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, a._ptr, float(eps))
 
     def rms_norm(self, a: Tensor, eps: float = 1e-6) -> Tensor:
         """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_rms_norm, (a,), a._ptr, float(eps))
+        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, a._ptr, float(eps))
 
     def l2_norm(self, a: Tensor, eps: float = 1e-12) -> Tensor:
         """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_l2_norm, (a,), a._ptr, float(eps))
+        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, a._ptr, float(eps))
 
     def soft_max(self, a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
                  max_bias: float = 0.0) -> Tensor:
@@ -430,7 +445,8 @@ class Ops:
             inputs, m_ptr = (a, mask), mask._ptr
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
-        return _make(self, lib.ggml_soft_max_ext, inputs, a._ptr, m_ptr, float(scale), float(max_bias))
+        return _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, a._ptr, m_ptr,
+                           float(scale), float(max_bias))
 
     # ------------------------------------------------------------------ matrix
     def mul_mat(self, a: Tensor, b: Tensor) -> Tensor:
@@ -445,7 +461,8 @@ class Ops:
                              "a.ne0 == b.ne0 and b.ne2/ne3 multiples of a.ne2/ne3")
         if lib.ggml_is_transposed(a._ptr):
             raise ValueError("mul_mat: a must not be transposed (use cont())")
-        return _make(self, lib.ggml_mul_mat, (a, b), a._ptr, b._ptr)
+        return _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32,
+                           a._ptr, b._ptr)
 
     def out_prod(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_out_prod``: ne [M, K] x [N, K] -> [M, N] (Σ_k a[k, m]·b[k, n] in ggml order)."""
@@ -459,7 +476,7 @@ class Ops:
     def cont(self, a: Tensor) -> Tensor:
         """``ggml_cont``: a contiguous copy of a."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_cont, (a,), a._ptr)
+        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, a._ptr)
 
     def cpy(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_cpy``: copy a into b (converting the type); returns a view of b."""
@@ -479,15 +496,15 @@ class Ops:
     def reshape(self, a: Tensor, *ne: int) -> Tensor:
         """``ggml_reshape_{1..4}d``: a view of contiguous ``a`` with ``ne`` (ggml order)."""
         a = _t(a, "a")
-        ne = tuple(int(n) for n in ne)
-        if not 1 <= len(ne) <= 4:
+        ne = tuple(map(int, ne))
+        n = len(ne)
+        if not 1 <= n <= 4:
             raise ValueError("reshape takes 1 to 4 sizes")
         if not lib.ggml_is_contiguous(a._ptr):
             raise ValueError("reshape needs a contiguous tensor: use cont() first")
-        if any(n < 0 for n in ne) or _prod(ne) != a.nelements:
+        if min(ne) < 0 or _prod(ne) != _prod(a._ne):
             raise ValueError(f"cannot reshape {a.nelements} elements to ne={list(ne)}")
-        fn = (lib.ggml_reshape_1d, lib.ggml_reshape_2d, lib.ggml_reshape_3d, lib.ggml_reshape_4d)[len(ne) - 1]
-        return _make(self, fn, (a,), a._ptr, *ne)
+        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, a._ptr, *ne)
 
     def view(self, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None,
              offset: int = 0) -> Tensor:
@@ -510,24 +527,29 @@ class Ops:
         if size and offset + size > lib.ggml_nbytes(a._ptr):
             raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a "
                              f"({lib.ggml_nbytes(a._ptr)} bytes)")
+        full = tuple(ne) + _ONES[len(ne)]
         if len(ne) == 1:
-            return _make(self, lib.ggml_view_1d, (a,), a._ptr, ne[0], offset)
+            return _make_known(self, lib.ggml_view_1d, (a,), full, a._type, a._ptr, ne[0], offset)
         fn = (lib.ggml_view_2d, lib.ggml_view_3d, lib.ggml_view_4d)[len(ne) - 2]
-        return _make(self, fn, (a,), a._ptr, *ne, *nb, offset)
+        return _make_known(self, fn, (a,), full, a._type, a._ptr, *ne, *nb, offset)
 
     def permute(self, a: Tensor, *axes: int) -> Tensor:
         """``ggml_permute``: dim i of a becomes dim ``axes[i]`` (ggml order); 2 to 4 axes
         (missing ones stay in place)."""
         a = _t(a, "a")
-        axes = tuple(int(x) for x in axes) + tuple(range(len(axes), 4))
+        axes = tuple(map(int, axes)) + _REST[len(axes)] if len(axes) <= 4 else tuple(axes)
         if sorted(axes) != [0, 1, 2, 3]:
             raise ValueError(f"permute axes {axes[:4]} are not a permutation of 0..3")
-        return _make(self, lib.ggml_permute, (a,), a._ptr, *axes)
+        ne = [0, 0, 0, 0]
+        for i, d in zip(axes, a._ne):  # as ggml_permute: dim i goes to axes[i]
+            ne[i] = d
+        return _make_known(self, lib.ggml_permute, (a,), tuple(ne), a._type, a._ptr, *axes)
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``: swap ne[0] and ne[1] (a view)."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_transpose, (a,), a._ptr)
+        n = a._ne
+        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, a._ptr)
 
     def concat(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
         """``ggml_concat``: a and b joined along ggml dim ``dim``; other dims and types must match."""
@@ -549,7 +571,9 @@ class Ops:
             raise TypeError("get_rows: the row indices must be I32")
         if a._ne[2] != rows._ne[1] or a._ne[3] != rows._ne[2] or rows._ne[3] != 1:
             raise ValueError(f"get_rows: rows ne={_ne(rows)} do not fit a ne={_ne(a)}")
-        return _make(self, lib.ggml_get_rows, (a, rows), a._ptr, rows._ptr)
+        # as ggml_get_rows: F32 unless a is I32
+        return _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
+                           _I32 if a._type == _I32 else _F32, a._ptr, rows._ptr)
 
     def set_rows(self, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
         """``ggml_set_rows``: write the rows of b (F32/F16) into a at I32/I64 indices ``rows``;
@@ -597,8 +621,9 @@ class Ops:
                 raise ValueError("rope: freq_factors must be F32 with >= n_dims/2 entries")
             c = freq_factors._ptr
             inputs = (a, pos, freq_factors)
-        return _make(self, lib.ggml_rope_ext, inputs, a._ptr, pos._ptr, c, n_dims, mode, n_ctx_orig,
-                     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+        return _make_known(self, lib.ggml_rope_ext, inputs, a._ne, a._type, a._ptr, pos._ptr, c, n_dims,
+                           mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
+                           beta_slow)
 
     def _glu(self, fn: Any, fn_split: Any, a: Tensor, b: Tensor | None) -> Tensor:
         a = _t(a, "a")
@@ -857,3 +882,21 @@ def _conv_sizes(kernel: Tensor, x: Tensor, s0: int, s1: int, p0: int, p1: int, d
 
 #: op names with a checked method of their own
 _CHECKED = {n for n in dir(Ops) if not n.startswith("_") and n not in ("op", "unary")}
+
+
+def _install_unchecked_ops() -> None:
+    """``Ops.<name>(*args)`` = ``Ops.op(name, *args)`` for each op constructor of ggml.h that has
+    no method of its own."""
+    for name in sorted(op_constructors()):
+        if hasattr(Ops, name):
+            continue
+
+        def method(self: Ops, *args: Any, _name: str = name) -> Tensor:
+            return self.op(_name, *args)
+        method.__name__ = method.__qualname__ = name
+        method.__doc__ = (f"``ggml_{name}``: pyggml knows no conditions for it; see :meth:`Ops.op` "
+                          "(tried in a forked copy of the process first).")
+        setattr(Ops, name, method)
+
+
+_install_unchecked_ops()

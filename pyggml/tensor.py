@@ -41,6 +41,7 @@ __all__ = ["Tensor", "op_name", "can_repeat", "EMPTY_OPS", "BorrowScope", "conte
 EMPTY_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
 
 _TYPE_OF = {int(m): m for m in GGMLType}
+_new = object.__new__
 _OP_OF = {int(m): m for m in Op}
 
 
@@ -184,7 +185,7 @@ def _closed_message(t: "Tensor") -> str:
 
 # --------------------------------------------------------------------------------------------
 
-class Tensor(_cobject.CObject):
+class Tensor(_cobject.CBorrowed):
     """A ggml tensor, borrowed from its context (see the module docstring).
 
     Made by a :class:`~pyggml.context.Context` (``new_tensor``, op constructors), by a graph
@@ -192,7 +193,7 @@ class Tensor(_cobject.CObject):
     ``struct ggml_tensor *`` of ``ctx``.
     """
 
-    __slots__ = ("_gen", "_ne", "_type")
+    __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type")
     _kind = "tensor"
 
     def __init__(self, ptr: Any, ctx: "Context | BorrowScope"):
@@ -203,6 +204,18 @@ class Tensor(_cobject.CObject):
         self._gen = ctx._gen
         self._ne = tuple(ptr.ne)
         self._type = _TYPE_OF[ptr.type]
+
+    @classmethod
+    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, int, int, int], type: GGMLType) -> "Tensor":
+        """A new node whose ``ne`` and type the caller knows already (the op constructors compute
+        them as ggml.c does), saving the read of the C struct."""
+        t = _new(cls)
+        t._ptr = ptr
+        t._owner = ctx
+        t._gen = ctx._gen
+        t._ne = ne
+        t._type = type
+        return t
 
     @classmethod
     def _of(cls, ptr: Any, default: Any = GGML_INTERNAL) -> "Tensor":
@@ -229,9 +242,6 @@ class Tensor(_cobject.CObject):
 
     def close(self) -> None:
         """Tensors are freed with their context: this does nothing."""
-
-    def __del__(self) -> None:
-        pass
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tensor) and self._ptr == other._ptr
@@ -480,7 +490,10 @@ class Tensor(_cobject.CObject):
 
     def _is_host(self) -> bool:
         buf = self.buffer_ptr
-        return buf == ffi.NULL or bool(lib.ggml_backend_buffer_is_host(buf))
+        if buf == ffi.NULL:
+            return True
+        with calling():  # asks the buffer type
+            return bool(lib.ggml_backend_buffer_is_host(buf))
 
     def numpy(self, copy: bool = True) -> np.ndarray:
         """The data as a NumPy array of shape :attr:`shape` (NumPy order).
@@ -544,9 +557,8 @@ class Tensor(_cobject.CObject):
         if reshape:
             if a.size != self.nelements:
                 raise ValueError(f"array of {a.size} elements for tensor {self._label()} of shape {shape}")
-        elif _squeeze_leading(a.shape) != _squeeze_leading(shape):
-            raise ValueError(f"array of shape {a.shape} for tensor {self._label()} of shape {shape} "
-                             "(NumPy order, ne reversed): pass reshape=True to take its elements in C order")
+        else:
+            self._check_shape(a.shape)
         raw = types.from_numpy_bytes(a.reshape(shape), self._type)
         if in_buffer:
             with calling():
@@ -554,6 +566,12 @@ class Tensor(_cobject.CObject):
         else:
             ffi.memmove(p.data, ffi.from_buffer(raw), raw.nbytes)
         return self
+
+    def _check_shape(self, shape: tuple[int, ...]) -> None:
+        """ValueError unless an array of NumPy ``shape`` fits this tensor (leading 1s aside)."""
+        if _squeeze_leading(tuple(shape)) != _squeeze_leading(self.shape):
+            raise ValueError(f"array of shape {tuple(shape)} for tensor {self._label()} of shape {self.shape} "
+                             "(NumPy order, ne reversed): pass reshape=True to take its elements in C order")
 
     # ------------------------------------------------------------------ operators
     def __add__(self, other: "Tensor") -> "Tensor":

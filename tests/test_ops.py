@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import pyggml
 from pyggml import Context, GGMLType, lib
 
 rng = np.random.default_rng(1)
@@ -238,3 +239,34 @@ def test_ops_of_a_later_ggml_say_so():
         a = ctx.new_tensor(GGMLType.F32, [8])
         with pytest.raises(AttributeError, match="not in ggml 0.20.2"):
             ctx.swiglu_clamp(a, a, 1.0)
+
+
+def test_ne_and_type_known_to_the_constructors_are_the_ones_ggml_wrote():
+    """The op constructors compute a node's ne and type as ggml.c does instead of reading them
+    back (``_make_known``); every such constructor, over shapes that tile, is checked here
+    against the C struct."""
+    ctx = pyggml.Context.for_tensors(256)
+    a = ctx.new_tensor("f32", [8, 6, 4, 2])
+    b = ctx.new_tensor("f32", [8, 3, 2, 1])
+    h = ctx.new_tensor("f16", [8, 6, 4, 2])
+    w = ctx.new_tensor("q8_0", [32, 5])
+    x = ctx.new_tensor("f32", [32, 7, 3])
+    rows = ctx.new_tensor("i32", [5, 4, 2])
+    ids = ctx.new_tensor("i32", [3])
+    tab = ctx.new_tensor("i32", [8, 6])
+    pos = ctx.new_tensor("i32", [4])
+    mask = ctx.new_tensor("f16", [8, 6])
+    made = [
+        ctx.add(a, b), ctx.sub(h, h), ctx.mul(a, a), ctx.div(a, b), ctx.scale(h, 2.0),
+        ctx.norm(a), ctx.rms_norm(h), ctx.l2_norm(a), ctx.soft_max(a, mask, 0.5),
+        ctx.mul_mat(w, x), ctx.mul_mat(b, a),
+        ctx.cont(ctx.transpose(a)), ctx.transpose(h), ctx.permute(a, 2, 0, 3, 1), ctx.permute(a, 1, 0),
+        ctx.reshape(a, 48, 8), ctx.reshape(a, 384), ctx.reshape(h, 8, 6, 8),
+        ctx.view(a, [8, 3], offset=0), ctx.view(a, [4]), ctx.view(h, [8, 2, 2], [16, 96]),
+        ctx.get_rows(a, rows), ctx.get_rows(w, ids), ctx.get_rows(tab, ids),
+        ctx.rope(a, pos, 4), ctx.rope(h, pos, 8, mode=lib.GGML_ROPE_TYPE_NEOX),
+        *(ctx.unary(name, a) for name in pyggml.ops.UNARY_OPS),
+    ]
+    for t in made:
+        assert t.ne == tuple(t.ptr.ne), t
+        assert t.type == t.ptr.type, t
