@@ -38,9 +38,9 @@ __all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap"]
 
 
 class CBorrowed:
-    """What every object holding a C pointer offers: :attr:`ptr` (ClosedError once closed),
-    :attr:`closed`, :meth:`close`, ``with``. No instance layout of its own, so that the most
-    numerous borrowed objects (tensors) can keep just the slots they need."""
+    """What every object holding a C pointer offers: :attr:`~CObject.ptr` (ClosedError once
+    closed), :attr:`closed`, :meth:`close`, ``with``. No instance layout of its own, so that the
+    most numerous borrowed objects (tensors) can keep just the slots they need."""
 
     __slots__ = ()
 
