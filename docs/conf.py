@@ -42,9 +42,11 @@ extensions = ["sphinx.ext.autodoc"]  # napoleon: see _napoleon below; no intersp
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
 html_theme_options = {"description": f"ggml {pyggml.GGML_VERSION} from Python",
-                      "fixed_sidebar": True, "page_width": "1100px", "sidebar_width": "240px"}
+                      "fixed_sidebar": True, "page_width": "1240px", "sidebar_width": "240px",
+                      "code_font_size": "0.8em"}
 html_static_path: list[str] = []
 html_show_sourcelink = False
+toc_object_entries = False  # tables of contents list the pages' sections, not every API object
 # substitutions every page may use
 rst_epilog = f"""
 .. |ggml_version| replace:: {pyggml.GGML_VERSION}
