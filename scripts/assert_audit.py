@@ -114,9 +114,9 @@ class Function:
 # ------------------------------------------------------------------------------------------------
 # the parser
 
-def _mask(text: str) -> str:
-    """``text`` with comments blanked and string/char literal contents replaced by spaces
-    (newlines kept, so offsets and lines are unchanged)."""
+def _mask(text: str, strings: bool = True) -> str:
+    """``text`` with comments blanked and (``strings``) string/char literal contents replaced by
+    spaces (newlines kept, so offsets and lines are unchanged)."""
     out = list(text)
     i, n = 0, len(text)
     while i < n:
@@ -142,9 +142,10 @@ def _mask(text: str) -> str:
             close = ")" + m.group(1) + '"'
             j = text.find(close, i + m.end())
             j = n if j < 0 else j + len(close)
-            for k in range(i + 2, j - 1):
-                if out[k] != "\n":
-                    out[k] = " "
+            if strings:
+                for k in range(i + 2, j - 1):
+                    if out[k] != "\n":
+                        out[k] = " "
             i = j
         elif c in "\"'":
             if c == "'" and i > 0 and (text[i - 1].isalnum()) and i + 1 < n and text[i + 1].isalnum():
@@ -153,8 +154,9 @@ def _mask(text: str) -> str:
             j = i + 1
             while j < n and text[j] != c and text[j] != "\n":
                 j += 2 if text[j] == "\\" else 1
-            for k in range(i + 1, min(j, n)):
-                out[k] = " "
+            if strings:
+                for k in range(i + 1, min(j, n)):
+                    out[k] = " "
             i = j + 1
         else:
             i += 1
@@ -218,9 +220,19 @@ def _function_name(header: str) -> str | None:
     h = header.strip()
     if not h or "=" in re.sub(r"operator\s*\S+|\(.*\)", "", h, flags=re.S):
         return None
+    # a constructor's initializer list: cut after the parameter list, the first top-level ")"
+    # followed by a single ":"
+    depth = 0
+    for k, ch in enumerate(h):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0 and re.match(r"\s*:(?!:)", h[k + 1:]):
+                h = h[:k + 1]
+                break
     # trailing qualifiers after the parameter list
     h = re.sub(r"(\s*\b(const|noexcept|override|final|volatile)\b|\s*->\s*[\w:<>*&\s]+)+$", "", h)
-    # a constructor's initializer list
     if not h.endswith(")"):
         return None
     depth = 0
@@ -245,6 +257,7 @@ def parse(path: Path, rel: str) -> tuple[list[Site], list[Function]]:
     """Every GGML_ASSERT/GGML_ABORT of one source file, with its enclosing function."""
     text = path.read_text(encoding="utf-8", errors="replace")
     masked = _mask(text)
+    no_comments = _mask(text, strings=False)
     code, macros, pp = _preprocess(masked)
     line_starts = [0]
     for m in re.finditer("\n", text):
@@ -330,7 +343,7 @@ def parse(path: Path, rel: str) -> tuple[list[Site], list[Function]]:
                 if depth == 0:
                     break
             j += 1
-        cond = " ".join(text[m.end():j].split())
+        cond = " ".join(no_comments[m.end():j].split())
         if m.group(1) == "ASSERT_ALIGNED" and code[off:off + 1] == " ":
             continue  # the #define of GGML_ASSERT_ALIGNED itself: listed as a macro below
         macro = next((name for s, e, name in macros if s <= off < e), None)
@@ -402,6 +415,7 @@ class Classifier:
         self.data = data
         self.by_fn: dict[tuple[str, str], Verdict] = {}
         self.by_site: dict[tuple[str, str, str], Verdict] = {}
+        self.site_entry: dict[tuple[str, str, str], int] = {}
         self.errors: list[str] = []
         for gi, g in enumerate(data.get("group", [])):
             v = self._verdict(g, f"group {gi + 1} ({g.get('file')})")
@@ -411,13 +425,16 @@ class Classifier:
                     self.errors.append(f"{g['file']}:{fn} is classified twice")
                 self.by_fn[key] = v
         for si, s in enumerate(data.get("site", [])):
-            v = self._verdict(s, f"site {si + 1} ({s.get('file')}:{s.get('function')})")
+            fns = s.get("functions") or [s.get("function", "")]
+            v = self._verdict(s, f"site {si + 1} ({s.get('file')}:{fns[0]})")
             conds = s.get("conditions") or [s.get("condition", "")]
-            for c in conds:
-                key = (s["file"], s["function"], _norm(c))
-                if key in self.by_site:
-                    self.errors.append(f"site {s['file']}:{s['function']} {c!r} is classified twice")
-                self.by_site[key] = v
+            for fn in fns:
+                for c in conds:
+                    key = (s["file"], fn, _norm(c))
+                    if key in self.by_site:
+                        self.errors.append(f"site {s['file']}:{fn} {c!r} is classified twice")
+                    self.by_site[key] = v
+                    self.site_entry[key] = si
         self.used_sites: set[tuple[str, str, str]] = set()
 
     def _verdict(self, entry: dict[str, Any], source: str) -> Verdict:
@@ -467,9 +484,11 @@ def problems(sites: list[Site], clf: Classifier, check_refs: bool = True) -> lis
     for key in clf.by_fn:
         if key not in seen_fns:
             out.append(f"stale: {key[0]}:{key[1]} is classified but has no assert (any more)")
-    for key in clf.by_site:
-        if key not in clf.used_sites:
-            out.append(f"stale site: {key[0]}:{key[1]} condition {key[2]!r} matches no assert")
+    used_entries = {clf.site_entry[k] for k in clf.used_sites}
+    for si, entry in enumerate(clf.data.get("site", [])):
+        if si not in used_entries:
+            out.append(f"stale: [[site]] entry {si + 1} ({entry.get('file')}: "
+                       f"{entry.get('function') or entry.get('functions')}) matches no assert")
     if check_refs:
         refs = {b for v in list(clf.by_fn.values()) + list(clf.by_site.values()) for b in v.by}
         for ref in sorted(refs):
