@@ -164,13 +164,12 @@ def _mask(text: str, strings: bool = True) -> str:
 
 
 def _preprocess(masked: str) -> tuple[str, list[tuple[int, int, str]], list[tuple[int, tuple[str, ...]]]]:
-    """Blank preprocessor lines out of ``masked`` and follow #if branches.
+    """Blank the preprocessor lines out of ``masked``.
 
-    Returns (code, macros, pp): ``code`` has every directive blanked, and every line of an
-    ``#else``/``#elif`` branch blanked too when the branch would unbalance braces is not
-    possible to know in advance, so instead the caller's brace depth is reset per branch (see
-    :func:`parse`); ``macros``: (start offset, end offset, name) of ``#define`` bodies;
-    ``pp``: (offset, active #if conditions) at each directive."""
+    Returns (code, macros, pp): ``code`` without directives (continuation lines included);
+    ``macros``: (start offset, end offset, name) of each ``#define``; ``pp``: (offset, the #if
+    conditions active after the directive, directive word) for each directive, which
+    :func:`parse` uses to keep braces balanced across #if/#else branches and to label sites."""
     lines = masked.split("\n")
     out, macros, pp = [], [], []
     stack: list[str] = []
@@ -436,6 +435,23 @@ class Classifier:
                     self.by_site[key] = v
                     self.site_entry[key] = si
         self.used_sites: set[tuple[str, str, str]] = set()
+        self.gaps: dict[str, dict[str, Any]] = {}
+        for g in data.get("gap", []):
+            gid = g.get("id", "")
+            if not re.fullmatch(r"G\d+", gid) or gid in self.gaps:
+                self.errors.append(f"[[gap]] {gid!r}: ids are G<n>, each once")
+            for field in ("title", "fix", "test"):
+                if not g.get(field):
+                    self.errors.append(f"[[gap]] {gid}: no {field!r}")
+            self.gaps[gid] = g
+        for v in list(self.by_fn.values()) + list(self.by_site.values()):
+            if v.cls == "gap":
+                ids = re.findall(r"\bG\d+\b", v.why)
+                if not ids:
+                    self.errors.append(f"{v.source}: a gap verdict must name its gap (G<n>)")
+                for gid in ids:
+                    if gid not in self.gaps:
+                        self.errors.append(f"{v.source}: names {gid}, which has no [[gap]] entry")
 
     def _verdict(self, entry: dict[str, Any], source: str) -> Verdict:
         cls = entry.get("class")
@@ -563,12 +579,21 @@ def report(sites: list[Site], clf: Classifier, version: str) -> str:
     n_fn = len({(s.file, s.function) for s in sites})
     w("| **all** | " + " | ".join(cells) + f" | {len(sites)} ({n_fn}) |")
     w("\nA function whose sites are classified differently counts once in each of its classes.\n")
-    gaps = [(s, v) for s, v in verdicts if v and v.cls == "gap"]
-    if gaps:
+    if clf.gaps:
         w("### Gaps\n")
-        for s, v in gaps:
-            w(f"- `{s.file}:{s.line}` `{s.function}`: `{_md(s.condition)}` — {v.why}")
-        w("")
+        w("Each gap has a strict-xfail test in `tests/test_assert_checks.py` that runs the input in a "
+          "subprocess and aborts today; the fix makes it pass (and the xfail marker goes).\n")
+        for gid, g in sorted(clf.gaps.items(), key=lambda kv: int(kv[0][1:])):
+            where: dict[tuple[str, str], list[int]] = defaultdict(list)
+            for s, v in verdicts:
+                if v and v.cls == "gap" and re.search(rf"\b{gid}\b", v.why):
+                    where[(s.file, s.function)].append(s.line)
+            w(f"**{gid}. {_md(g['title'])}.**")
+            w(f"Fix: {_md(g['fix'])} Test: `{g['test']}`.")
+            sites_txt = "; ".join(f"`{f}:{','.join(map(str, lines))}` `{fn}`" for (f, fn), lines in where.items())
+            if g.get("applies_to"):
+                sites_txt = _md(g["applies_to"]) + (f"; {sites_txt}" if sites_txt else "")
+            w(f"Sites: {sites_txt or '-'}.\n")
     w("### What the parser cannot see\n")
     for b in BLIND_SPOTS:
         w(f"- {b}")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import pyggml
-from pyggml import ClosedError, Context, CPUBackend, GGMLType
+from pyggml import ClosedError, Context, CPUBackend
 from pyggml.alloc import GraphAllocator
 from pyggml.backend import Backend
 from pyggml.buffer import Buffer
@@ -540,8 +540,8 @@ def test_gap_g8_python_buffer_type_alloc_size():
 @gap("G9 out-of-range row indices (data): ops.cpp:5363 get_rows, 5488 set_rows")
 @pytest.mark.parametrize("case", [
     "compute(ctx.get_rows(ctx.from_numpy(np.zeros((3, 4), np.float32)), ctx.from_numpy(np.array([0, 7], np.int32))))",
-    "compute(ctx.set_rows(ctx.from_numpy(np.zeros((3, 4), np.float32)), ctx.from_numpy(np.ones((2, 4), np.float32)), "
-    "ctx.from_numpy(np.array([0, 9], np.int64))))",
+    ("compute(ctx.set_rows(ctx.from_numpy(np.zeros((3, 4), np.float32)), ctx.from_numpy(np.ones((2, 4), np.float32)), "
+     "ctx.from_numpy(np.array([0, 9], np.int64))))"),
 ], ids=["get_rows", "set_rows"])
 def test_gap_g9_row_indices_out_of_range(case):
     assert_raised(case, where='ggml-cpu/ops.cpp')
