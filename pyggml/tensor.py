@@ -272,9 +272,7 @@ class Tensor(_cobject.CBorrowed):
 
     def _label(self) -> str:
         """How messages name the tensor: its name, or its op and shape when it has none."""
-        p = self._ptr
-        name = ffi.string(p.name).decode("utf-8", "replace")
-        return repr(name) if name else f"({op_name(p.op)} ne={list(self._ne)})"
+        return buffer.label(self._ptr)
 
     @property
     def type(self) -> GGMLType:
@@ -456,7 +454,8 @@ class Tensor(_cobject.CBorrowed):
     def __repr__(self) -> str:
         if self.closed:
             return "<Tensor (closed)>"
-        return f"<Tensor {self.name!r} {self.type_name} ne={list(self._ne)} op={self.op_name}>"
+        name = f" {self.name!r}" if self.name else ""
+        return f"<Tensor{name} {self.type_name} ne={list(self._ne)} op={self.op_name}>"
 
     def __iter__(self) -> Iterator[Any]:
         raise TypeError("a ggml Tensor is not iterable: use .numpy()")

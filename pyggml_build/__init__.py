@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from .common import BuildError, log
 from .config import Config, resolve_config
 from .toolchains import backend_args
 
-__all__ = ["build", "main", "BuildError", "ROOT"]
+__all__ = ["build", "mirror", "main", "BuildError", "ROOT"]
 
 ROOT = source.ROOT
 
@@ -63,9 +64,31 @@ def build(pkg_dir: Path = ROOT / "pyggml", *, ggml_src: str | None = None, versi
     out.append(declarations.compile_extension(
         pkg_dir, build_dir / f"ffi-{pin.version}{config.tag}", headers, pin.version,
         backends=config.backends, dl=config.dl, undefined=pin.undefined_functions))
+    out += [pkg_dir / rel for rel in declarations.GENERATED]
     log(f"cffi extension {out[-1].name} built in {time.monotonic() - t1:.0f} s")
     log(f"done in {time.monotonic() - t0:.0f} s")
     return out
+
+
+def mirror(files: list[Path], pkg_dir: Path, into: Path = ROOT / "pyggml") -> None:
+    """Copy the built ``files`` (paths under ``pkg_dir``) to the same places under ``into``,
+    the source tree's package: after ``pip install .`` from a clone, ``python -m pyggml`` run in
+    the clone (whose ``pyggml/`` comes first on ``sys.path``) finds the same build as the
+    installed package. Files there from an older build are replaced; git ignores them all."""
+    if pkg_dir.resolve() == into.resolve() or not (into / "__init__.py").is_file():
+        return
+    new = {into / f.relative_to(pkg_dir) for f in files}
+    for folder in ("lib", "include"):  # whole folders of build outputs: drop what this build lacks
+        for old in (into / folder).glob("*") if (into / folder).is_dir() else ():
+            if old not in new and (old.is_file() or old.is_symlink()):
+                old.unlink()
+    for f in files:
+        dest = into / f.relative_to(pkg_dir)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        shutil.copy2(f, dest, follow_symlinks=False)
+    log(f"the build copied into {into} too (the clone's package imports it)")
 
 
 def main(argv: list[str] | None = None) -> int:

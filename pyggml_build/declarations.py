@@ -538,6 +538,10 @@ def make_ffibuilder(include_dir: Path, lib_dir: Path, headers: list[str], module
     return ffibuilder, table
 
 
+#: the Python files :func:`compile_extension` generates, relative to the package folder
+GENERATED = ("raw/_callback_table.py", "_enums.py")
+
+
 def compile_extension(pkg_dir: Path, tmp_dir: Path, headers: list[str], version: str, *,
                       backends: list[str] = ["cpu"], dl: bool = False, undefined: Iterable[str] = ()) -> Path:
     """Compile ``pyggml._ggml`` into ``pkg_dir`` from ``pkg_dir/include`` and ``pkg_dir/lib``, and
