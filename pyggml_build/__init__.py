@@ -64,8 +64,8 @@ def build(pkg_dir: Path = ROOT / "pyggml", *, ggml_src: str | None = None, versi
     out.append(declarations.compile_extension(
         pkg_dir, build_dir / f"ffi-{pin.version}{config.tag}", headers, pin.version,
         backends=config.backends, dl=config.dl, undefined=pin.undefined_functions))
-    out += [pkg_dir / rel for rel in declarations.GENERATED]
     log(f"cffi extension {out[-1].name} built in {time.monotonic() - t1:.0f} s")
+    out += [pkg_dir / rel for rel in declarations.GENERATED]
     log(f"done in {time.monotonic() - t0:.0f} s")
     return out
 
@@ -78,7 +78,7 @@ def mirror(files: list[Path], pkg_dir: Path, into: Path = ROOT / "pyggml") -> No
     if pkg_dir.resolve() == into.resolve() or not (into / "__init__.py").is_file():
         return
     new = {into / f.relative_to(pkg_dir) for f in files}
-    for folder in ("lib", "include"):  # whole folders of build outputs: drop what this build lacks
+    for folder in ("lib", "include", "licenses"):  # whole folders of build outputs: drop what this build lacks
         for old in (into / folder).glob("*") if (into / folder).is_dir() else ():
             if old not in new and (old.is_file() or old.is_symlink()):
                 old.unlink()

@@ -22,12 +22,15 @@ then compiled as a trampoline that calls through a pointer, which ``pyggml_dl_bi
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
+import shlex
 import subprocess
+import sysconfig
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import cffi
@@ -195,7 +198,8 @@ def cdef_source(include_dir: Path, headers: list[str], undefined: Iterable[str] 
             raise RuntimeError(f"fix-up {pattern!r} matched {n} times, expected once: headers changed?")
     for name in undefined:
         expanded, n = re.subn(rf"^[^;{{}}]*\b{name}\s*\([^;]*\);", "", expanded, flags=re.M)
-        if n != 1:
+        declared = any(re.search(rf"\b{name}\b", (include_dir / h).read_text()) for h in headers)
+        if n != (1 if declared else 0):  # none where its header (ggml-cuda.h...) is not built
             raise RuntimeError(f"declaration of {name} not found exactly once")
     # ggml-alloc.h and ggml-backend.h both typedef the same opaque pointers: keep the first.
     seen: set[str] = set()
@@ -538,6 +542,25 @@ def make_ffibuilder(include_dir: Path, lib_dir: Path, headers: list[str], module
     return ffibuilder, table
 
 
+@contextlib.contextmanager
+def _no_host_rpath() -> Iterator[None]:
+    """Link the extension without the ``-Wl,-rpath,<python prefix>/lib`` that a Python built with
+    ``--enable-shared`` (pyenv, conda) puts in its ``LDSHARED``: a path of the building machine,
+    useless in an installed package, where only ``$ORIGIN/lib`` belongs. setuptools takes
+    ``LDSHARED`` from the environment when it is set."""
+    ldshared = os.environ.get("LDSHARED") or sysconfig.get_config_var("LDSHARED") or ""
+    kept = [a for a in shlex.split(ldshared) if not (a.startswith("-Wl,-rpath,") or a.startswith("-Wl,-R"))]
+    old = os.environ.get("LDSHARED")
+    os.environ["LDSHARED"] = shlex.join(kept)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["LDSHARED"]
+        else:
+            os.environ["LDSHARED"] = old
+
+
 #: the Python files :func:`compile_extension` generates, relative to the package folder
 GENERATED = ("raw/_callback_table.py", "_enums.py")
 
@@ -552,7 +575,8 @@ def compile_extension(pkg_dir: Path, tmp_dir: Path, headers: list[str], version:
     tmp_dir.mkdir(parents=True, exist_ok=True)
     write_table(table, pkg_dir / "raw" / "_callback_table.py")
     (pkg_dir / "_enums.py").write_text(enums_source(ffibuilder, pkg_dir / "include", headers, version))
-    so = Path(ffibuilder.compile(tmpdir=str(tmp_dir), verbose=False))
+    with _no_host_rpath():
+        so = Path(ffibuilder.compile(tmpdir=str(tmp_dir), verbose=False))
     target = pkg_dir / so.name
     os.replace(so, target)
     return target
