@@ -17,6 +17,18 @@ Client::
 
 Needs a build with the RPC backend (``PYGGML_BACKENDS=cpu,rpc``); otherwise these raise
 :class:`~pyggml.errors.BackendNotAvailableError`.
+
+**What cannot be made safe: a server that dies or misbehaves while a client uses it.** ggml's
+RPC client aborts the process (``GGML_ABORT("Remote RPC server crashed or returned malformed
+response")``, ggml-rpc.cpp's ``RPC_STATUS_ASSERT``) when a call on an established connection
+fails: allocating, setting or getting a tensor, computing a graph on an RPC device; and
+initialising a backend on an RPC device (``Device.init``) connects again and aborts ("Failed to
+connect") if the server has gone since :func:`add_server`. pyggml cannot
+check for this before the call (the server may go away at any moment) and cannot catch an abort:
+this is the one place where pyggml's no-crash guarantee does not hold. Run the client where losing
+the process is acceptable (a worker process), or keep the server's lifetime tied to the client's
+(:class:`Server` as a context manager). Connecting (:func:`add_server`) is checked first: a server
+that does not answer is a ConnectionError, not an abort.
 """
 from __future__ import annotations
 
@@ -74,7 +86,9 @@ def add_server(endpoint: str) -> Registry:
     same endpoint again returns the same registry.
 
     Raises ValueError for a malformed endpoint, ConnectionError if no server answers there (or it
-    offers no device), BackendNotAvailableError if this build has no RPC backend.
+    offers no device), BackendNotAvailableError if this build has no RPC backend. Once connected,
+    a server that dies aborts the process on the next call that reaches it (see the module
+    docstring: ggml's RPC client asserts, which pyggml cannot prevent).
     """
     _require_rpc()
     _endpoint(endpoint)
