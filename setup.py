@@ -12,7 +12,7 @@ import pyggml_build  # noqa: E402  (build-time package next to this file, not in
 
 class BuildGGML(build_ext):
     def run(self):
-        pkg = Path(pyggml_build.ROOT / "pyggml" if self.inplace else Path(self.build_lib) / "pyggml")
+        pkg = Path(pyggml_build.ROOT / "pyggml" if self.inplace else Path(self.build_lib).absolute() / "pyggml")
         try:
             files = pyggml_build.build(pkg)
         except pyggml_build.BuildError as e:

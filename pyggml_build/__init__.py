@@ -75,6 +75,8 @@ def mirror(files: list[Path], pkg_dir: Path, into: Path = ROOT / "pyggml") -> No
     the source tree's package: after ``pip install .`` from a clone, ``python -m pyggml`` run in
     the clone (whose ``pyggml/`` comes first on ``sys.path``) finds the same build as the
     installed package. Files there from an older build are replaced; git ignores them all."""
+    pkg_dir, into = Path(os.path.abspath(pkg_dir)), Path(os.path.abspath(into))  # not resolve(): lib/ holds symlinks
+    files = [Path(os.path.abspath(f)) for f in files]
     if pkg_dir.resolve() == into.resolve() or not (into / "__init__.py").is_file():
         return
     new = {into / f.relative_to(pkg_dir) for f in files}

@@ -18,6 +18,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
+# tests/build tests the build-time package, which only a source checkout has: an installed
+# wheel tested on its own (scripts/build_wheels.sh) skips them. (Said here, not in a
+# tests/build/conftest.py: a second module named conftest would shadow this one for the
+# `from conftest import ...` of the test files collected after it.)
+collect_ignore = [] if importlib.util.find_spec("pyggml_build") is not None else ["build"]
+
 
 @functools.lru_cache(maxsize=None)
 def _working(name: str) -> str | None:

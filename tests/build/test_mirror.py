@@ -40,3 +40,16 @@ def test_nothing_is_copied_onto_itself_or_outside_a_package(tmp_path):
     elsewhere.mkdir()
     pyggml_build.mirror([built / "_ggml.so"], built, elsewhere)
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_relative_package_folder_with_absolute_files(tmp_path, monkeypatch):
+    """setuptools hands build_ext a relative build_lib while the build returns absolute paths
+    (the CI failure of 354c35a: ValueError from Path.relative_to)."""
+    monkeypatch.chdir(tmp_path)
+    built, clone = tmp_path / "build" / "lib" / "pyggml", tmp_path / "clone" / "pyggml"
+    _tree(built, {"_ggml.so": "new ext"})
+    _tree(clone, {"__init__.py": ""})
+    pyggml_build.mirror([built / "_ggml.so"], built.relative_to(tmp_path), clone)
+    assert (clone / "_ggml.so").read_text() == "new ext"
+    pyggml_build.mirror([(built / "_ggml.so").relative_to(tmp_path)], built, clone)
+    assert (clone / "_ggml.so").read_text() == "new ext"
