@@ -93,7 +93,7 @@ def _prod(xs: Sequence[int]) -> int:
     return out
 
 
-def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, int, int, int] | None,
+def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
                 type: Any, *args: Any, n_objects: int = 1) -> Tensor:
     """The new node ``fn(ctx, *args)``, its ``ne`` and type as the caller computed them the way
     ggml.c does (``tests/test_ops.py`` compares them with C's for every op that passes them), or
