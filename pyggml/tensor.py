@@ -295,8 +295,7 @@ class Tensor(_cobject.CBorrowed):
     @property
     def nb(self) -> tuple[int, int, int, int]:
         """Stride in bytes per dimension, ggml order (quantized: ``nb[0]`` is the block size in bytes)."""
-        nb = self.ptr.nb
-        return (nb[0], nb[1], nb[2], nb[3])
+        return tuple(self.ptr.nb)
 
     @property
     def n_dims(self) -> int:
