@@ -10,8 +10,7 @@ ValueError/TypeError/MemoryError instead of letting the process abort. Whether a
 Every other op constructor of the headers is a method too, ``ctx.<name>(...)``, with its C
 parameters (generated at build time into ``pyggml/_unchecked_ops.py``, a base class of
 :class:`Ops`), or :meth:`Ops.op`; these are tried first in a forked copy of the process (see
-:mod:`pyggml._trial`). Shapes in docstrings are
-ggml ``ne`` order.
+:mod:`pyggml._trial`). Shapes in docstrings are ggml ``ne`` order.
 
 The checks read ``ne`` and types from the Python side of the tensors (a :class:`Tensor` keeps
 them), so a checked op costs a small multiple of the raw ``lib.ggml_<op>`` call
