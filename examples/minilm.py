@@ -100,7 +100,7 @@ class MiniLM:
     def __enter__(self) -> "MiniLM":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---------------------------------------------------------------------------------------
@@ -111,7 +111,8 @@ class MiniLM:
     def _layer_norm(self, ctx: pyggml.Context, x: pyggml.Tensor, prefix: str) -> pyggml.Tensor:
         return ctx.norm(x, self.eps) * self.w[prefix + ".weight"] + self.w[prefix + ".bias"]
 
-    def _build(self, ctx: pyggml.Context, T: int, B: int):
+    def _build(self, ctx: pyggml.Context, T: int,
+               B: int) -> tuple[dict[str, pyggml.Tensor], dict[str, pyggml.Tensor]]:
         """The encoder graph for B sentences of T tokens: ({name: input}, {name: output})."""
         H, nh = self.hidden, self.n_heads
         hd = H // nh
@@ -126,7 +127,7 @@ class MiniLM:
         x = x + ctx.view(self.w["embeddings.token_type_embeddings.weight"], [H])          # row 0
         x = self._layer_norm(ctx, ctx.reshape(x, H, T * B), "embeddings.LayerNorm")
 
-        def heads(t):  # [H, T*B] -> [hd, T, nh, B]
+        def heads(t: pyggml.Tensor) -> pyggml.Tensor:  # [H, T*B] -> [hd, T, nh, B]
             return ctx.permute(ctx.reshape(t, hd, nh, T, B), 0, 2, 1, 3)
 
         for i in range(self.n_layers):
@@ -251,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         np.save(a.out, emb)
         print(f"wrote {a.out}: {emb.shape[0]} x {emb.shape[1]} float32")
     if a.text or not a.out:
-        for s, e in zip(sentences, emb):
-            head = " ".join(f"{v:+.4f}" for v in e[:8])
-            print(f"{s[:60]!r}: [{head} ...] norm={np.linalg.norm(e):.6f}")
+        for s, vec in zip(sentences, emb):
+            head = " ".join(f"{v:+.4f}" for v in vec[:8])
+            print(f"{s[:60]!r}: [{head} ...] norm={np.linalg.norm(vec):.6f}")
     return 0
 
 

@@ -200,6 +200,7 @@ class Buffer(_cobject.CObject):
 
     _kind = "buffer"
     _c_free = lib.ggml_backend_buffer_free
+    _parts: tuple[Any, ...] = ()  # a multi-buffer's parts (their pointers)
 
     def __init__(self, ptr: Any, *, owned: bool, keep: Any = None, owner: Any = None):
         super().__init__(ptr, owned=owned, owner=owner, keep=keep)
@@ -208,7 +209,7 @@ class Buffer(_cobject.CObject):
 
     def _free(self, ptr: Any) -> None:
         retire(ptr)
-        for part in getattr(self, "_parts", ()):  # a multi-buffer frees its parts
+        for part in self._parts:  # a multi-buffer frees its parts
             retire(part)
         with calling():  # a Python buffer's free_buffer
             lib.ggml_backend_buffer_free(ptr)
@@ -261,7 +262,7 @@ class Buffer(_cobject.CObject):
     @property
     def buffer_type(self) -> "BufferType":
         """``ggml_backend_buffer_get_type``."""
-        return _cobject.wrap("buffer_type", lib.ggml_backend_buffer_get_type(self.ptr), self)
+        return _cobject.wrap("buffer_type", lib.ggml_backend_buffer_get_type(self.ptr), self)  # type: ignore[no-any-return]
 
     @property
     def usage(self) -> BufferUsage:
@@ -315,7 +316,7 @@ class Buffer(_cobject.CObject):
             rec = _LIVE.get(b._ptr)
             if rec is not None:
                 rec.owner = multi
-        multi._parts = [b._ptr for b in buffers]
+        multi._parts = tuple(b._ptr for b in buffers)
         return multi
 
     def numpy(self) -> np.ndarray:

@@ -95,7 +95,8 @@ def add_server(endpoint: str) -> Registry:
     if endpoint in _added:
         return _added[endpoint]
     with calling():
-        reg = lib.ggml_backend_rpc_add_server(endpoint.encode())
+        # ggml-rpc.h's functions are in lib (and its stub) only in builds with the RPC backend
+        reg = getattr(lib, "ggml_backend_rpc_add_server")(endpoint.encode())
         if reg == ffi.NULL:
             raise ConnectionError(f"no ggml RPC server answered at {endpoint} (or it has no devices)")
         lib.ggml_backend_register(reg)
@@ -104,7 +105,7 @@ def add_server(endpoint: str) -> Registry:
 
 
 def start_server(endpoint: str = f"127.0.0.1:{DEFAULT_PORT}", devices: Sequence[Device] | None = None,
-                 *, n_threads: int | None = None, cache_dir: str | os.PathLike | None = None,
+                 *, n_threads: int | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  allow_remote: bool = False) -> None:
     """Serve ``devices`` (default: every device of this process except RPC ones) to RPC clients
     at ``endpoint`` (``ggml_backend_rpc_start_server``). **Never returns**: it serves one client
@@ -131,7 +132,7 @@ def start_server(endpoint: str = f"127.0.0.1:{DEFAULT_PORT}", devices: Sequence[
     if not devices:
         raise ValueError("no device to serve")
     arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in devices])
-    lib.ggml_backend_rpc_start_server(
+    getattr(lib, "ggml_backend_rpc_start_server")(
         endpoint.encode(), os.fsencode(cache_dir) if cache_dir else ffi.NULL,
         n_threads or os.cpu_count() or 1, len(devices), arr)
     # it returns only when it could not start (bad endpoint, port in use): ggml printed why
@@ -141,7 +142,7 @@ def start_server(endpoint: str = f"127.0.0.1:{DEFAULT_PORT}", devices: Sequence[
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 class Server:

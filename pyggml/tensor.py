@@ -195,6 +195,7 @@ class Tensor(_cobject.CBorrowed):
 
     __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type")
     _kind = "tensor"
+    _ne: tuple[int, ...]  # always 4 sizes
 
     def __init__(self, ptr: Any, ctx: "Context | BorrowScope"):
         if ptr == ffi.NULL:
@@ -206,7 +207,7 @@ class Tensor(_cobject.CBorrowed):
         self._type = _TYPE_OF[ptr.type]
 
     @classmethod
-    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, int, int, int], type: GGMLType) -> "Tensor":
+    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, ...], type: GGMLType) -> "Tensor":
         """A new node whose ``ne`` and type the caller knows already (the op constructors compute
         them as ggml.c does), saving the read of the C struct."""
         t = _new(cls)
@@ -292,7 +293,7 @@ class Tensor(_cobject.CBorrowed):
     @property
     def nb(self) -> tuple[int, int, int, int]:
         """Stride in bytes per dimension, ggml order (quantized: ``nb[0]`` is the block size in bytes)."""
-        return tuple(self.ptr.nb)  # type: ignore[return-value]
+        return tuple(self.ptr.nb)
 
     @property
     def n_dims(self) -> int:
@@ -329,7 +330,7 @@ class Tensor(_cobject.CBorrowed):
     @property
     def op_params(self) -> np.ndarray:
         """A copy of the op parameters as int32 (float parameters are bit-cast: ``.view(np.float32)``)."""
-        return np.frombuffer(ffi.buffer(self.ptr.op_params), dtype=np.int32).copy()
+        return np.frombuffer(ffi.buffer(self.ptr.op_params), dtype=np.int32).copy()  # type: ignore[no-any-return]
 
     @property
     def params(self) -> dict[str, Any]:

@@ -10,7 +10,10 @@ both call :func:`build`, which runs the steps in order, each a module:
    each needs (checked before anything long runs);
 3. :mod:`~pyggml_build.cmake` — ggml's libraries and backend modules into ``pyggml/lib``;
 4. :mod:`~pyggml_build.declarations` — the cffi extension ``pyggml/_ggml*.so`` and the generated
-   ``pyggml/raw/_callback_table.py`` and ``pyggml/_enums.py``.
+   ``pyggml/raw/_callback_table.py`` and ``pyggml/_enums.py``; with :mod:`~pyggml_build.stubs`,
+   what type checkers read: ``pyggml/_ggml.pyi`` (the extension's stub) and
+   ``pyggml/_unchecked_ops.py`` (typed methods for the op constructors without checks).
+   ``--generate-only`` rewrites just these generated Python files of a finished build.
 
 Environment: ``PYGGML_GGML_VERSION`` (a version of :data:`~pyggml_build.pins.PINS`),
 ``PYGGML_BACKENDS``, ``CMAKE_ARGS``, ``PYGGML_GGML_SRC``, ``PYGGML_CACHE_DIR`` (default
@@ -104,10 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build-dir", type=Path, default=ROOT / "build", help="default: ./build")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs (default: all cores)")
     p.add_argument("--fetch-only", action="store_true", help="only fill vendor/ggml-<version> and stop")
+    p.add_argument("--generate-only", action="store_true",
+                   help="only rewrite the generated Python files (enums, callback table, the stub of the "
+                        "extension, the unchecked op methods) of the in-place build, without compiling")
     p.add_argument("cmake_args", nargs="*", help="extra CMake arguments, after `--`")
     a = p.parse_args(argv)
     try:
-        if a.fetch_only:
+        if a.generate_only:
+            try:
+                for path in declarations.generate(ROOT / "pyggml"):
+                    log(f"wrote {path}")
+            except (RuntimeError, OSError) as e:
+                raise BuildError(str(e)) from None
+        elif a.fetch_only:
             try:
                 pin = pins.selected_version(a.ggml_version)
             except ValueError as e:
