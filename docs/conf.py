@@ -13,7 +13,6 @@ from __future__ import annotations
 import builtins
 import importlib
 import sys
-from collections import Counter
 from pathlib import Path
 
 from docutils import nodes
@@ -30,8 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 import pyggml  # noqa: E402
-from pyggml import ops as _ops  # noqa: E402
-from pyggml.context import Context as _Context  # noqa: E402
+from pyggml._unchecked_ops import UNCHECKED_OPS, UncheckedOps  # noqa: E402
 
 project = "pyggml"
 author = "pyggml contributors"
@@ -90,29 +88,19 @@ def _napoleon(app, what, name, obj, options, lines):
 
 # -- op constructors ----------------------------------------------------------------------------
 def _is_unchecked_op(obj) -> bool:
-    """The methods :mod:`pyggml.ops` installs for op constructors without checks of their own
-    (all made by one function: one code object)."""
-    code = getattr(obj, "__code__", None)
-    return code is not None and code is _UNCHECKED_CODE
+    """The generated methods of :class:`pyggml._unchecked_ops.UncheckedOps`: the op constructors
+    without checks of their own (``pyggml/_unchecked_ops.py``, written by the build)."""
+    name = getattr(obj, "__name__", None)
+    return name in UNCHECKED_OPS and vars(UncheckedOps).get(name) is obj
 
 
-def _unchecked_code():
-    """The code object most op-constructor methods share: the one of the generated methods."""
-    codes = Counter(getattr(getattr(_ops.Ops, n, None), "__code__", None)
-                    for n in _ops.op_constructors())
-    codes.pop(None, None)
-    return codes.most_common(1)[0][0]
-
-
-_UNCHECKED_CODE = _unchecked_code()
 # (Context's own methods, such as dup_tensor, are not among them)
-_UNCHECKED = sorted(n for n in _ops.op_constructors()
-                    if _is_unchecked_op(getattr(_Context, n, None)))
+_UNCHECKED = sorted(UNCHECKED_OPS)
 
 
 def _skip(app, what, name, obj, skip, options):
     if _is_unchecked_op(obj):
-        return True  # listed once by the unchecked-ops directive instead of ~170 times
+        return True  # listed once by the unchecked-ops directive instead of ~160 times
     return None
 
 

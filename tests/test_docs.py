@@ -7,42 +7,15 @@ import pkgutil
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, docs_python_blocks
 
 import pyggml
 
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.rst"))
-
-
-def python_blocks() -> list[tuple[str, str]]:
-    """(page:line, code) of every ``.. code-block:: python`` of the pages, except those marked
-    ``:class: notest`` (they need what a test machine lacks, an RPC server say)."""
-    blocks = []
-    for page in PAGES:
-        lines = page.read_text().splitlines()
-        for i, line in enumerate(lines):
-            if line.strip() != ".. code-block:: python":
-                continue
-            indent = len(line) - len(line.lstrip()) + 3
-            j, options = i + 1, []
-            while j < len(lines) and lines[j].strip().startswith(":"):
-                options.append(lines[j].strip())
-                j += 1
-            body = []
-            for text in lines[j:]:
-                if text.strip() and len(text) - len(text.lstrip()) < indent:
-                    break
-                body.append(text)
-            if ":class: notest" not in options:
-                blocks.append((f"{page.relative_to(DOCS)}:{i + 1}", textwrap.dedent("\n".join(body)).strip() + "\n"))
-    return blocks
-
-
-BLOCKS = python_blocks()
+BLOCKS = docs_python_blocks()
 
 
 def test_docs_build_with_warnings_as_errors(tmp_path):
