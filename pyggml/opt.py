@@ -102,6 +102,21 @@ def _borrowed_tensor(ptr: Any, owner: CObject) -> Tensor:
     return Tensor(ptr, owner)  # type: ignore[arg-type]
 
 
+def _supports(backend: Backend, node: Tensor) -> bool:
+    """``backend.supports_op(node)``. pyggml v0.1.0's CPU check for CROSS_ENTROPY_LOSS
+    (``pyggml/cpu.py``, ``_CPU_CHECKS``) slices a cffi array without a start (``p.src[:2]``),
+    which raises IndexError for every cross-entropy node: the same check is done here."""
+    try:
+        return backend.supports_op(node)
+    except IndexError:
+        if node.op != lib.GGML_OP_CROSS_ENTROPY_LOSS:
+            raise
+        p = node.ptr
+        return bool(lib.ggml_backend_supports_op(backend.ptr, p)) and all(
+            p.src[i].type == lib.GGML_TYPE_F32 and p.src[i].nb[0] == lib.ggml_type_size(p.src[i].type)
+            for i in range(2))
+
+
 # =============================================================================================
 # enums and optimizer parameters
 # =============================================================================================
@@ -624,6 +639,7 @@ class Model:
         self.params_ctx = Context.for_tensors(max_params)
         self.params: dict[str, Tensor] = {}
         self._init: dict[str, np.ndarray] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
         self._buffer: Any = None
         self._forward = forward
         self._predict: ModelGraph | None = None
@@ -655,6 +671,7 @@ class Model:
             t.set_param()
         self.params[name] = t
         self._init[name] = np.array(a, dtype=np.float32)
+        self._shapes[name] = a.shape
         return t
 
     @property
@@ -690,9 +707,9 @@ class Model:
 
     # ------------------------------------------------------------------ weights
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Every parameter's values, NumPy order (shape ``ne`` reversed, float32), copied."""
+        """Every parameter's values, float32 copies in the NumPy shape it was created with."""
         self.allocate()
-        return {name: t.numpy() for name, t in self.params.items()}
+        return {name: t.numpy().reshape(self._shapes[name]) for name, t in self.params.items()}
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
         """Set parameters from ``{name: array}`` (NumPy order). ``strict``: every parameter
@@ -706,7 +723,7 @@ class Model:
             if name not in self.params:
                 continue
             t, a = self.params[name], np.asarray(value)
-            if a.size != t.nelements or tuple(a.shape) not in (t.shape, tuple(t.ne[::-1][-a.ndim:])):
+            if tuple(a.shape) not in (t.shape, self._shapes[name]):
                 raise ValueError(f"parameter {name!r} has shape {t.shape} (ne {list(t.ne)}), given {a.shape}")
             t.set(a)
 
@@ -900,12 +917,20 @@ def _check_graph(g: ModelGraph, loss_type: Loss, build_type: BuildType) -> None:
         else:
             loss = scratch.sum(outputs)
         loss.set_loss()  # F32 scalar, as ggml_set_loss asserts
+        g_train = scratch.new_graph(4 * GRAPH_SIZE, grads=True).build_forward(loss)
+        if build_type != BuildType.FORWARD:
+            if not params:
+                raise ValueError("the model has no trainable parameter in this graph (Model.param)")
+            g_train.build_backward(scratch)  # raises for ops without a backward pass, in-place ops...
+        # the scheduler aborts on a node no backend supports (the optimizer steps are F32 ops
+        # every CPU backend has, and the CPU backend comes last)
+        for t in g_train.nodes:
+            if not t.is_empty_op() and not any(_supports(b, t) for b in g.model.backends):
+                srcs = ", ".join(s.type_name for s in t.src)
+                raise ValueError(f"no backend of the model ({', '.join(b.name for b in g.model.backends)}) "
+                                 f"can compute {t.op_name} of {srcs} -> {t.type_name} ({t.name!r})")
         if build_type == BuildType.FORWARD:
             return
-        if not params:
-            raise ValueError("the model has no trainable parameter in this graph (Model.param)")
-        g_train = scratch.new_graph(4 * GRAPH_SIZE, grads=True).build_forward(loss)
-        g_train.build_backward(scratch)  # raises for ops without a backward pass, in-place ops...
         n_steps = sum(1 for t in g_train.nodes if t.flags & lib.GGML_TENSOR_FLAG_PARAM)
         if g_train.n_nodes + n_steps + 8 >= GRAPH_SIZE or len(g_train.leafs) + 2 * n_steps + 8 >= GRAPH_SIZE:
             raise ValueError(f"the training graph has {g_train.n_nodes + n_steps} nodes and "
@@ -1433,8 +1458,9 @@ def _split(ndata: int, nbatch_logical: int, opt_period: int, nbatch_physical: in
 def fit(model: Model, dataset: Dataset, *, batch_size: int, loss: "Loss | str" = Loss.CROSS_ENTROPY,
         optimizer: "OptimizerParams | Schedule | None" = None, epochs: int = 1,
         nbatch_logical: int | None = None, val_split: float = 0.0,
-        callback: BatchCallback | None = None, progress: bool | None = None,
-        native: bool = False) -> History:
+        callback: BatchCallback | None = None,
+        epoch_callback: "Callable[[EpochResult], bool | None] | None" = None,
+        progress: bool | None = None, native: bool = False) -> History:
     """Train ``model`` on ``dataset`` for ``epochs`` epochs, as ``ggml_opt_fit`` does.
 
     ``batch_size`` datapoints per physical batch (the graph's ``inputs ne[1]``);
@@ -1450,8 +1476,10 @@ def fit(model: Model, dataset: Dataset, *, batch_size: int, loss: "Loss | str" =
     and :func:`epoch`; with ggml's default AdamW the weights are bit for bit those of
     ``ggml_opt_fit``. Unlike ``ggml_opt_fit`` it shows a progress bar on a terminal
     (``progress``), calls ``callback`` after every batch (return False to stop), stops cleanly
-    on Ctrl-C, and takes a Python optimizer schedule. The optimizer state (AdamW moments) is
-    freed at the end, as in ggml.
+    on Ctrl-C, and takes a Python optimizer schedule. ``epoch_callback(epoch_result)`` is called
+    after every epoch with its :class:`EpochResult` (return False to stop). ``native=True`` runs
+    each epoch with ``ggml_opt_epoch`` itself (see :func:`epoch`). The optimizer state (AdamW
+    moments) is freed at the end, as in ggml.
 
     Returns a :class:`History`. Raises ValueError/TypeError for inputs ggml would abort on
     (sizes that do not divide, a ``val_split`` outside [0, 1), labels that do not fit the loss,
@@ -1499,6 +1527,8 @@ def fit(model: Model, dataset: Dataset, *, batch_size: int, loss: "Loss | str" =
                 history.epochs.append(er)
                 logger.info("epoch %d/%d: train %s%s (%.2f s)", ep, epochs, er.train,
                             f"; val {er.val}" if er.val else "", er.seconds)
+                if not stopped and epoch_callback is not None and epoch_callback(er) is False:
+                    stopped = "callback"
                 if stopped:
                     history.stopped = stopped
                     break
