@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_data  # noqa: E402
 
-from pyggml import opt  # noqa: E402
+from pyggml import GGMLType, opt  # noqa: E402
 from pyggml.context import Context  # noqa: E402
 from pyggml.tensor import Tensor  # noqa: E402
 
@@ -67,40 +67,65 @@ class FC(opt.Model):
         return ctx.add(ctx.mul_mat(self.fc2_weight, fc1), self.fc2_bias)               # [10, B]
 
 
-class CNN(opt.Model):
-    """``mnist-cnn`` for ``hw`` x ``hw`` images (``hw`` divisible by 4). Kernels in NumPy order
-    are PyTorch's ``nn.Conv2d`` layout (out, in, kh, kw) = ggml ``ne [kw, kh, in, out]``."""
+def conv_2d(ctx: Context, kernel: Tensor, x: Tensor, f32: bool) -> Tensor:
+    """3x3 convolution, stride 1, same padding: ``ggml_conv_2d`` (as ggml's MNIST CNN; its
+    im2col is F16 in ggml v0.20.2), or with ``f32`` the same graph with an F32 im2col (exact,
+    and about 3x faster to train on the CPU, whose OUT_PROD converts F16 rows again and again).
+    kernel ne [3, 3, IC, OC], x ne [W, H, IC, B] -> ne [W, H, OC, B]."""
+    if not f32:
+        return ctx.conv_2d(kernel, x, 1, 1, 1, 1, 1, 1)
+    im = ctx.im2col(kernel, x, 1, 1, 1, 1, 1, 1, True, GGMLType.F32)                    # [IC*9, W, H, B]
+    k = kernel.ne
+    out = ctx.mul_mat(ctx.reshape(im, im.ne[0], im.ne[1] * im.ne[2] * im.ne[3]),
+                      ctx.reshape(kernel, k[0] * k[1] * k[2], k[3]))                     # [W*H*B, OC]
+    out = ctx.reshape(out, im.ne[1], im.ne[2], im.ne[3], k[3])                           # [W, H, B, OC]
+    return ctx.cont(ctx.permute(out, 0, 1, 3, 2))                                        # [W, H, OC, B]
 
-    def __init__(self, hw: int, rng: np.random.Generator, **kw):
-        super().__init__(arch="mnist-cnn", **kw)
-        if hw % 4:
-            raise ValueError("the CNN pools twice by 2: the image size must be a multiple of 4")
-        self.hw = hw
-        ncb, q = CNN_NCB, hw // 4
-        self.conv1_kernel = self.param("conv1.kernel", normal(rng, (ncb, 1, 3, 3)))        # ne [3, 3, 1, 8]
-        self.conv1_bias = self.param("conv1.bias", normal(rng, (ncb, 1, 1)))               # ne [1, 1, 8]
-        self.conv2_kernel = self.param("conv2.kernel", normal(rng, (2 * ncb, ncb, 3, 3)))  # ne [3, 3, 8, 16]
-        self.conv2_bias = self.param("conv2.bias", normal(rng, (2 * ncb, 1, 1)))           # ne [1, 1, 16]
-        self.dense_weight = self.param("dense.weight", normal(rng, (N_CLASSES, q * q * 2 * ncb)))
+
+class CNN(opt.Model):
+    """``mnist-cnn`` for ``hw`` x ``hw`` images: two 3x3 convolutions (``c1``, ``c2`` channels,
+    same padding) with ReLU, each followed by a 2x2 max pool (``pools=1``: only the first),
+    then a dense layer. ggml's MNIST CNN is ``c1=8, c2=16, pools=2``, ``f32_im2col=False``.
+    Kernels in NumPy order are PyTorch's ``nn.Conv2d`` layout (out, in, kh, kw) = ggml
+    ``ne [kw, kh, in, out]``."""
+
+    def __init__(self, hw: int, rng: np.random.Generator, c1: int = CNN_NCB, c2: int = 2 * CNN_NCB,
+                 pools: int = 2, f32_im2col: bool = False, **kw):
+        super().__init__(arch="mnist-cnn" if (hw, c1, c2, pools) == (28, CNN_NCB, 2 * CNN_NCB, 2) else "cnn", **kw)
+        if pools not in (1, 2) or hw % 2 ** pools:
+            raise ValueError(f"{pools} pools by 2 need an image size divisible by {2 ** pools}")
+        self.hw, self.pools, self.f32 = hw, pools, f32_im2col
+        q = hw // 2 ** pools
+        self.conv1_kernel = self.param("conv1.kernel", normal(rng, (c1, 1, 3, 3)))        # ne [3, 3, 1, c1]
+        self.conv1_bias = self.param("conv1.bias", normal(rng, (c1, 1, 1)))               # ne [1, 1, c1]
+        self.conv2_kernel = self.param("conv2.kernel", normal(rng, (c2, c1, 3, 3)))       # ne [3, 3, c1, c2]
+        self.conv2_bias = self.param("conv2.bias", normal(rng, (c2, 1, 1)))               # ne [1, 1, c2]
+        self.dense_weight = self.param("dense.weight", normal(rng, (N_CLASSES, q * q * c2)))
         self.dense_bias = self.param("dense.bias", normal(rng, (N_CLASSES,)))
 
     def forward(self, ctx: Context, images: Tensor) -> Tensor:
         hw, batch = self.hw, images.ne[1]
         x = ctx.reshape(images, hw, hw, 1, batch)                                          # [W, H, 1, B]
-        x = ctx.relu(ctx.add(ctx.conv_2d(self.conv1_kernel, x, 1, 1, 1, 1, 1, 1), self.conv1_bias))
-        x = ctx.pool_2d(x, "max", 2, 2, 2, 2)                                              # [W/2, H/2, 8, B]
-        x = ctx.relu(ctx.add(ctx.conv_2d(self.conv2_kernel, x, 1, 1, 1, 1, 1, 1), self.conv2_bias))
-        x = ctx.pool_2d(x, "max", 2, 2, 2, 2)                                              # [W/4, H/4, 16, B]
+        x = ctx.relu(ctx.add(conv_2d(ctx, self.conv1_kernel, x, self.f32), self.conv1_bias))
+        x = ctx.pool_2d(x, "max", 2, 2, 2, 2)                                              # [W/2, H/2, c1, B]
+        x = ctx.relu(ctx.add(conv_2d(ctx, self.conv2_kernel, x, self.f32), self.conv2_bias))
+        if self.pools == 2:
+            x = ctx.pool_2d(x, "max", 2, 2, 2, 2)                                          # [W/4, H/4, c2, B]
         # channels fastest, then x, then y: ggml_permute(x, 1, 2, 0, 3) as in mnist-common.cpp
         x = ctx.reshape(ctx.cont(ctx.permute(x, 1, 2, 0, 3)), x.ne[0] * x.ne[1] * x.ne[2], batch)
         return ctx.add(ctx.mul_mat(self.dense_weight, x), self.dense_bias)                 # [10, B]
 
 
-#: per dataset: batch (physical), nbatch_logical, val_split, shard size, test images
+#: per dataset: batch (physical), nbatch_logical, val_split, shard size, test images, CPU
+#: threads (digits: 1, its batches are too small to share), and per model the AdamW learning
+#: rate and (CNN) the architecture. MNIST is exactly ggml's mnist-train.
 DEFAULTS = {
-    "digits": dict(batch_size=32, nbatch_logical=32, val_split=0.05, shard_size=1, n_test=357),
-    "mnist": dict(batch_size=500, nbatch_logical=1000, val_split=0.05, shard_size=10, n_test=None),
-    "mnist5k": dict(batch_size=100, nbatch_logical=100, val_split=0.05, shard_size=10, n_test=1000),
+    "digits": dict(batch_size=32, nbatch_logical=32, val_split=0.05, shard_size=1, n_test=357, threads=1,
+                   mlp=dict(lr=1e-3), cnn=dict(lr=2e-3, c1=32, c2=32, pools=1, f32_im2col=True)),
+    "mnist": dict(batch_size=500, nbatch_logical=1000, val_split=0.05, shard_size=10, n_test=None, threads=None,
+                  mlp=dict(lr=1e-3), cnn=dict(lr=1e-3)),
+    "mnist5k": dict(batch_size=100, nbatch_logical=100, val_split=0.05, shard_size=10, n_test=1000, threads=None,
+                    mlp=dict(lr=1e-3), cnn=dict(lr=1e-3, f32_im2col=True)),
 }
 
 
@@ -114,12 +139,16 @@ def load(name: str, split_seed: int = 0) -> tuple[tuple[np.ndarray, np.ndarray],
     return (x[tr], y[tr]), (x[te], y[te])
 
 
-def make_model(kind: str, hw: int, seed: int, backend: str | None = None, n_threads: int | None = None) -> opt.Model:
+def make_model(kind: str, hw: int, seed: int, backend: str | None = None, n_threads: int | None = None,
+               dataset: str | None = None) -> opt.Model:
+    """The ``kind`` ("mlp" or "cnn") model for ``hw`` x ``hw`` images, as configured for
+    ``dataset`` (default: ggml's MNIST architectures), initialised from ``seed``."""
     rng = np.random.default_rng(seed)
+    cfg = {k: v for k, v in DEFAULTS.get(dataset or "mnist", DEFAULTS["mnist"])[kind].items() if k != "lr"}
     if kind == "mlp":
-        return FC(hw * hw, rng, backend=backend, n_threads=n_threads)
+        return FC(hw * hw, rng, backend=backend, n_threads=n_threads, **cfg)
     if kind == "cnn":
-        return CNN(hw, rng, backend=backend, n_threads=n_threads)
+        return CNN(hw, rng, backend=backend, n_threads=n_threads, **cfg)
     raise ValueError(f"unknown model {kind!r}")
 
 
@@ -131,16 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="initial weights and data order")
     p.add_argument("--split-seed", type=int, default=0, help="train/test split of digits and mnist5k")
     p.add_argument("--backend", default=None, help="ggml device: CPU, CUDA0, Vulkan0, NUMPY... (default CPU)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: as ggml's MNIST example)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: digits 1, else as ggml's MNIST example: min(cores, (cores + 4) / 2))")
     p.add_argument("--batch-size", type=int, default=None, help="physical batch")
     p.add_argument("--nbatch-logical", type=int, default=None, help="datapoints per optimizer step")
     p.add_argument("--val-split", type=float, default=None)
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (alpha)")
+    p.add_argument("--lr", type=float, default=None, help="AdamW learning rate (alpha; default per dataset/model)")
     p.add_argument("--save", type=Path, default=None, help="write the trained weights to this GGUF file")
     p.add_argument("--load", type=Path, default=None, help="start from the weights of this GGUF file")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no per-epoch lines")
     a = p.parse_args(argv)
     d = dict(DEFAULTS[a.dataset])
+    lr = d[a.model]["lr"] if a.lr is None else a.lr
+    threads = d["threads"] if a.threads is None else a.threads
     for k in ("batch_size", "nbatch_logical", "val_split"):
         if getattr(a, k) is not None:
             d[k] = getattr(a, k)
@@ -152,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     hw = x_train.shape[1]
     train = opt.Dataset(x_train, opt.one_hot(y_train, N_CLASSES), shard_size=d["shard_size"], seed=a.seed)
     test = opt.Dataset(x_test, opt.one_hot(y_test, N_CLASSES))
-    model = make_model(a.model, hw, a.seed, a.backend, a.threads)
+    model = make_model(a.model, hw, a.seed, a.backend, threads, a.dataset)
     if a.load is not None:
         meta = model.load(a.load)
         print(f"loaded {a.load} ({meta.get('general.architecture', '?')})")
@@ -169,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
     history = opt.fit(model, train, batch_size=d["batch_size"], nbatch_logical=d["nbatch_logical"],
                       epochs=a.epochs, val_split=d["val_split"], loss=opt.Loss.CROSS_ENTROPY,
-                      optimizer=opt.AdamW(alpha=a.lr), epoch_callback=on_epoch,
+                      optimizer=opt.AdamW(alpha=lr), epoch_callback=on_epoch,
                       progress=False if a.quiet else None)
     if history.stopped:
         print(f"training stopped early ({history.stopped}) after {len(history)} epoch(s)")
@@ -180,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         # save the weights to GGUF and check that a fresh model loaded from the file agrees
         path = a.save or Path(tempfile.mkdtemp()) / f"{a.dataset}-{a.model}.gguf"
         model.save(path)
-        with make_model(a.model, hw, a.seed + 1, a.backend, a.threads) as again:
+        with make_model(a.model, hw, a.seed + 1, a.backend, threads, a.dataset) as again:
             again.load(path)
             acc = float(np.mean(again.predict(x_test).argmax(axis=1) == y_test))
         print(f"saved {path}; reloaded for inference: test accuracy {acc:.4f}")
