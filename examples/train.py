@@ -26,6 +26,7 @@ The last line printed is ``test accuracy: 0.xxxx`` (all test images, evaluated b
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -45,21 +46,32 @@ N_HIDDEN = 500  # MNIST_NHIDDEN
 CNN_NCB = 8     # MNIST_CNN_NCB: channels of the first convolution
 
 
-def normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """ggml's MNIST initialisation: N(0, 1e-2) for every weight and bias."""
-    return rng.normal(0.0, 1e-2, shape).astype(np.float32)
+def initial(rng: np.random.Generator, shape: tuple[int, ...], init: str = "ggml") -> np.ndarray:
+    """Initial values of a parameter of NumPy ``shape``: ``"ggml"``, ggml's MNIST example's
+    N(0, 1e-2) for every weight and bias; ``"glorot"``, Keras' defaults (what upstream's
+    TensorFlow-trained MNIST CNN used): Glorot-uniform weights (dense (out, in), conv
+    (out, in, kh, kw)), zero biases."""
+    if init == "ggml":
+        return rng.normal(0.0, 1e-2, shape).astype(np.float32)
+    if init != "glorot":
+        raise ValueError(f"unknown init {init!r}")
+    if len(shape) not in (2, 4):
+        return np.zeros(shape, np.float32)
+    field = int(np.prod(shape[2:]))
+    limit = np.sqrt(6.0 / (shape[1] * field + shape[0] * field))
+    return rng.uniform(-limit, limit, shape).astype(np.float32)
 
 
 class FC(opt.Model):
     """``mnist-fc``: logits = fc2(relu(fc1(images))). Weights in NumPy order, PyTorch's
     ``nn.Linear`` layout: fc1.weight (500, n_in) is ggml ``ne [n_in, 500]``."""
 
-    def __init__(self, n_in: int, rng: np.random.Generator, n_hidden: int = N_HIDDEN, **kw):
+    def __init__(self, n_in: int, rng: np.random.Generator, n_hidden: int = N_HIDDEN, init: str = "ggml", **kw):
         super().__init__(arch="mnist-fc", **kw)
-        self.fc1_weight = self.param("fc1.weight", normal(rng, (n_hidden, n_in)))
-        self.fc1_bias = self.param("fc1.bias", normal(rng, (n_hidden,)))
-        self.fc2_weight = self.param("fc2.weight", normal(rng, (N_CLASSES, n_hidden)))
-        self.fc2_bias = self.param("fc2.bias", normal(rng, (N_CLASSES,)))
+        self.fc1_weight = self.param("fc1.weight", initial(rng, (n_hidden, n_in), init))
+        self.fc1_bias = self.param("fc1.bias", initial(rng, (n_hidden,), init))
+        self.fc2_weight = self.param("fc2.weight", initial(rng, (N_CLASSES, n_hidden), init))
+        self.fc2_bias = self.param("fc2.bias", initial(rng, (N_CLASSES,), init))
 
     def forward(self, ctx: Context, images: Tensor) -> Tensor:
         # images: ne [n_in, B]
@@ -90,18 +102,18 @@ class CNN(opt.Model):
     ``ne [kw, kh, in, out]``."""
 
     def __init__(self, hw: int, rng: np.random.Generator, c1: int = CNN_NCB, c2: int = 2 * CNN_NCB,
-                 pools: int = 2, f32_im2col: bool = False, **kw):
+                 pools: int = 2, f32_im2col: bool = False, init: str = "ggml", **kw):
         super().__init__(arch="mnist-cnn" if (hw, c1, c2, pools) == (28, CNN_NCB, 2 * CNN_NCB, 2) else "cnn", **kw)
         if pools not in (1, 2) or hw % 2 ** pools:
             raise ValueError(f"{pools} pools by 2 need an image size divisible by {2 ** pools}")
         self.hw, self.pools, self.f32 = hw, pools, f32_im2col
         q = hw // 2 ** pools
-        self.conv1_kernel = self.param("conv1.kernel", normal(rng, (c1, 1, 3, 3)))        # ne [3, 3, 1, c1]
-        self.conv1_bias = self.param("conv1.bias", normal(rng, (c1, 1, 1)))               # ne [1, 1, c1]
-        self.conv2_kernel = self.param("conv2.kernel", normal(rng, (c2, c1, 3, 3)))       # ne [3, 3, c1, c2]
-        self.conv2_bias = self.param("conv2.bias", normal(rng, (c2, 1, 1)))               # ne [1, 1, c2]
-        self.dense_weight = self.param("dense.weight", normal(rng, (N_CLASSES, q * q * c2)))
-        self.dense_bias = self.param("dense.bias", normal(rng, (N_CLASSES,)))
+        self.conv1_kernel = self.param("conv1.kernel", initial(rng, (c1, 1, 3, 3), init))        # ne [3, 3, 1, c1]
+        self.conv1_bias = self.param("conv1.bias", initial(rng, (c1, 1, 1), init))               # ne [1, 1, c1]
+        self.conv2_kernel = self.param("conv2.kernel", initial(rng, (c2, c1, 3, 3), init))       # ne [3, 3, c1, c2]
+        self.conv2_bias = self.param("conv2.bias", initial(rng, (c2, 1, 1), init))               # ne [1, 1, c2]
+        self.dense_weight = self.param("dense.weight", initial(rng, (N_CLASSES, q * q * c2), init))
+        self.dense_bias = self.param("dense.bias", initial(rng, (N_CLASSES,), init))
 
     def forward(self, ctx: Context, images: Tensor) -> Tensor:
         hw, batch = self.hw, images.ne[1]
@@ -117,8 +129,9 @@ class CNN(opt.Model):
 
 
 #: per dataset: batch (physical), nbatch_logical, val_split, shard size, test images, CPU
-#: threads (digits: 1, its batches are too small to share), and per model the AdamW learning
-#: rate and (CNN) the architecture. MNIST is exactly ggml's mnist-train.
+#: threads (digits: 1, its batches are too small to share), and per model the training recipe
+#: (AdamW learning rate, its schedule, the initialisation) and the CNN's shape. MNIST's defaults
+#: are ggml's mnist-train: N(0, 0.01) initialisation, constant lr 1e-3, ggml_conv_2d.
 DEFAULTS = {
     "digits": dict(batch_size=32, nbatch_logical=32, val_split=0.05, shard_size=1, n_test=357, threads=1,
                    mlp=dict(lr=1e-3), cnn=dict(lr=2e-3, c1=32, c2=32, pools=1, f32_im2col=True)),
@@ -127,6 +140,25 @@ DEFAULTS = {
     "mnist5k": dict(batch_size=100, nbatch_logical=100, val_split=0.05, shard_size=10, n_test=1000, threads=None,
                     mlp=dict(lr=1e-3), cnn=dict(lr=1e-3, f32_im2col=True)),
 }
+RECIPE = {"lr": 1e-3, "schedule": "constant", "init": "ggml"}  # what a model config does not say
+
+
+def recipe(dataset: str, kind: str, **overrides) -> dict:
+    """The model config of ``dataset``/``kind`` with ``overrides`` (None values ignored)."""
+    cfg = dict(RECIPE, **DEFAULTS[dataset][kind])
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    return cfg
+
+
+def schedule(kind: str, lr: float, epochs: int) -> "opt.AdamW | opt.Schedule":
+    """AdamW parameters: ``"constant"`` lr, or ``"cosine"``: lr * (0.01 + 0.99 * (1 + cos(pi *
+    (epoch - 1) / epochs)) / 2), from lr at epoch 1 down to about lr / 100 (a Python schedule
+    behind ggml's ``ggml_opt_get_optimizer_params``)."""
+    if kind == "constant":
+        return opt.AdamW(alpha=lr)
+    if kind == "cosine":
+        return lambda epoch: opt.AdamW(alpha=lr * (0.01 + 0.99 * (1 + math.cos(math.pi * (epoch - 1) / max(epochs, 1))) / 2))
+    raise ValueError(f"unknown schedule {kind!r}")
 
 
 def load(name: str, split_seed: int = 0) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
@@ -140,11 +172,12 @@ def load(name: str, split_seed: int = 0) -> tuple[tuple[np.ndarray, np.ndarray],
 
 
 def make_model(kind: str, hw: int, seed: int, backend: str | None = None, n_threads: int | None = None,
-               dataset: str | None = None) -> opt.Model:
+               dataset: str = "mnist", **overrides) -> opt.Model:
     """The ``kind`` ("mlp" or "cnn") model for ``hw`` x ``hw`` images, as configured for
-    ``dataset`` (default: ggml's MNIST architectures), initialised from ``seed``."""
+    ``dataset`` (default: ggml's MNIST architectures; ``overrides`` as :func:`recipe`),
+    initialised from ``seed``."""
     rng = np.random.default_rng(seed)
-    cfg = {k: v for k, v in DEFAULTS.get(dataset or "mnist", DEFAULTS["mnist"])[kind].items() if k != "lr"}
+    cfg = {k: v for k, v in recipe(dataset, kind, **overrides).items() if k not in ("lr", "schedule")}
     if kind == "mlp":
         return FC(hw * hw, rng, backend=backend, n_threads=n_threads, **cfg)
     if kind == "cnn":
@@ -166,12 +199,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nbatch-logical", type=int, default=None, help="datapoints per optimizer step")
     p.add_argument("--val-split", type=float, default=None)
     p.add_argument("--lr", type=float, default=None, help="AdamW learning rate (alpha; default per dataset/model)")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default=None, help="learning rate per epoch")
+    p.add_argument("--init", choices=["ggml", "glorot"], default=None, help="initial weights (default ggml's)")
+    p.add_argument("--im2col", choices=["f16", "f32"], default=None,
+                   help="CNN: ggml_conv_2d's F16 im2col (ggml's MNIST CNN) or an exact F32 one (faster)")
     p.add_argument("--save", type=Path, default=None, help="write the trained weights to this GGUF file")
     p.add_argument("--load", type=Path, default=None, help="start from the weights of this GGUF file")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no per-epoch lines")
     a = p.parse_args(argv)
     d = dict(DEFAULTS[a.dataset])
-    lr = d[a.model]["lr"] if a.lr is None else a.lr
+    over = dict(lr=a.lr, schedule=a.schedule, init=a.init)
+    if a.model == "cnn" and a.im2col is not None:
+        over["f32_im2col"] = a.im2col == "f32"
+    cfg = recipe(a.dataset, a.model, **over)
     threads = d["threads"] if a.threads is None else a.threads
     for k in ("batch_size", "nbatch_logical", "val_split"):
         if getattr(a, k) is not None:
@@ -184,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     hw = x_train.shape[1]
     train = opt.Dataset(x_train, opt.one_hot(y_train, N_CLASSES), shard_size=d["shard_size"], seed=a.seed)
     test = opt.Dataset(x_test, opt.one_hot(y_test, N_CLASSES))
-    model = make_model(a.model, hw, a.seed, a.backend, threads, a.dataset)
+    model = make_model(a.model, hw, a.seed, a.backend, threads, a.dataset, **over)
     if a.load is not None:
         meta = model.load(a.load)
         print(f"loaded {a.load} ({meta.get('general.architecture', '?')})")
@@ -192,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
           f"model {a.model} ({sum(t.nelements for t in model.params.values())} parameters) on "
           f"{', '.join(b.name for b in model.backends)}; data ready in {time.perf_counter() - t0:.1f} s",
           flush=True)
+    print("recipe: " + ", ".join(f"{k}={v}" for k, v in cfg.items()) + f", batch {d['batch_size']}/"
+          f"{d['nbatch_logical']}, val_split {d['val_split']}, {threads or 'default'} threads", flush=True)
 
     def on_epoch(e: opt.EpochResult) -> None:
         if not a.quiet:
@@ -201,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
     history = opt.fit(model, train, batch_size=d["batch_size"], nbatch_logical=d["nbatch_logical"],
                       epochs=a.epochs, val_split=d["val_split"], loss=opt.Loss.CROSS_ENTROPY,
-                      optimizer=opt.AdamW(alpha=lr), epoch_callback=on_epoch,
+                      optimizer=schedule(cfg["schedule"], cfg["lr"], a.epochs), epoch_callback=on_epoch,
                       progress=False if a.quiet else None)
     if history.stopped:
         print(f"training stopped early ({history.stopped}) after {len(history)} epoch(s)")
@@ -212,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         # save the weights to GGUF and check that a fresh model loaded from the file agrees
         path = a.save or Path(tempfile.mkdtemp()) / f"{a.dataset}-{a.model}.gguf"
         model.save(path)
-        with make_model(a.model, hw, a.seed + 1, a.backend, threads, a.dataset) as again:
+        with make_model(a.model, hw, a.seed + 1, a.backend, threads, a.dataset, **over) as again:
             again.load(path)
             acc = float(np.mean(again.predict(x_test).argmax(axis=1) == y_test))
         print(f"saved {path}; reloaded for inference: test accuracy {acc:.4f}")

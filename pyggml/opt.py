@@ -63,12 +63,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Callable, Iterator, Mapping, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Union
 
 import numpy as np
 
 from . import callbacks, types
-from ._base import ClosedError, CObject, GGMLError
+from ._base import CObject
 from ._loader import ffi, lib
 from .backend import Backend
 from .context import Context
@@ -300,7 +300,8 @@ def _resolve_type(arr: np.ndarray, t: Any, ne: int, what: str) -> GGMLType:
         raise TypeError(f"{what}: ggml cannot quantize to {t.name}")
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"{what} of dtype {arr.dtype} cannot be stored in a ggml tensor")
-    if arr.dtype.kind == "f" and types.numpy_dtype(t) is not None and types.numpy_dtype(t).kind in "iu":
+    dt = types.numpy_dtype(t)
+    if arr.dtype.kind == "f" and dt is not None and dt.kind in "iu":
         raise TypeError(f"{what}: float {arr.dtype} values cannot be stored as {t.name} (an integer type)")
     return t
 
@@ -343,7 +344,7 @@ class Dataset(CObject):
         x, ne_data = _as_rows(x, n, "data")
         if ne_data < 1:
             raise ValueError("datapoints must have at least one element")
-        y = ne_label = None
+        y, ne_label = None, 0
         if labels is not None:
             y, ne_label = _as_rows(np.asarray(labels), n, "labels")
             if ne_label < 1:
@@ -354,7 +355,7 @@ class Dataset(CObject):
             raise ValueError(f"shard_size {shard_size} does not divide ndata {n}")
         t_data = _resolve_type(x, type, ne_data, "data")
         t_label = _resolve_type(y, label_type, ne_label, "labels") if y is not None else GGMLType.F32
-        ptr = lib.ggml_opt_dataset_init(t_data, t_label, ne_data, ne_label or 0, n, int(shard_size))
+        ptr = lib.ggml_opt_dataset_init(t_data, t_label, ne_data, ne_label, n, int(shard_size))
         super().__init__(ptr, owned=True)
         self.shard_size = int(shard_size)
         if lib.ggml_opt_dataset_data(ptr).data == ffi.NULL:  # CPU buffer allocation failed
@@ -449,13 +450,15 @@ class Dataset(CObject):
         lib.ggml_opt_dataset_get_batch_host(self.ptr, ffi.from_buffer(raw_x), raw_x.nbytes,
                                             ffi.from_buffer(raw_y) if raw_y is not None else ffi.NULL, int(ibatch))
         x = types.to_numpy(raw_x, self.type, [self.ne_datapoint, batch_size])
-        y = types.to_numpy(raw_y, self.label_type, [self.ne_label, batch_size]) if raw_y is not None else None
+        lt = self.label_type
+        y = types.to_numpy(raw_y, lt, [self.ne_label, batch_size]) if raw_y is not None and lt is not None else None
         return x, y
 
     def __repr__(self) -> str:
         if self.closed:
             return "<Dataset (closed)>"
-        lab = f", labels {self.label_type.name} ne_label={self.ne_label}" if self.ne_label else ", no labels"
+        lt = self.label_type
+        lab = f", labels {lt.name} ne_label={self.ne_label}" if lt is not None else ", no labels"
         return (f"<Dataset {self.ndata} x {self.type.name} ne_datapoint={self.ne_datapoint}{lab}, "
                 f"shard_size={self.shard_size}>")
 
@@ -512,7 +515,8 @@ class Result(CObject):
             raise ValueError("this Result holds evaluations of another batch size, loss reduction or "
                              "opt_period (ggml asserts they agree): reset() it or use a new Result")
         self._signature = sig
-        self._has_pred = opt_ctx.loss_type == Loss.CROSS_ENTROPY
+        # ggml keeps predictions only while every evaluation made them
+        self._has_pred = (self._has_pred or not self.ndata) and opt_ctx.loss_type == Loss.CROSS_ENTROPY
 
     @property
     def ndata(self) -> int:
@@ -583,32 +587,36 @@ def _default_threads() -> int:
     return max(1, min(n, (n + 4) // 2))
 
 
-def _resolve_backends(backend: Any, n_threads: int | None) -> list[Backend]:
-    """[primary, ..., CPU]: a device name (``"CPU"``, ``"CUDA0"``, ``"Vulkan0"``, ``"NUMPY"``...)
-    or a Backend, then a CPU backend as the fallback ggml's scheduler requires last; or a list
-    of backends as given."""
+def _resolve_backends(backend: Any, n_threads: int | None) -> tuple[list[Backend], list[Backend]]:
+    """([primary, ..., CPU], the backends made here): a device name (``"CPU"``, ``"CUDA0"``,
+    ``"Vulkan0"``, ``"NUMPY"``...) or a Backend, then a CPU backend as the fallback ggml's
+    scheduler requires last; or a list of backends as given."""
     from .device import device_by_name
 
     nt = _default_threads() if n_threads is None else n_threads
     if backend is None:
-        return [CPUBackend(n_threads=nt)]
+        cpu = CPUBackend(n_threads=nt)
+        return [cpu], [cpu]
     if isinstance(backend, (list, tuple)):
         out = list(backend)
         if not out or not all(isinstance(b, Backend) for b in out):
             raise TypeError("backend list must hold pyggml Backend objects")
-        return out
+        return out, []
+    made = []
     if isinstance(backend, str):
         if backend.upper() == "NUMPY":
             from . import numpy_backend
             numpy_backend.register()
         backend = device_by_name(backend).init()
+        made.append(backend)
     if not isinstance(backend, Backend):
         raise TypeError(f"backend must be a device name, a Backend or a list of them, not {type(backend).__name__}")
     if isinstance(backend, CPUBackend):
-        if n_threads is not None or backend.n_threads == lib.GGML_DEFAULT_N_THREADS:
+        if n_threads is not None or made:
             backend.n_threads = nt
-        return [backend]
-    return [backend, CPUBackend(n_threads=nt)]
+        return [backend], made
+    cpu = CPUBackend(n_threads=nt)
+    return [backend, cpu], made + [cpu]
 
 
 class Model:
@@ -635,7 +643,7 @@ class Model:
     def __init__(self, backend: Any = None, *, n_threads: int | None = None,
                  forward: Callable[[Context, Tensor], Tensor] | None = None, max_params: int = 4096,
                  arch: str | None = None):
-        self.backends: list[Backend] = _resolve_backends(backend, n_threads)
+        self.backends, self._made = _resolve_backends(backend, n_threads)
         self.params_ctx = Context.for_tensors(max_params)
         self.params: dict[str, Tensor] = {}
         self._init: dict[str, np.ndarray] = {}
@@ -811,6 +819,8 @@ class Model:
             self._predict.close()
             self._predict = None
         self.params_ctx.close()
+        for b in self._made:
+            b.close()
 
     def __enter__(self) -> "Model":
         return self
@@ -873,7 +883,7 @@ class ModelGraph:
             self.outputs = out
             self.sched = Scheduler(model.backends, graph_size=2 * GRAPH_SIZE)
         except BaseException:
-            self.inputs_ctx.close()
+            self.close()
             raise
 
     def close(self) -> None:
@@ -958,7 +968,8 @@ class OptContext(CObject):
     :data:`Schedule` ``epoch -> params`` evaluated at the start of each epoch (ggml's
     ``ggml_opt_get_optimizer_params`` callback returns them to ``ggml_opt_eval``).
     ``opt_period``: physical batches per optimizer step (gradient accumulation).
-    ``build_type``: :class:`BuildType` (FORWARD for evaluation only).
+    ``build_type``: :class:`BuildType` OPT, or FORWARD for evaluation only (GRAD is refused:
+    ggml v0.20.2's ``ggml_opt_init`` aborts on it with static graphs).
 
     Raises ValueError/TypeError (see :func:`_check_graph`) for anything ``ggml_opt_init`` would
     abort on.
@@ -979,7 +990,15 @@ class OptContext(CObject):
         if ne_datapoint is None:
             raise ValueError("OptContext needs ne_datapoint (or dataset=)")
         self.loss_type = Loss.of(loss)
-        self.build_type = BuildType[build_type.upper()] if isinstance(build_type, str) else BuildType(build_type)
+        try:
+            self.build_type = BuildType[build_type.upper()] if isinstance(build_type, str) else BuildType(build_type)
+        except (KeyError, ValueError):
+            raise ValueError(f"unknown build_type {build_type!r}: forward, grad or opt") from None
+        if self.build_type == BuildType.GRAD:
+            # ggml-opt.cpp (v0.20.2) ggml_opt_build: with static graphs, the GRAD branch
+            # allocates and then falls through to GGML_ASSERT(build_type_alloc == OPT): abort
+            raise ValueError("ggml v0.20.2 cannot build an OptContext of build_type GRAD (ggml_opt_init "
+                             "would abort: ggml-opt.cpp:501); use OPT, or FORWARD to evaluate")
         if not isinstance(opt_period, (int, np.integer)) or opt_period < 1:
             raise ValueError(f"opt_period must be an integer >= 1, got {opt_period!r}")
         self.opt_period = int(opt_period)
@@ -996,7 +1015,6 @@ class OptContext(CObject):
         self.current_epoch = 1  #: the epoch number the optimizer schedule is asked for next
         self._c_params = ffi.new("struct ggml_opt_optimizer_params *")
         _fill_params(self._c_params, first)
-        self._params_epoch = 1
         self.graph = ModelGraph(model, batch_size, ne_datapoint, GGMLType.F32 if type is None else type)
         try:
             _check_graph(self.graph, self.loss_type, self.build_type)
@@ -1035,7 +1053,6 @@ class OptContext(CObject):
             raise TypeError(f"the optimizer schedule returned {type(p).__name__} for epoch {epoch}, "
                             f"but {self._params_cls.__name__} for epoch 1 (an OptContext has one optimizer)")
         _fill_params(self._c_params, p)
-        self._params_epoch = epoch
         return p
 
     # ------------------------------------------------------------------ properties
@@ -1277,10 +1294,11 @@ class _Interrupt:
             self._installed = False
             raise KeyboardInterrupt
         self.requested = True
-        msg = "pyggml.opt: Ctrl-C: stopping after this batch (Ctrl-C again to stop at once)"
-        logger.warning(msg)
-        if self.progress is not None:
+        msg = "Ctrl-C: training stops after this batch (Ctrl-C again to stop at once)"
+        if self.progress is not None and self.progress.enabled:
             self.progress.write(msg)
+        else:
+            logger.warning(msg)
 
     def __enter__(self) -> "_Interrupt":
         if threading.current_thread() is threading.main_thread():
@@ -1338,7 +1356,8 @@ def epoch(opt_ctx: OptContext, dataset: Dataset, result_train: Result | None = N
         raise ValueError("this OptContext evaluates only (build_type FORWARD): use idata_split=0")
     if opt_ctx._eval_ready:
         raise ValueError("alloc() was called without eval(): finish that batch first")
-    results = {True: result_train or Result(), False: result_eval or Result()}
+    results = {True: Result() if result_train is None else result_train,
+               False: Result() if result_eval is None else result_eval}
     for r in results.values():
         r._accept(opt_ctx)
     ep = opt_ctx.current_epoch
@@ -1346,7 +1365,7 @@ def epoch(opt_ctx: OptContext, dataset: Dataset, result_train: Result | None = N
         opt_ctx.params_for_epoch(ep)
     prog = _progress if _progress is not None else _Progress(progress)
     own_interrupt = _interrupt is None
-    intr = _Interrupt() if own_interrupt else _interrupt
+    intr: _Interrupt = _Interrupt() if _interrupt is None else _interrupt
     stopped: str | None = None
     try:
         if own_interrupt:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, load_example
-from pyggml import ffi, lib, opt
+from pyggml import lib, opt
 from pyggml.gguf import GGUFFile
 from pyggml.types import GGMLType
 
@@ -573,3 +573,7 @@ def test_low_level_misuse_raises():
             opt.epoch(other, data, None, r, 0)
     with pytest.raises(ValueError, match="opt_period"):
         opt.OptContext(model, batch_size=32, dataset=data, opt_period=0)
+    with pytest.raises(ValueError, match="build_type"):
+        opt.OptContext(model, batch_size=32, dataset=data, build_type="backward")
+    with pytest.raises(ValueError, match="GRAD"):  # ggml_opt_init would abort (ggml-opt.cpp:501)
+        opt.OptContext(model, batch_size=32, dataset=data, build_type="grad", opt_period=2)
