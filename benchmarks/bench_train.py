@@ -6,13 +6,16 @@ against PyTorch CPU, side by side, same model, epochs and threads.
     python benchmarks/bench_train.py --model mlp         # 30 epochs: C, Python (alternating, --repeat)
     python benchmarks/bench_train.py --model cnn --repeat 1
     python benchmarks/bench_train.py --model mlp --torch-python /work/venv-train/bin/python --torch-epochs 3
+    python benchmarks/bench_train.py --model cnn --c-epochs 2   # only the first 2 epochs of each
 
 1. **C**: ``build/mnist/mnist-train mnist-fc|mnist-cnn`` (upstream's program, unmodified, linked
    against pyggml's own ggml libraries): 30 epochs (fixed in the program), AdamW defaults,
    batches of 500/1000, 5 % validation; then ``mnist-eval`` on the 10,000 test images.
-2. **Python**: ``examples/train.py --dataset mnist`` with the same model, epochs and thread count
-   (both use ggml's rule ``min(cores, (cores + 4) / 2)`` unless ``--threads``; the C program
-   cannot be told another). C and Python runs alternate, ``--repeat`` times each.
+2. **Python**: ``examples/train.py --dataset mnist`` with the same model, recipe (``--init ggml
+   --schedule constant --lr 1e-3``, CNN ``--im2col f16``), epochs and thread count (both use
+   ggml's rule ``min(cores, (cores + 4) / 2)`` unless ``--threads``; the C program cannot be
+   told another). C and Python runs alternate, ``--repeat`` times each. ``--c-epochs K``
+   compares the mean time of the first K epochs instead (the C program is stopped after K).
 3. **PyTorch CPU** (``tests/data/train_torch.py`` run by ``--torch-python``, default this Python if
    it has torch): the same model trained ``--torch-epochs`` epochs at the same thread count.
 
@@ -65,10 +68,33 @@ def run_c(model: str, tmp: Path) -> dict:
     return {"wall": wall, "train": 3600 * h + 60 * m + s, "acc": acc, "epoch": None}
 
 
-def run_py(model: str, epochs: int, threads: int) -> dict:
+def run_c_epochs(model: str, tmp: Path, k: int) -> dict:
+    """Time the first ``k`` epochs of ``mnist-train`` from the epoch headers ggml_opt_fit
+    writes to stderr ("ggml_opt_fit: epoch 0002/0030:"), then stop it: mean seconds per epoch."""
+    arch = {"mlp": "mnist-fc", "cnn": "mnist-cnn"}[model]
+    p = subprocess.Popen([str(MNIST / "mnist-train"), arch, str(tmp / "unused.gguf"),
+                          str(MNIST / "data" / "train-images-idx3-ubyte"), str(MNIST / "data" / "train-labels-idx1-ubyte")],
+                         cwd=MNIST, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    starts: list[float] = []
+    buf = b""
+    try:
+        while len(starts) < k + 1:
+            chunk = p.stderr.read1(4096) if p.stderr else b""
+            if not chunk:
+                raise RuntimeError("mnist-train ended before the epochs were timed")
+            buf += chunk
+            n = len(re.findall(rb"ggml_opt_fit: epoch \d+/\d+:", buf))
+            starts += [time.perf_counter()] * (n - len(starts))
+    finally:
+        p.kill()
+        p.wait()
+    return {"epoch": (starts[k] - starts[0]) / k}
+
+
+def run_py(model: str, epochs: int, threads: int, extra: list[str] | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     wall, log = run([sys.executable, str(ROOT / "examples" / "train.py"), "--dataset", "mnist", "--model", model,
-                     "--epochs", str(epochs), "--threads", str(threads)], env=env)
+                     "--epochs", str(epochs), "--threads", str(threads)] + (extra or []), env=env)
     train = float(re.search(r"training took ([\d.]+) s", log).group(1))
     epoch_times = [float(t) for t in re.findall(r"^epoch +\d+/\d+: .*\(([\d.]+) s\)$", log, re.M)]
     acc = float(re.search(r"^test accuracy: ([\d.]+)$", log, re.M).group(1))
@@ -96,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="default: ggml's rule, as the C example")
     p.add_argument("--torch-python", default=None, help="a Python with torch (default: this one, if it has torch)")
     p.add_argument("--torch-epochs", type=int, default=3)
+    p.add_argument("--c-epochs", type=int, default=0,
+                   help="time only the first K epochs of both (the C program is stopped after K): "
+                        "mean seconds per epoch, for models too slow for 30")
     p.add_argument("--skip-c", action="store_true")
     p.add_argument("--skip-python", action="store_true")
     a = p.parse_args(argv)
@@ -109,6 +138,20 @@ def main(argv: list[str] | None = None) -> int:
           f"C and Python alternate {a.repeat}x")
     rows: dict[str, list[dict]] = {"C (mnist-train)": [], "Python (pyggml.opt)": []}
     tmp = Path(tempfile.mkdtemp())
+    # the C example's recipe, whatever examples/train.py's defaults are
+    same_as_c = ["--init", "ggml", "--schedule", "constant", "--lr", "1e-3"] + (["--im2col", "f16"] if a.model == "cnn" else [])
+    if a.c_epochs:
+        try:
+            for _ in range(a.repeat):
+                c = run_c_epochs(a.model, tmp, a.c_epochs) if have_c else None
+                py = run_py(a.model, a.c_epochs, threads, same_as_c)
+                py_mean = py["train"] / a.c_epochs
+                c_txt = f"C {c['epoch']:.2f} s/epoch, " if c else ""
+                print(f"  first {a.c_epochs} epochs: {c_txt}Python {py_mean:.2f} s/epoch"
+                      + (f" (Python / C {py_mean / c['epoch']:.3f}x)" if c else ""), flush=True)
+        finally:
+            shutil.rmtree(tmp)
+        return 0
     try:
         for _ in range(a.repeat):
             if have_c:
@@ -116,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows["C (mnist-train)"].append(r)
                 print(f"  C       wall {r['wall']:7.1f} s  training {r['train']:5d} s  test accuracy {r['acc']:.4f}", flush=True)
             if not a.skip_python:
-                r = run_py(a.model, a.epochs, threads)
+                r = run_py(a.model, a.epochs, threads, same_as_c)
                 rows["Python (pyggml.opt)"].append(r)
                 print(f"  Python  wall {r['wall']:7.1f} s  training {r['train']:7.1f} s  test accuracy {r['acc']:.4f}"
                       f"  ({r['epoch']:.3f} s/epoch)", flush=True)

@@ -1339,6 +1339,9 @@ def epoch(opt_ctx: OptContext, dataset: Dataset, result_train: Result | None = N
     ggml's ``ggml_opt_epoch_callback`` (process-wide: one native epoch at a time); it stops
     only at the end of the epoch.
 
+    Ctrl-C (main thread) while it trains stops it after the current batch; while it only
+    evaluates, KeyboardInterrupt is raised as usual.
+
     Returns None, or why it stopped early: ``"callback"`` or ``"interrupt"`` (Ctrl-C).
     Raises ValueError/TypeError for a dataset that does not fit (:meth:`OptContext.check_dataset`)
     or an ``idata_split`` that is not a multiple of the batch size; re-raises what a callback
@@ -1364,7 +1367,8 @@ def epoch(opt_ctx: OptContext, dataset: Dataset, result_train: Result | None = N
     if ibatch_split:
         opt_ctx.params_for_epoch(ep)
     prog = _progress if _progress is not None else _Progress(progress)
-    own_interrupt = _interrupt is None
+    # Ctrl-C stops training cleanly; an evaluation alone has nothing to keep: KeyboardInterrupt
+    own_interrupt = _interrupt is None and ibatch_split > 0
     intr: _Interrupt = _Interrupt() if _interrupt is None else _interrupt
     stopped: str | None = None
     try:

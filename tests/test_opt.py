@@ -193,9 +193,9 @@ def test_numpy_backend_trains_under_the_scheduler(monkeypatch):
     assert "OPT_STEP_ADAMW" not in counts and counts["MUL_MAT"] >= 20 * 8
 
 
-@pytest.mark.parametrize("name", [d.name for d in __import__("pyggml").devices() if d.type != "cpu"])
-def test_other_devices_train(name):
-    """Every other device of this build (CUDA, Vulkan...): the blobs are learned."""
+@pytest.mark.parametrize("name", [d.name for d in __import__("pyggml").devices() if d.type in ("gpu", "igpu")])
+def test_gpu_devices_train(name):
+    """Every GPU of this build (CUDA, Vulkan...) as the primary backend: the blobs are learned."""
     model = MLP(backend=name)
     opt.fit(model, blob_data(256), batch_size=32, epochs=15, optimizer=opt.AdamW(alpha=0.01), progress=False)
     assert opt.evaluate(model, blob_data(64)).accuracy > 0.9
@@ -301,6 +301,15 @@ def test_second_ctrl_c_raises_keyboard_interrupt():
     with pytest.raises(KeyboardInterrupt):
         opt.fit(MLP(), blob_data(256), batch_size=32, epochs=3, callback=cb, progress=False)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_during_an_evaluation_raises():
+    """Only training is stopped cleanly: an evaluation has nothing to keep."""
+    model, data = MLP(), blob_data(64)
+    with opt.OptContext(model, batch_size=32, dataset=data, build_type="forward") as octx:
+        with pytest.raises(KeyboardInterrupt):
+            opt.epoch(octx, data, None, opt.Result(), 0, callback=lambda info: os.kill(os.getpid(), signal.SIGINT))
+    assert opt.evaluate(model, data).ndata == 64
 
 
 def test_ctrl_c_from_outside_in_a_real_process(tmp_path):
