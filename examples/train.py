@@ -39,6 +39,7 @@ import train_data  # noqa: E402
 
 from pyggml import GGMLType, opt  # noqa: E402
 from pyggml.context import Context  # noqa: E402
+from pyggml.impl import numpy as numpy_backend  # noqa: E402
 from pyggml.tensor import Tensor  # noqa: E402
 
 N_CLASSES = 10
@@ -219,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.batch_size is not None and a.nbatch_logical is None:
         d["nbatch_logical"] = a.batch_size
 
+    if a.backend is not None and a.backend.upper() == numpy_backend.NAME:
+        numpy_backend.register()  # pyggml's backend written in Python (runs what it supports)
     t0 = time.perf_counter()
     (x_train, y_train), (x_test, y_test) = load(a.dataset, a.split_seed)
     hw = x_train.shape[1]

