@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,8 @@ class FC(opt.Model):
     """``mnist-fc``: logits = fc2(relu(fc1(images))). Weights in NumPy order, PyTorch's
     ``nn.Linear`` layout: fc1.weight (500, n_in) is ggml ``ne [n_in, 500]``."""
 
-    def __init__(self, n_in: int, rng: np.random.Generator, n_hidden: int = N_HIDDEN, init: str = "ggml", **kw):
+    def __init__(self, n_in: int, rng: np.random.Generator, n_hidden: int = N_HIDDEN, init: str = "ggml",
+                 **kw: Any):
         super().__init__(arch="mnist-fc", **kw)
         self.fc1_weight = self.param("fc1.weight", initial(rng, (n_hidden, n_in), init))
         self.fc1_bias = self.param("fc1.bias", initial(rng, (n_hidden,), init))
@@ -103,7 +105,7 @@ class CNN(opt.Model):
     ``ne [kw, kh, in, out]``."""
 
     def __init__(self, hw: int, rng: np.random.Generator, c1: int = CNN_NCB, c2: int = 2 * CNN_NCB,
-                 pools: int = 2, f32_im2col: bool = False, init: str = "ggml", **kw):
+                 pools: int = 2, f32_im2col: bool = False, init: str = "ggml", **kw: Any):
         super().__init__(arch="mnist-cnn" if (hw, c1, c2, pools) == (28, CNN_NCB, 2 * CNN_NCB, 2) else "cnn", **kw)
         if pools not in (1, 2) or hw % 2 ** pools:
             raise ValueError(f"{pools} pools by 2 need an image size divisible by {2 ** pools}")
@@ -133,7 +135,7 @@ class CNN(opt.Model):
 #: threads (digits: 1, its batches are too small to share), and per model the training recipe
 #: (AdamW learning rate, its schedule, the initialisation) and the CNN's shape. MNIST's defaults
 #: are ggml's mnist-train: N(0, 0.01) initialisation, constant lr 1e-3, ggml_conv_2d.
-DEFAULTS = {
+DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": dict(batch_size=32, nbatch_logical=32, val_split=0.05, shard_size=1, n_test=357, threads=1,
                    mlp=dict(lr=1e-3), cnn=dict(lr=2e-3, c1=32, c2=32, pools=1, f32_im2col=True)),
     "mnist": dict(batch_size=500, nbatch_logical=1000, val_split=0.05, shard_size=10, n_test=None, threads=None,
@@ -144,7 +146,7 @@ DEFAULTS = {
 RECIPE = {"lr": 1e-3, "schedule": "constant", "init": "ggml"}  # what a model config does not say
 
 
-def recipe(dataset: str, kind: str, **overrides) -> dict:
+def recipe(dataset: str, kind: str, **overrides: Any) -> dict[str, Any]:
     """The model config of ``dataset``/``kind`` with ``overrides`` (None values ignored)."""
     cfg = dict(RECIPE, **DEFAULTS[dataset][kind])
     cfg.update({k: v for k, v in overrides.items() if v is not None})
@@ -173,7 +175,7 @@ def load(name: str, split_seed: int = 0) -> tuple[tuple[np.ndarray, np.ndarray],
 
 
 def make_model(kind: str, hw: int, seed: int, backend: str | None = None, n_threads: int | None = None,
-               dataset: str = "mnist", **overrides) -> opt.Model:
+               dataset: str = "mnist", **overrides: Any) -> opt.Model:
     """The ``kind`` ("mlp" or "cnn") model for ``hw`` x ``hw`` images, as configured for
     ``dataset`` (default: ggml's MNIST architectures; ``overrides`` as :func:`recipe`),
     initialised from ``seed``."""

