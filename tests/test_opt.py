@@ -1,7 +1,7 @@
 """pyggml.opt: training with ggml-opt from Python.
 
-Learning is shown on real data (scikit-learn's digits, fetched hash-pinned once) and on small
-synthetic problems; the Python loop is checked bit for bit against ``ggml_opt_fit``; every bad
+Learning is shown on small synthetic problems (on real data: tests/examples/test_train.py); the
+Python loop is checked bit for bit against ``ggml_opt_fit``; every bad
 input ggml-opt would abort on must raise instead (an abort would kill this test process).
 """
 from __future__ import annotations
@@ -13,12 +13,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import urllib.error
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_example
+from conftest import ROOT
 import pyggml
 from pyggml import lib, opt
 from pyggml.enums import DeviceType
@@ -55,51 +54,6 @@ class MLP(opt.Model):
 def blob_data(n: int = 256, **kw) -> opt.Dataset:
     x, y = blobs(n)
     return opt.Dataset(x, opt.one_hot(y, 4), **kw)
-
-
-@pytest.fixture(scope="module")
-def digits():
-    train_data = load_example("train_data")
-    try:
-        return train_data.load_digits()
-    except (urllib.error.URLError, OSError) as e:  # a hash mismatch is a ValueError: not skipped
-        pytest.skip(f"scikit-learn's digits could not be fetched from the package index: {e}")
-
-
-# ---------------------------------------------------------------------------------------------
-# learning on real data
-
-def test_digits_mlp_learns_in_seconds(digits):
-    """ggml's MNIST FC architecture (500 hidden) on scikit-learn's digits, a few epochs."""
-    train = load_example("train")
-    x, y = digits
-    tr, te = load_example("train_data").split(len(x), 357, 0)
-    model = train.make_model("mlp", 8, seed=0, n_threads=1)
-    data = opt.Dataset(x[tr], opt.one_hot(y[tr], 10), seed=0)
-    history = opt.fit(model, data, batch_size=32, epochs=8, val_split=0.05, progress=False)
-    assert len(history) == 8 and history.stopped is None
-    assert history[-1].train.loss < 0.5 * history[0].train.loss
-    result = opt.evaluate(model, opt.Dataset(x[te], opt.one_hot(y[te], 10)))
-    assert result.ndata == 357
-    assert result.accuracy >= 0.90, result
-    # ggml-opt's predictions (in dataset order: evaluate does not shuffle) and the scheduler
-    # forward pass of Model.predict agree
-    pred = result.pred()
-    assert np.array_equal(pred, model.predict(x[te]).argmax(axis=1))
-    assert result.accuracy == pytest.approx(np.mean(pred == y[te]))
-    model.close()
-
-
-def test_train_example_cli_contract(digits):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train.py"), "--dataset", "digits",
-                          "--model", "mlp", "--epochs", "6", "--seed", "1", "--threads", "1", "--quiet"],
-                         capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    last = out.stdout.strip().splitlines()[-1]
-    assert last.startswith("test accuracy: 0.") and len(last) == len("test accuracy: 0.xxxx")
-    assert float(last.split(":")[1]) >= 0.9
-    assert "reloaded for inference: test accuracy" in out.stdout
 
 
 # ---------------------------------------------------------------------------------------------
