@@ -13,7 +13,8 @@ Three layers, each a folder or a set of modules (ARCHITECTURE.md draws them):
   :class:`BufferType`, :class:`Buffer`, :class:`Backend` (compute), :class:`Event`,
   :class:`Device`, :class:`Registry`, :class:`Scheduler`, :class:`CPUBackend`,
   :class:`GraphCache` (graphs built once per shape, computed again with new inputs); plus
-  :mod:`pyggml.types`, :mod:`pyggml.enums`, :mod:`pyggml.gguf`, :mod:`pyggml.rpc`. Objects own
+  :mod:`pyggml.types`, :mod:`pyggml.enums`, :mod:`pyggml.gguf`, :mod:`pyggml.rpc`,
+  :mod:`pyggml.opt` (training with ggml-opt; ``from pyggml import opt``). Objects own
   or borrow their C object explicitly (``close()``, ``with``; :mod:`pyggml._cobject`) and check
   what ggml would assert on, raising Python exceptions instead.
 * **Python backends** (:mod:`pyggml.impl`) — ggml backends written in Python, the NumPy

@@ -79,7 +79,7 @@ _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     lib.GGML_OP_POOL_1D: lambda p: p.src[0].type in (_F32, _F16),
     lib.GGML_OP_POOL_2D: lambda p: p.src[0].type in (_F32, _F16),
     lib.GGML_OP_TIMESTEP_EMBEDDING: lambda p: p.src[0].type == _F32 and _unit_stride(p.src[0]),
-    lib.GGML_OP_CROSS_ENTROPY_LOSS: lambda p: all(s.type == _F32 and _unit_stride(s) for s in p.src[:2]),
+    lib.GGML_OP_CROSS_ENTROPY_LOSS: lambda p: all(s.type == _F32 and _unit_stride(s) for s in p.src[0:2]),
     lib.GGML_OP_PAD: lambda p: p.src[0].type == _F32,
     lib.GGML_OP_TOP_K: lambda p: p.src[0].type == _F32,
     lib.GGML_OP_UPSCALE: lambda p: p.src[0].type == _F32,

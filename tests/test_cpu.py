@@ -10,6 +10,7 @@ import pytest
 
 import pyggml
 from pyggml import Context, CPUBackend, GGMLType
+from pyggml.cpu import cpu_kernel_supports
 
 
 def test_ctrl_c_interrupts_a_cpu_compute():
@@ -43,3 +44,16 @@ def test_closing_a_threadpool_a_backend_uses_gives_the_backend_its_own_threads_b
             pool.close()                         # would be a use after free at the next compute
             g.compute(be)
             np.testing.assert_array_equal(y.numpy(), np.ones(64))
+
+
+def test_cpu_kernel_check_of_cross_entropy_loss():
+    """The CPU's further check for CROSS_ENTROPY_LOSS reads its two sources (a cffi array of
+    pointers is sliced with an explicit start: ``src[:2]`` raised IndexError for every node)."""
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(8) as ctx:
+        logits = ctx.new_tensor(GGMLType.F32, [10, 4])
+        labels = ctx.new_tensor(GGMLType.F32, [10, 4])
+        loss = ctx.cross_entropy_loss(logits, labels)
+        assert cpu_kernel_supports(loss)
+        assert be.supports_op(loss)
+        half = ctx.new_tensor(GGMLType.F16, [10, 4])
+        assert not cpu_kernel_supports(ctx.cross_entropy_loss(half, labels))  # the kernel is F32 only
