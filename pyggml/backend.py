@@ -258,8 +258,13 @@ class Backend(_cobject.CObject):
                 continue
             t = Tensor._of(node)
             raise ValueError(f"backend {self.name} cannot compute node {t._label()} "
-                             f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]})")
+                             f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]}): "
+                             f"{self._why_not(node)}")
         return _Checked(graph, n_nodes, records, contexts)
+
+    def _why_not(self, p: Any) -> str:
+        """What to say when this backend cannot compute node ``p`` (``_supports_raw`` false)."""
+        return "its supports_op refuses the op or these types (compute it on another backend)"
 
     def _prepare(self, graph: "Graph") -> Any:
         """The graph's C pointer, after the check (cached on the graph) of everything computing
