@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from . import _cobject, _trial
 from .backend import Backend
@@ -70,7 +71,7 @@ _CONVERT = {lib.GGML_OP_CPY, lib.GGML_OP_DUP, lib.GGML_OP_CONT}
 def _unit_stride(t: Any) -> bool:
     """Elements of a row are adjacent (``nb[0] == ggml_type_size``): what most CPU kernels assert
     of their sources ("we don't support permuted src0"); a transposed or permuted view fails."""
-    return t.nb[0] == lib.ggml_type_size(t.type)
+    return bool(t.nb[0] == lib.ggml_type_size(t.type))
 
 
 def _cpu_can_copy(p: Any) -> bool:
@@ -112,7 +113,7 @@ def _flash_attn_ok(p: Any) -> bool:
     kt = lib.ggml_get_type_traits_cpu(k.type)
     if kt.vec_dot == ffi.NULL or lib.ggml_get_type_traits_cpu(kt.vec_dot_type).from_float == ffi.NULL:
         return False
-    return v.type == _F32 or lib.ggml_get_type_traits(v.type).to_float != ffi.NULL
+    return bool(v.type == _F32 or lib.ggml_get_type_traits(v.type).to_float != ffi.NULL)
 
 
 def _src0_unit(p: Any) -> bool:
@@ -132,12 +133,12 @@ def _pool_ok(p: Any) -> bool:
     if p.op == lib.GGML_OP_POOL_1D:
         return bool(lib.ggml_is_contiguous_1(s))
     plane = ne[0] * nb[0] + (ne[1] - 1) * nb[1]
-    return 0 < plane <= nb[2] and (ne[3] == 1 or nb[3] == ne[2] * nb[2])
+    return bool(0 < plane <= nb[2] and (ne[3] == 1 or nb[3] == ne[2] * nb[2]))
 
 
 #: further conditions the CPU kernels assert on (ggml-cpu/ops.cpp, binary-ops.cpp,
 #: unary-ops.cpp, ggml-cpu.c), per op: types beyond _CPU_SRC0_TYPES, and layouts
-_CPU_CHECKS = {
+_CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     lib.GGML_OP_IM2COL: lambda p: _unit_stride(p.src[1]) and (
         (p.type == _F32 and p.src[1].type == _F32) or (p.type == _F16 and p.src[1].type in (_F16, _F32))),
     lib.GGML_OP_POOL_1D: _pool_ok,
@@ -347,7 +348,7 @@ def _new_cpu_backend(n_threads: int | None = None) -> CPUBackend:
     return CPUBackend(n_threads=n_threads)
 
 
-def aligned_zeros(shape: int | tuple[int, ...], dtype: object = np.float32, align: int = 64) -> np.ndarray:
+def aligned_zeros(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32, align: int = 64) -> np.ndarray:
     """A zero-filled C-contiguous NumPy array whose data starts at a multiple of ``align`` bytes
     (NumPy itself guarantees only 16), e.g. for :func:`cpu_buffer_from_array`."""
     dt = np.dtype(dtype)

@@ -101,8 +101,7 @@ _DELETER_FN = _DELETER(_deleter)
 _DELETER_V_FN = _DELETER_V(_deleter)
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule: int) -> None:
+def _capsule_destructor_py(capsule: int) -> None:
     """A capsule no consumer took (still named "dltensor"/"dltensor_versioned"): let go
     ourselves. A taken one is renamed "used_..." and its consumer calls the deleter."""
     name = _capsule_get_name(capsule)
@@ -110,6 +109,9 @@ def _capsule_destructor(capsule: int) -> None:
         addr = _capsule_get_pointer(capsule, name)
         if addr:
             _EXPORTED.pop(addr, None)
+
+
+_capsule_destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_capsule_destructor_py)
 
 
 class Lent:

@@ -133,7 +133,9 @@ class Graph(_cobject.CObject):
         g = self.ptr
         for out in outputs:
             out = tensor_arg(out, "output")
-            new_nodes, new_leafs, stack = set(), set(), [out._ptr]
+            new_nodes: set[Any] = set()
+            new_leafs: set[Any] = set()
+            stack = [out._ptr]
             seen = self._seen
             while stack:
                 p = stack.pop()

@@ -195,6 +195,7 @@ class Tensor(_cobject.CBorrowed):
 
     __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type")
     _kind = "tensor"
+    _ne: tuple[int, ...]  # always 4 sizes
 
     def __init__(self, ptr: Any, ctx: "Context | BorrowScope"):
         if ptr == ffi.NULL:
@@ -206,7 +207,7 @@ class Tensor(_cobject.CBorrowed):
         self._type = _TYPE_OF[ptr.type]
 
     @classmethod
-    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, int, int, int], type: GGMLType) -> "Tensor":
+    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, ...], type: GGMLType) -> "Tensor":
         """A new node whose ``ne`` and type the caller knows already (the op constructors compute
         them as ggml.c does), saving the read of the C struct."""
         t = _new(cls)
@@ -272,9 +273,7 @@ class Tensor(_cobject.CBorrowed):
 
     def _label(self) -> str:
         """How messages name the tensor: its name, or its op and shape when it has none."""
-        p = self._ptr
-        name = ffi.string(p.name).decode("utf-8", "replace")
-        return repr(name) if name else f"({op_name(p.op)} ne={list(self._ne)})"
+        return buffer.label(self._ptr)
 
     @property
     def type(self) -> GGMLType:
@@ -294,7 +293,7 @@ class Tensor(_cobject.CBorrowed):
     @property
     def nb(self) -> tuple[int, int, int, int]:
         """Stride in bytes per dimension, ggml order (quantized: ``nb[0]`` is the block size in bytes)."""
-        return tuple(self.ptr.nb)  # type: ignore[return-value]
+        return tuple(self.ptr.nb)
 
     @property
     def n_dims(self) -> int:
@@ -331,7 +330,7 @@ class Tensor(_cobject.CBorrowed):
     @property
     def op_params(self) -> np.ndarray:
         """A copy of the op parameters as int32 (float parameters are bit-cast: ``.view(np.float32)``)."""
-        return np.frombuffer(ffi.buffer(self.ptr.op_params), dtype=np.int32).copy()
+        return np.frombuffer(ffi.buffer(self.ptr.op_params), dtype=np.int32).copy()  # type: ignore[no-any-return]
 
     @property
     def params(self) -> dict[str, Any]:
@@ -461,7 +460,8 @@ class Tensor(_cobject.CBorrowed):
     def __repr__(self) -> str:
         if self.closed:
             return "<Tensor (closed)>"
-        return f"<Tensor {self.name!r} {self.type_name} ne={list(self._ne)} op={self.op_name}>"
+        name = f" {self.name!r}" if self.name else ""
+        return f"<Tensor{name} {self.type_name} ne={list(self._ne)} op={self.op_name}>"
 
     def __iter__(self) -> Iterator[Any]:
         raise TypeError("a ggml Tensor is not iterable: use .numpy()")

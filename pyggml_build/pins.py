@@ -74,6 +74,8 @@ PINS: dict[str, Pin] = {
                   extras={"tests/test-backend-ops.cpp": (_LLAMA_CPP_PYTHON_0_3_36,
                                                          "vendor/llama.cpp/tests/test-backend-ops.cpp"),
                           "ggml.pc.in": (_LIBGGML_0_20_2, "ggml/ggml.pc.in"),
+                          # llama.cpp's license is ggml's (MIT, "The ggml authors")
+                          "LICENSE": (_LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/LICENSE"),
                           **_EXAMPLES},
                   undefined_functions=_UNDEFINED),
 }

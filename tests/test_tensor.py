@@ -74,3 +74,29 @@ def test_op_params_are_decoded_per_op():
         assert ctx.permute(a, 1, 0, 2).params == {"axis0": 1, "axis1": 0, "axis2": 2, "axis3": 3}
         assert ctx.concat(a, a, 2).params == {"dim": 2}
         assert "raw" in ctx.add(a, a).params
+
+
+def test_messages_name_unnamed_tensors_by_op_and_shape():
+    import pyggml
+
+    with Context.for_tensors(8, graph_size=16) as c, pyggml.CPUBackend(1) as cpu, \
+            Context.for_tensors(2) as weights:
+        a = c.new_tensor("f32", [4])
+        assert repr(a) == "<Tensor f32 ne=[4, 1, 1, 1] op=NONE>"
+        b = c.add(a, a)
+        g = c.new_graph(16).build_forward(b)
+        with pytest.raises(ValueError, match=r"^node 'node_0' \(ADD ne=\[4, 1, 1, 1\]\) has no data: allocate"):
+            cpu.graph_compute(g)
+        # the node has data, one of its sources has none
+        w = weights.new_tensor("f32", [4], name="w")
+        weights.alloc_tensors(cpu)
+        x = c.new_tensor("f32", [4], name="x")
+        y = c.add(x, w)
+        y.name = "y"
+        with pyggml.GraphAllocator(cpu) as galloc:
+            g2 = c.new_graph(16).build_forward(y)
+            galloc.alloc_graph(g2)
+            x.ptr.data = pyggml.ffi.NULL  # as if never placed
+            x.ptr.buffer = pyggml.ffi.NULL
+            with pytest.raises(ValueError, match=r"^tensor 'x' \(a source of node 'y'\) has no data"):
+                cpu.graph_compute(g2)

@@ -7,12 +7,12 @@ functions known to be undefined are what the build recorded (``pyggml.raw.BUILD_
 """
 from __future__ import annotations
 
-import ctypes
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import compiler
 
 import pyggml
 from pyggml import callbacks, ffi, lib
@@ -48,7 +48,7 @@ def aux_info(tmp_path_factory) -> dict[str, set[str]]:
     tu = tmp / "all.c"
     tu.write_text("".join(f'#include "{h}"\n' for h in HEADERS))
     out = tmp / "aux.txt"
-    subprocess.run(["gcc", "-fsyntax-only", f"-aux-info={out}", "-I", str(INCLUDE), str(tu)],
+    subprocess.run([compiler("gcc"), "-fsyntax-only", f"-aux-info={out}", "-I", str(INCLUDE), str(tu)],
                    check=True)
     found: dict[str, set[str]] = {h: set() for h in HEADERS}
     for line in out.read_text().splitlines():

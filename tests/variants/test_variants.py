@@ -9,13 +9,12 @@ scheduler on [device, CPU] against the sentence-transformers reference.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_example
+from conftest import compiler, load_example
 
 import pyggml
 from pyggml import dl, lib, rpc
@@ -99,9 +98,7 @@ def test_rpc_needs_the_rpc_backend():
 @pytest.fixture()
 def broken_module(tmp_path):
     """A backend module that cannot load: it needs a library that does not exist."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
+    cc = compiler("gcc")
     (tmp_path / "dep.c").write_text("int pyggml_test_dep(void) { return 1; }\n")
     (tmp_path / "mod.c").write_text("int pyggml_test_dep(void);\nint f(void) { return pyggml_test_dep(); }\n")
     subprocess.run([cc, "-shared", "-fPIC", "-o", tmp_path / "libpyggmlmissingdep.so", tmp_path / "dep.c"], check=True)
