@@ -39,6 +39,17 @@ def _tensor_with_data(t: Tensor) -> Any:
     return p
 
 
+def _copy_arg(t: Tensor) -> Any:
+    """A tensor for ggml_backend_tensor_copy(_async), which reads the tensor's own buffer (not
+    its view source's): a view made after its source was allocated has none (buffer NULL) and
+    would abort in ggml_backend_buffer_get_type."""
+    p = _tensor_with_data(t)
+    if p.buffer == ffi.NULL:
+        raise ValueError(f"view {t._label()} has no buffer of its own (made after its source was "
+                         "allocated): give it one with pyggml.utils.view_init first")
+    return p
+
+
 def _same_layout(a: Tensor, b: Tensor) -> bool:
     """ggml_are_same_layout (static in ggml-impl.h): same type, ne and nb."""
     return a.type == b.type and a.ne == b.ne and a.nb == b.nb
@@ -219,16 +230,19 @@ class Backend(_cobject.CObject):
 
     @staticmethod
     def tensor_copy(src: Tensor, dst: Tensor) -> None:
-        """``ggml_backend_tensor_copy`` between any buffers; layouts must match."""
-        ps, pd = _tensor_with_data(src), _tensor_with_data(dst)
+        """``ggml_backend_tensor_copy`` between any buffers; layouts must match. Raises
+        ValueError for a tensor outside a backend buffer, a view without a buffer of its own
+        (see :func:`pyggml.utils.view_init`) and differing layouts."""
+        ps, pd = _copy_arg(src), _copy_arg(dst)
         if not _same_layout(src, dst):
             raise ValueError("tensor_copy needs tensors of the same type, ne and nb")
         with calling():
             lib.ggml_backend_tensor_copy(ps, pd)
 
     def tensor_copy_async(self, dst_backend: "Backend", src: Tensor, dst: Tensor) -> None:
-        """``ggml_backend_tensor_copy_async`` from this backend to ``dst_backend``."""
-        ps, pd = _tensor_with_data(src), _tensor_with_data(dst)
+        """``ggml_backend_tensor_copy_async`` from this backend to ``dst_backend``; raises
+        ValueError as :meth:`tensor_copy` does."""
+        ps, pd = _copy_arg(src), _copy_arg(dst)
         if not _same_layout(src, dst):
             raise ValueError("tensor_copy_async needs tensors of the same type, ne and nb")
         with calling():
@@ -258,8 +272,13 @@ class Backend(_cobject.CObject):
                 continue
             t = Tensor._of(node)
             raise ValueError(f"backend {self.name} cannot compute node {t._label()} "
-                             f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]})")
+                             f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]}): "
+                             f"{self._why_not(node)}")
         return _Checked(graph, n_nodes, records, contexts)
+
+    def _why_not(self, p: Any) -> str:
+        """What to say when this backend cannot compute node ``p`` (``_supports_raw`` false)."""
+        return "its supports_op refuses the op or these types (compute it on another backend)"
 
     def _prepare(self, graph: "Graph") -> Any:
         """The graph's C pointer, after the check (cached on the graph) of everything computing

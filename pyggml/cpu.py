@@ -31,7 +31,7 @@ _CPU_SRC0_TYPES = {
     lib.GGML_OP_NORM: {_F32}, lib.GGML_OP_RMS_NORM: {_F32}, lib.GGML_OP_L2_NORM: {_F32},
     lib.GGML_OP_SCALE: {_F32}, lib.GGML_OP_SOFT_MAX: {_F32}, lib.GGML_OP_DIAG_MASK_INF: {_F32},
     lib.GGML_OP_ARGSORT: {_F32}, lib.GGML_OP_LEAKY_RELU: {_F32, _F16},
-    lib.GGML_OP_CLAMP: {_F32, _F16, _BF16}, lib.GGML_OP_ROPE: {_F32, _F16},
+    lib.GGML_OP_CLAMP: {_F32, _F16}, lib.GGML_OP_ROPE: {_F32, _F16},  # clamp of BF16: "fatal error"
     lib.GGML_OP_SET_ROWS: {_F32, _F16},
     # every type with a to_float, and I32 (ggml_compute_forward_get_rows)
     lib.GGML_OP_GET_ROWS: {t for t in range(lib.GGML_TYPE_COUNT) if t not in (
@@ -69,42 +69,134 @@ _CONVERT = {lib.GGML_OP_CPY, lib.GGML_OP_DUP, lib.GGML_OP_CONT}
 
 
 def _unit_stride(t: Any) -> bool:
+    """Elements of a row are adjacent (``nb[0] == ggml_type_size``): what most CPU kernels assert
+    of their sources ("we don't support permuted src0"); a transposed or permuted view fails."""
     return bool(t.nb[0] == lib.ggml_type_size(t.type))
 
 
-#: further conditions the CPU kernels assert on (ggml-cpu/ops.cpp), per op
+def _cpu_can_copy(p: Any) -> bool:
+    """CPY / DUP / CONT: the type pair (:func:`_cpu_can_convert`) and the layouts the conversion
+    kernels assert: to a quantized type (``ggml_compute_forward_dup_to_q``) a contiguous
+    destination and a unit-stride source; from a quantized type (``dup_from_q``) a destination
+    with unit-stride rows, whole blocks per row or contiguous."""
+    src, dst = p.src[0].type, p.type
+    if not _cpu_can_convert(src, dst):
+        return False
+    if src == dst:
+        return True  # ggml_compute_forward_dup_bytes: any layout
+    if lib.ggml_is_quantized(dst):
+        return bool(lib.ggml_is_contiguous(p)) and _unit_stride(p.src[0])
+    if lib.ggml_is_quantized(src):
+        d = p.src[1] if p.src[1] != ffi.NULL else p  # the kernel reads the copy's target
+        return _unit_stride(d) and (d.ne[0] % lib.ggml_blck_size(src) == 0 or bool(lib.ggml_is_contiguous(p)))
+    return True
+
+
+#: unary kinds computed by ggml-cpu/unary-ops.cpp's apply_unary_op, which asserts unit-stride
+#: source rows (the others, gelu and silu of ops.cpp, do not)
+_UNARY_UNIT = {getattr(lib, f"GGML_UNARY_OP_{n}") for n in (
+    "ABS SGN NEG STEP TANH ELU RELU SIGMOID HARDSWISH HARDSIGMOID EXP FLOOR CEIL ROUND TRUNC "
+    "EXPM1 SOFTPLUS").split() if hasattr(lib, f"GGML_UNARY_OP_{n}")}
+_PRECS = (lib.GGML_PREC_DEFAULT, lib.GGML_PREC_F32)
+
+
+def _flash_attn_ok(p: Any) -> bool:
+    """ggml_compute_forward_flash_attn_ext: accumulator precision DEFAULT or F32 (op_params[3],
+    Tensor.set_prec), unit-stride q, k and v, q read as F32, K a type with a CPU vec_dot whose
+    vec_dot type converts from F32, V F32 or with a to_float. (K and V may differ: the tiled path
+    that asserts equal types is taken only when they are equal.)"""
+    q, k, v = p.src[0], p.src[1], p.src[2]
+    if p.op_params[3] not in _PRECS or q.type != _F32:
+        return False
+    if not (_unit_stride(q) and _unit_stride(k) and _unit_stride(v)):
+        return False
+    kt = lib.ggml_get_type_traits_cpu(k.type)
+    if kt.vec_dot == ffi.NULL or lib.ggml_get_type_traits_cpu(kt.vec_dot_type).from_float == ffi.NULL:
+        return False
+    return bool(v.type == _F32 or lib.ggml_get_type_traits(v.type).to_float != ffi.NULL)
+
+
+def _src0_unit(p: Any) -> bool:
+    return _unit_stride(p.src[0])
+
+
+def _pool_ok(p: Any) -> bool:
+    """POOL_1D / POOL_2D (F32, F16): the kernels read rows as unit-stride arrays; pool_1d reads
+    row r at r * nb[1] (rows evenly spaced: ggml_is_contiguous_1), and pool_2d walks planes by
+    nb[2] until the end of the source's bytes, writing one destination plane each, so the planes
+    must be evenly spaced, in order, and each must hold its rows (else it writes past its
+    destination). No GGML_ASSERT: wrong results or memory corruption otherwise."""
+    s = p.src[0]
+    if s.type not in (_F32, _F16) or not _unit_stride(s):
+        return False
+    ne, nb = s.ne, s.nb
+    if p.op == lib.GGML_OP_POOL_1D:
+        return bool(lib.ggml_is_contiguous_1(s))
+    plane = ne[0] * nb[0] + (ne[1] - 1) * nb[1]
+    return bool(0 < plane <= nb[2] and (ne[3] == 1 or nb[3] == ne[2] * nb[2]))
+
+
+#: further conditions the CPU kernels assert on (ggml-cpu/ops.cpp, binary-ops.cpp,
+#: unary-ops.cpp, ggml-cpu.c), per op: types beyond _CPU_SRC0_TYPES, and layouts
 _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     lib.GGML_OP_IM2COL: lambda p: _unit_stride(p.src[1]) and (
         (p.type == _F32 and p.src[1].type == _F32) or (p.type == _F16 and p.src[1].type in (_F16, _F32))),
-    lib.GGML_OP_POOL_1D: lambda p: p.src[0].type in (_F32, _F16),
-    lib.GGML_OP_POOL_2D: lambda p: p.src[0].type in (_F32, _F16),
+    lib.GGML_OP_POOL_1D: _pool_ok,
+    lib.GGML_OP_POOL_2D: _pool_ok,
     lib.GGML_OP_TIMESTEP_EMBEDDING: lambda p: p.src[0].type == _F32 and _unit_stride(p.src[0]),
-    lib.GGML_OP_CROSS_ENTROPY_LOSS: lambda p: all(s.type == _F32 and _unit_stride(s) for s in p.src[0:2]),
+    lib.GGML_OP_CROSS_ENTROPY_LOSS: lambda p: all(s.type == _F32 and _unit_stride(s) for s in (p.src[0], p.src[1])),
     lib.GGML_OP_PAD: lambda p: p.src[0].type == _F32,
     lib.GGML_OP_TOP_K: lambda p: p.src[0].type == _F32,
     lib.GGML_OP_UPSCALE: lambda p: p.src[0].type == _F32,
-    lib.GGML_OP_CUMSUM: lambda p: p.src[0].type == _F32,
-    lib.GGML_OP_ACC: lambda p: p.src[0].type == _F32 and p.src[1].type == _F32,
+    lib.GGML_OP_CUMSUM: lambda p: p.src[0].type == _F32 and _unit_stride(p.src[0]),
+    lib.GGML_OP_ACC: lambda p: p.src[0].type == _F32 and p.src[1].type == _F32 and _unit_stride(p.src[1]),
+    lib.GGML_OP_REPEAT: _src0_unit,
+    lib.GGML_OP_SUM_ROWS: _src0_unit,
+    lib.GGML_OP_RMS_NORM: _src0_unit,
+    lib.GGML_OP_CLAMP: _src0_unit,
+    lib.GGML_OP_OUT_PROD: _src0_unit,
+    lib.GGML_OP_ROPE: _src0_unit,
+    lib.GGML_OP_SQR: _src0_unit, lib.GGML_OP_SQRT: _src0_unit, lib.GGML_OP_LOG: _src0_unit,
+    lib.GGML_OP_SIN: _src0_unit, lib.GGML_OP_COS: _src0_unit,
+    lib.GGML_OP_UNARY: lambda p: lib.ggml_get_unary_op(p) not in _UNARY_UNIT or _unit_stride(p.src[0]),
+    lib.GGML_OP_MUL_MAT: lambda p: _unit_stride(p.src[0]) and _unit_stride(p.src[1]),
+    lib.GGML_OP_SCALE: lambda p: bool(lib.ggml_is_contiguous(p.src[0]) and lib.ggml_is_contiguous(p)),
+    # in place (a view of src0) the kernel skips its copy and the contiguity assert
+    lib.GGML_OP_DIAG_MASK_INF: lambda p: _unit_stride(p.src[0]) and (
+        p.view_src != ffi.NULL or bool(lib.ggml_is_contiguous(p.src[0]))),
+    lib.GGML_OP_FLASH_ATTN_EXT: _flash_attn_ok,
 }
 
 
 def cpu_kernel_supports(node: Tensor) -> bool:
-    """Whether ggml's CPU kernels handle the types of ``node`` (a stricter check than
-    ``ggml_backend_supports_op``, whose CPU answer is true for some type combinations whose
-    kernel then aborts the process)."""
+    """Whether ggml's CPU kernels handle the types and layouts of ``node`` (a stricter check than
+    ``ggml_backend_supports_op``, whose CPU answer is true for some type combinations and for
+    transposed or permuted sources whose kernel then aborts the process; ``cont()`` the source
+    first)."""
     return _cpu_kernel_supports_raw(tensor_arg(node, "node")._ptr)
 
 
 def _cpu_kernel_supports_raw(p: Any) -> bool:
-    if p.op in _BINARY:
-        return (p.src[0].type, p.src[1].type, p.type) in _BINARY_TYPES
-    if p.op in _CONVERT:
-        return _cpu_can_convert(p.src[0].type, p.type)
-    check = _CPU_CHECKS.get(p.op)
+    op = p.op
+    if op in _BINARY:  # binary-ops.cpp: unit-stride src0 (src1 may be strided)
+        return (p.src[0].type, p.src[1].type, p.type) in _BINARY_TYPES and _unit_stride(p.src[0])
+    if op in _CONVERT:
+        return _cpu_can_copy(p)
+    check = _CPU_CHECKS.get(op)
     if check is not None and not check(p):
         return False
-    allowed = _CPU_SRC0_TYPES.get(p.op)
+    allowed = _CPU_SRC0_TYPES.get(op)
     return allowed is None or p.src[0].type in allowed
+
+
+def _layout_hint(p: Any) -> str:
+    """Why the kernel table refuses node ``p`` (for error messages): a source that is a
+    transposed, permuted or strided view, else its types."""
+    strided = [i for i, s in enumerate(p.src) if s != ffi.NULL and not lib.ggml_is_contiguous(s)]
+    if strided:
+        return (f"ggml's CPU kernel for it needs other source layouts (source {strided[0]} is a "
+                "transposed, permuted or strided view): make it contiguous with Context.cont first")
+    return "ggml's CPU kernel for it does not take these types (or this precision): convert with Context.cast"
 
 
 class Threadpool(_cobject.CObject):
@@ -212,6 +304,11 @@ class CPUBackend(Backend):
 
     def _supports_raw(self, p: Any) -> bool:
         return bool(lib.ggml_backend_supports_op(self._ptr, p)) and _cpu_kernel_supports_raw(p)
+
+    def _why_not(self, p: Any) -> str:
+        if lib.ggml_backend_supports_op(self._ptr, p):
+            return _layout_hint(p)
+        return super()._why_not(p)
 
     def _check_graph(self, graph: "Graph", n_nodes: int) -> Any:
         state = super()._check_graph(graph, n_nodes)

@@ -35,6 +35,9 @@ __all__ = ["Ops", "UNARY_OPS", "host_array", "op_constructors"]
 _t = tensor_arg
 _OVERHEAD = int(lib.ggml_tensor_overhead())
 _F32, _F16, _I32, _I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
+#: element counts below this pass ggml_new_tensor_impl's int64 overflow check whatever the
+#: order of the dimensions (see :func:`check_nelements`)
+_NE_SAFE = 2**62
 
 
 def host_array(t: Tensor) -> np.ndarray:
@@ -406,19 +409,30 @@ class Ops(UncheckedOps):
 
     # ------------------------------------------------------------------ normalisation
     def norm(self, a: Tensor, eps: float = 1e-5) -> Tensor:
-        """``ggml_norm``: (a - mean) / sqrt(var + eps) along ne[0]."""
+        """``ggml_norm``: (a - mean) / sqrt(var + eps) along ne[0]. Raises ValueError unless
+        eps >= 0 (the CPU kernel asserts it)."""
         a = _t(a, "a")
-        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, a._ptr, float(eps))
+        eps = float(eps)
+        if not eps >= 0:  # NaN too
+            raise ValueError(f"norm: eps must be >= 0, not {eps}")
+        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, a._ptr, eps)
 
     def rms_norm(self, a: Tensor, eps: float = 1e-6) -> Tensor:
-        """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]."""
+        """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]. Raises ValueError unless
+        eps >= 0."""
         a = _t(a, "a")
-        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, a._ptr, float(eps))
+        eps = float(eps)
+        if not eps >= 0:  # NaN too
+            raise ValueError(f"rms_norm: eps must be >= 0, not {eps}")
+        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, a._ptr, eps)
 
     def l2_norm(self, a: Tensor, eps: float = 1e-12) -> Tensor:
-        """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]."""
+        """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]. Raises ValueError unless eps >= 0."""
         a = _t(a, "a")
-        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, a._ptr, float(eps))
+        eps = float(eps)
+        if not eps >= 0:  # NaN too
+            raise ValueError(f"l2_norm: eps must be >= 0, not {eps}")
+        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, a._ptr, eps)
 
     def soft_max(self, a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
                  max_bias: float = 0.0) -> Tensor:
@@ -592,9 +606,13 @@ class Ops(UncheckedOps):
         return _make(self, lib.ggml_set_rows, (a, b, rows), a._ptr, b._ptr, rows._ptr)
 
     def diag_mask_inf(self, a: Tensor, n_past: int) -> Tensor:
-        """``ggml_diag_mask_inf``: -inf above the diagonal shifted by ``n_past`` (causal mask)."""
+        """``ggml_diag_mask_inf``: -inf above the diagonal shifted by ``n_past`` (causal mask).
+        Raises ValueError for n_past < 0 (the CPU kernel asserts n_past >= 0)."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_diag_mask_inf, (a,), a._ptr, int(n_past))
+        n_past = int(n_past)
+        if not 0 <= n_past < 2**31:
+            raise ValueError(f"diag_mask_inf: n_past must be in 0..2**31-1, not {n_past}")
+        return _make(self, lib.ggml_diag_mask_inf, (a,), a._ptr, n_past)
 
     # ------------------------------------------------------------------ transformer pieces
     def rope(self, a: Tensor, pos: Tensor, n_dims: int, mode: int = 0, n_ctx_orig: int = 0,
@@ -602,12 +620,17 @@ class Ops(UncheckedOps):
              attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
              freq_factors: Tensor | None = None) -> Tensor:
         """``ggml_rope_ext``: rotary embedding of a (ne [head_dim, n_head, n_tokens, ...]) at
-        I32 positions ``pos`` (ne [n_tokens]). ``mode`` 0 (normal) or ``RopeType.NEOX``."""
+        I32 positions ``pos`` (ne [n_tokens]). ``mode`` 0 (normal) or ``RopeType.NEOX``.
+        Raises ValueError for another mode (multi-section and vision ropes take sections:
+        ``ctx.op("rope_multi", ...)``), bad positions, n_dims or freq_factors."""
         a, pos = _t(a, "a"), _t(pos, "pos")
         if mode & 1:
             raise ValueError("rope mode & 1 is no longer supported by ggml")
         if mode & lib.GGML_ROPE_TYPE_MROPE:
-            raise ValueError("multi-section rope: use pyggml.lib.ggml_rope_multi")
+            raise ValueError("multi-section rope: use ctx.op(\"rope_multi\", ...)")
+        if mode != 0 and mode != lib.GGML_ROPE_TYPE_NEOX:
+            raise ValueError(f"rope mode {mode}: ggml's rope kernels take 0 (normal) or "
+                             f"RopeType.NEOX ({lib.GGML_ROPE_TYPE_NEOX}) here")
         if pos._type != _I32 or pos.n_dims != 1 or pos._ne[0] != a._ne[2]:
             raise ValueError(f"rope: pos must be an I32 vector of a.ne[2]={a._ne[2]} positions")
         if not 0 < n_dims <= a._ne[0] or n_dims % 2:
@@ -838,12 +861,20 @@ class Ops(UncheckedOps):
         return _make(self, c_fn, ts, *(t._ptr for t in ts), cb.fn, n_tasks, cb.user_data)
 
     def arange(self, start: float, stop: float, step: float = 1.0) -> Tensor:
-        """``ggml_arange``: F32 [ceil((stop - start) / step)]."""
-        if step == 0 or (stop - start) / step <= 0:
-            raise ValueError("arange: empty or infinite range")
-        n = -(-(stop - start) // step)
-        self._reserve(int(n) * 4)
-        return _make(self, lib.ggml_arange, (), float(start), float(stop), float(step))
+        """``ggml_arange``: F32 [ceil((stop - start) / step)], computed in float32 as ggml does.
+        Raises ValueError unless start < stop and step > 0 (finite, in float32: ggml asserts
+        stop > start whatever the step) and the count fits a tensor."""
+        s0, s1, st = np.float32(start), np.float32(stop), np.float32(step)
+        if not (np.isfinite(s0) and np.isfinite(s1) and np.isfinite(st) and s1 > s0 and st > 0):
+            raise ValueError(f"arange({start}, {stop}, {step}): needs start < stop and step > 0 "
+                             "(finite float32 values)")
+        with np.errstate(over="ignore"):
+            q = np.ceil(np.float32(s1 - s0) / st)  # ceilf((stop - start) / step)
+        if not q <= _NE_SAFE:
+            raise ValueError(f"arange({start}, {stop}, {step}) has {q} elements: too many for a tensor")
+        n = int(q)
+        self._reserve(n * 4)
+        return _make(self, lib.ggml_arange, (), float(s0), float(s1), float(st))
 
 
 def _pool_op(op: str) -> int:

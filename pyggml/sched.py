@@ -51,7 +51,7 @@ class Scheduler(_cobject.CObject, Placer):
     """``ggml_backend_sched_new`` / ``ggml_backend_sched_free``, owned.
 
     ``backends`` in priority order, the last one a CPU backend (ggml requires it); ``bufts``
-    optional, one per backend, each supported by its backend. ``graph_size`` bounds nodes +
+    optional, one per backend, each supported by its backend. ``graph_size`` must exceed nodes +
     leafs of the graphs it takes. The scheduler keeps the backends alive.
 
     Raises ValueError for what ggml would assert on.
@@ -144,9 +144,11 @@ class Scheduler(_cobject.CObject, Placer):
             return g
         nodes = graph.raw_nodes()
         leafs = graph._raw_leafs(nodes)
-        if len(nodes) + len(leafs) > self.graph_size:
-            raise ValueError(f"graph has {len(nodes)} nodes and {len(leafs)} leafs, more than "
-                             f"the scheduler's graph_size {self.graph_size}")
+        if len(nodes) + len(leafs) >= self.graph_size:
+            # the scheduler's hash set (ggml_hash_set_new(graph_size)) takes the nodes, the leafs
+            # and one more key (the NULL view_src of a source it looks up): when full it aborts
+            raise ValueError(f"graph has {len(nodes)} nodes and {len(leafs)} leafs: the scheduler's "
+                             f"graph_size {self.graph_size} must be larger than their sum")
         if not any(p.op not in _VIEW_OPS for p in nodes):
             raise ValueError("the graph has no node that computes anything: a scheduler cannot split it")
         contexts = graph.contexts()
@@ -208,7 +210,8 @@ class Scheduler(_cobject.CObject, Placer):
     def alloc_graph(self, graph: Graph) -> None:
         """``ggml_backend_sched_alloc_graph``: split ``graph`` and allocate its tensors (resets
         the previous allocation first: tensors of the graph placed before become unusable).
-        Raises MemoryError on failure."""
+        Raises MemoryError on failure, ValueError when the split puts on a CPU backend a node
+        whose CPU kernel cannot compute it (the allocation is then reset)."""
         g = self._take(graph)
         state = graph.checked.get(self._ptr)
         if self._is_alloc or self._graph is not None:
@@ -222,8 +225,28 @@ class Scheduler(_cobject.CObject, Placer):
                 raise MemoryError("ggml_backend_sched_alloc_graph failed")
             self._is_alloc = True
             self._placed(graph)
+        try:
+            self._check_cpu_kernels(graph)
+        except ValueError:
+            self.reset()
+            raise
         if state is not None:  # the check made before splitting still holds for the split graph
             graph.checked[self._ptr] = state
+
+    def _check_cpu_kernels(self, graph: Graph) -> None:
+        """After the split: each node the scheduler put on a CPU backend must pass the CPU kernel
+        table (:func:`pyggml.cpu.cpu_kernel_supports`), which is stricter than the CPU
+        ``supports_op`` the scheduler asks (a node it refuses would abort in its kernel)."""
+        from .cpu import CPUBackend, _cpu_kernel_supports_raw, _layout_hint
+        cpus = {b._ptr for b in self._backends if isinstance(b, CPUBackend)}
+        if not cpus:
+            return
+        s = self.ptr
+        for p in graph.raw_nodes():
+            if (p.op not in EMPTY_OPS and not _cpu_kernel_supports_raw(p)
+                    and lib.ggml_backend_sched_get_tensor_backend(s, p) in cpus):
+                raise ValueError(f"the scheduler put node {buffer.label(p)} on the CPU backend, "
+                                 f"which cannot compute it: {_layout_hint(p)}")
 
     def reset(self) -> None:
         """``ggml_backend_sched_reset``: forget the allocation (tensor data becomes invalid; the

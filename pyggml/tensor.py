@@ -381,8 +381,13 @@ class Tensor(_cobject.CBorrowed):
         return self.ptr.op in EMPTY_OPS
 
     def set_input(self) -> "Tensor":
-        """``ggml_set_input``: allocated first, never overwritten by the graph allocator."""
-        lib.ggml_set_input(self.ptr)
+        """``ggml_set_input``: allocated first, never overwritten by the graph allocator.
+        Raises ValueError for a node (ggml asserts a leaf: an input is set, not computed)."""
+        p = self.ptr
+        if p.op != lib.GGML_OP_NONE:
+            raise ValueError(f"only a leaf can be an input, not a {op_name(p.op)} node "
+                             "(set the data of the tensors it is computed from instead)")
+        lib.ggml_set_input(p)
         return self
 
     def set_output(self) -> "Tensor":

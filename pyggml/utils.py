@@ -38,8 +38,15 @@ class GraphCopy(_cobject.CObject):
     def __init__(self, backend: Backend, graph: Graph):
         backend._prepare(graph)
         _check_in_buffers(graph)
-        with calling():
-            copy = lib.ggml_backend_graph_copy(backend.ptr, graph.ptr)
+        copy = None
+        try:
+            with calling():
+                copy = lib.ggml_backend_graph_copy(backend.ptr, graph.ptr)
+        except BaseException:  # a Python buffer's callback raised: free what ggml made
+            if copy is not None and copy.buffer != ffi.NULL:
+                with calling():
+                    lib.ggml_backend_graph_copy_free(copy)
+            raise
         if copy.buffer == ffi.NULL:
             raise GGMLError(f"could not copy the graph to backend {backend.name}")
         super().__init__(ffi.new("struct ggml_backend_graph_copy *", copy), owned=True, keep=(backend, graph))

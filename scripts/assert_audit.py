@@ -443,6 +443,8 @@ class Classifier:
             for field in ("title", "fix", "test"):
                 if not g.get(field):
                     self.errors.append(f"[[gap]] {gid}: no {field!r}")
+            if g.get("status", "open") not in ("open", "fixed"):
+                self.errors.append(f"[[gap]] {gid}: status is 'open' or 'fixed'")
             self.gaps[gid] = g
         for v in list(self.by_fn.values()) + list(self.by_site.values()):
             if v.cls == "gap":
@@ -452,6 +454,12 @@ class Classifier:
                 for gid in ids:
                     if gid not in self.gaps:
                         self.errors.append(f"{v.source}: names {gid}, which has no [[gap]] entry")
+                    elif self.is_fixed(gid):
+                        self.errors.append(f"{v.source}: names {gid}, which is fixed: reclassify the site")
+
+    def is_fixed(self, gid: str) -> bool:
+        """Whether gap ``gid`` is fixed (its sites are classified otherwise now)."""
+        return self.gaps.get(gid, {}).get("status", "open") == "fixed"
 
     def _verdict(self, entry: dict[str, Any], source: str) -> Verdict:
         cls = entry.get("class")
@@ -579,11 +587,13 @@ def report(sites: list[Site], clf: Classifier, version: str) -> str:
     n_fn = len({(s.file, s.function) for s in sites})
     w("| **all** | " + " | ".join(cells) + f" | {len(sites)} ({n_fn}) |")
     w("\nA function whose sites are classified differently counts once in each of its classes.\n")
-    if clf.gaps:
+    open_gaps = {gid: g for gid, g in clf.gaps.items() if not clf.is_fixed(gid)}
+    fixed_gaps = {gid: g for gid, g in clf.gaps.items() if clf.is_fixed(gid)}
+    if open_gaps:
         w("### Gaps\n")
         w("Each gap has a strict-xfail test in `tests/test_assert_checks.py` that runs the input in a "
           "subprocess and aborts today; the fix makes it pass (and the xfail marker goes).\n")
-        for gid, g in sorted(clf.gaps.items(), key=lambda kv: int(kv[0][1:])):
+        for gid, g in sorted(open_gaps.items(), key=lambda kv: int(kv[0][1:])):
             where: dict[tuple[str, str], list[int]] = defaultdict(list)
             for s, v in verdicts:
                 if v and v.cls == "gap" and re.search(rf"\b{gid}\b", v.why):
@@ -594,6 +604,14 @@ def report(sites: list[Site], clf: Classifier, version: str) -> str:
             if g.get("applies_to"):
                 sites_txt = _md(g["applies_to"]) + (f"; {sites_txt}" if sites_txt else "")
             w(f"Sites: {sites_txt or '-'}.\n")
+    if fixed_gaps:
+        w("### Fixed gaps\n")
+        w("Gaps the audit found and pyggml has since closed; the sites are classified by what checks "
+          "them now, and each gap's test in `tests/test_assert_checks.py` (a subprocess that aborted "
+          "before the fix) is a plain test that must raise.\n")
+        for gid, g in sorted(fixed_gaps.items(), key=lambda kv: int(kv[0][1:])):
+            w(f"**{gid}. {_md(g['title'])}.**")
+            w(f"Fixed: {_md(g['fix'])} Test: `{g['test']}`.\n")
     w("### What the parser cannot see\n")
     for b in BLIND_SPOTS:
         w(f"- {b}")

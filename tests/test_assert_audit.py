@@ -66,13 +66,19 @@ def test_report_is_current(src, sites, clf):
 
 
 def test_every_gap_has_a_strict_xfail_test(clf):
-    """Each [[gap]] of the classification names a test of tests/test_assert_checks.py that is
-    marked as a strict xfail (@gap(...))."""
+    """Each open [[gap]] of the classification names a test of tests/test_assert_checks.py that
+    is marked as a strict xfail (@gap(...)); each fixed one (status = "fixed") a plain test of
+    that name, without the marker."""
     tests_src = (ROOT / "tests" / "test_assert_checks.py").read_text()
     assert clf.gaps
     for gid, g in clf.gaps.items():
         m = re.search(rf'@gap\("{gid} [^\n]*\n(?:[^\n]*\n)*?def {g["test"]}\(', tests_src)
-        assert m and "def " not in m.group(0)[:-len(g["test"]) - 5], f"{gid}: no @gap-marked {g['test']}"
+        marked = bool(m and "def " not in m.group(0)[:-len(g["test"]) - 5])
+        if clf.is_fixed(gid):
+            assert re.search(rf"^def {g['test']}\(", tests_src, re.M), f"{gid}: no test {g['test']}"
+            assert not marked, f"{gid} is fixed: {g['test']} must not be a strict xfail any more"
+        else:
+            assert marked, f"{gid}: no @gap-marked {g['test']}"
     assert "xfail(strict=True" in tests_src
 
 

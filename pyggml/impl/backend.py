@@ -24,15 +24,24 @@ class GraphOptimizeParams:
     ggml_backend_graph_optimize_params``, ggml >= 0.25): :meth:`add_alloc_dep` keeps a tensor
     allocated until a later node, for backends that run parts of a graph out of order."""
 
-    def __init__(self, ptr: Any):
+    def __init__(self, ptr: Any, cgraph: Any = None):
         self._ptr = ptr
+        self._cgraph = cgraph  # the graph being optimized (its nodes are the valid `until`s)
 
     def add_alloc_dep(self, tensor: Tensor, until: Tensor) -> None:
-        """Keep ``tensor`` allocated at least until node ``until`` (of the same graph) is computed."""
+        """Keep ``tensor`` allocated at least until node ``until`` (of the same graph) is computed.
+
+        Raises ValueError when this call takes no dependencies or ``until`` is not a node of the
+        graph being optimized (ggml's scheduler would abort: the dependency is never placed)."""
         p = self._ptr
         if p == ffi.NULL or p.add_alloc_dep == ffi.NULL:
             raise ValueError("this graph_optimize call takes no allocation dependencies")
-        p.add_alloc_dep(p.user_data, tensor_arg(tensor, "tensor")._ptr, tensor_arg(until, "until")._ptr)
+        pt, pu = tensor_arg(tensor, "tensor")._ptr, tensor_arg(until, "until")._ptr
+        g = self._cgraph
+        if g is not None and not any(lib.ggml_graph_node(g, i) == pu for i in range(int(lib.ggml_graph_n_nodes(g)))):
+            raise ValueError(f"add_alloc_dep: `until` ({until._label()}) is not a node of the graph "
+                             "being optimized")
+        p.add_alloc_dep(p.user_data, pt, pu)
 
 
 class PyBackend(Impl):
@@ -94,7 +103,7 @@ class PyBackend(Impl):
         with lent("graph_optimize") as scope:
             graph = Graph(cgraph, scope, int(lib.ggml_graph_n_nodes(cgraph)))
             if _OPTIMIZE_HAS_PARAMS:
-                self.graph_optimize(graph, GraphOptimizeParams(params[0]))  # type: ignore[attr-defined]
+                self.graph_optimize(graph, GraphOptimizeParams(params[0], cgraph))  # type: ignore[attr-defined]
             else:
                 self.graph_optimize(graph, None)  # type: ignore[attr-defined]
 

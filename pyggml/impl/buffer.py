@@ -11,7 +11,7 @@ import numpy as np
 from ..buffer_type import BufferType
 from ..cpu import aligned_zeros
 from ..raw import callbacks, ffi, lib
-from ..tensor import Tensor
+from ..tensor import EMPTY_OPS, Tensor
 from ._vtable import LIVE, SIZE_MAX, Impl, addr, fill_iface, lent, make_struct, safe
 
 __all__ = ["PyBuffer", "HostBuffer", "PyBufferType"]
@@ -28,12 +28,26 @@ def _bytes(data: Any, size: int) -> Iterator[memoryview]:
         mv.release()
 
 
+#: ggml_op_alloc_size_may_expand (ggml >= 0.25; before it ggml_backend_buft_get_alloc_size
+#: asserted nothing on a larger size)
+_OP_MAY_EXPAND = getattr(lib, "ggml_op_alloc_size_may_expand", None)
+
+
+def _may_expand(t: Any) -> bool:
+    """Whether ggml_backend_buft_get_alloc_size lets tensor ``t`` take more than ggml_nbytes
+    (it asserts so: ggml_op_is_empty, quantized, or an op that may expand)."""
+    return (_OP_MAY_EXPAND is None or t.op in EMPTY_OPS or bool(lib.ggml_is_quantized(t.type))
+            or bool(_OP_MAY_EXPAND(t.op)))
+
+
 class PyBuffer(Impl):
     """A buffer (``struct ggml_backend_buffer``), made by :meth:`PyBufferType.alloc_buffer`.
 
     Required: :meth:`get_base` (an address: ggml computes tensor addresses from it),
     :meth:`set_tensor`, :meth:`get_tensor`, :meth:`clear`. Optional: ``free_buffer()``,
-    ``init_tensor(tensor)``, ``memset_tensor(tensor, value, offset, size)``,
+    ``init_tensor(tensor)`` (an exception it raises is raised by the pyggml call in progress,
+    once ggml returns: ggml aborts on a failed init, so it is told the init succeeded),
+    ``memset_tensor(tensor, value, offset, size)``,
     ``cpy_tensor(src, dst) -> bool``, ``reset()``. Tensors and memoryviews passed to the
     methods are valid during the call only.
     """
@@ -85,8 +99,11 @@ class PyBuffer(Impl):
         return self._base
 
     def _c_init_tensor(self, buf: Any, t: Any) -> int:
-        with lent("init_tensor") as scope:
-            self.init_tensor(Tensor(t, scope))  # type: ignore[attr-defined]
+        try:
+            with lent("init_tensor") as scope:
+                self.init_tensor(Tensor(t, scope))  # type: ignore[attr-defined]
+        except Exception as e:  # noqa: BLE001 - ggml asserts on a failed init (graph_copy, gallocr)
+            return safe(self, e, int(lib.GGML_STATUS_SUCCESS))  # type: ignore[no-any-return]
         return int(lib.GGML_STATUS_SUCCESS)
 
     def _c_memset_tensor(self, buf: Any, t: Any, value: int, offset: int, size: int) -> None:
@@ -147,8 +164,10 @@ class PyBufferType(Impl):
     """A buffer type (``struct ggml_backend_buffer_type``).
 
     Required: :meth:`get_name`, :meth:`alloc_buffer`. Defaults: :meth:`get_alignment` 32.
-    Optional: ``get_max_size() -> int``, ``get_alloc_size(tensor) -> int``,
-    ``is_host() -> bool`` (True lets the CPU backend read these buffers in place).
+    Optional: ``get_max_size() -> int``, ``get_alloc_size(tensor) -> int`` (at least
+    ``ggml_nbytes``, and more only for quantized tensors, views and the ops of
+    ``ggml_op_alloc_size_may_expand``, as ggml asserts; otherwise the pyggml call raises
+    ValueError and ggml gets ``ggml_nbytes``), ``is_host() -> bool`` (True lets the CPU backend read these buffers in place).
     """
 
     _iface = "ggml_backend_buffer_type_i"
@@ -217,6 +236,11 @@ class PyBufferType(Impl):
                 n = int(self.get_alloc_size(Tensor(t, scope)))  # type: ignore[attr-defined]
             if n < nbytes:
                 raise ValueError(f"get_alloc_size returned {n} bytes for a tensor of {nbytes}")
+            if n > nbytes and not _may_expand(t):
+                op = ffi.string(lib.ggml_op_desc(t)).decode()
+                raise ValueError(f"get_alloc_size returned {n} bytes for a {op} tensor of {nbytes}: "
+                                 "ggml lets only quantized tensors, views and the ops of "
+                                 "ggml_op_alloc_size_may_expand take more")
             return n
         except Exception as e:  # noqa: BLE001 - too small a size makes tensors overlap
             return safe(self, e, nbytes)  # type: ignore[no-any-return]
