@@ -382,8 +382,12 @@ class Tensor(_cobject.CBorrowed):
         return self.ptr.op in EMPTY_OPS
 
     def set_input(self) -> "Tensor":
-        """``ggml_set_input``: allocated first, never overwritten by the graph allocator."""
-        lib.ggml_set_input(self.ptr)
+        """``ggml_set_input``: allocated first, never overwritten by the graph allocator.
+        Raises ValueError for a node (an input is a leaf: ggml >= 0.25 asserts it)."""
+        p = self.ptr
+        if p.op != lib.GGML_OP_NONE:
+            raise ValueError(f"only a leaf can be a graph input, not a {op_name(p.op)} node")
+        lib.ggml_set_input(p)
         return self
 
     def set_output(self) -> "Tensor":
