@@ -50,3 +50,13 @@ def test_reset_invalidates_the_tensors_it_forgets():
         with pytest.raises(ClosedError, match="reset"):
             a.numpy()
         np.testing.assert_array_equal(b.numpy(), 0)
+
+
+def test_a_size_that_wraps_size_t_is_refused_not_made_empty():
+    with Context(1 << 16) as ctx, Context.for_tensors(4) as meta:
+        for c in (ctx, meta):
+            with pytest.raises(ValueError, match="more than ggml can address"):
+                c.new_tensor(GGMLType.I32, [2**62])   # 2**64 bytes: ggml_row_size gives 0
+        small = ctx.new_tensor(GGMLType.F32, [4])
+        with pytest.raises(ValueError, match="outside"):
+            ctx.view(small, [2**62])                   # a view of 2**64 bytes over 16
