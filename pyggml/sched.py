@@ -19,7 +19,6 @@ from .alloc import Placer
 from .backend import Backend
 from .buffer_type import BufferType
 from .enums import DeviceType
-from .errors import ClosedError
 from .graph import Graph
 from .raw import callbacks, ffi, lib
 from .raw.boundary import calling, check_status
@@ -154,10 +153,7 @@ class Scheduler(_cobject.CObject, Placer):
                              f"the scheduler's graph_size {self.graph_size}")
         if not any(p.op not in _VIEW_OPS for p in nodes):
             raise ValueError("the graph has no node that computes anything: a scheduler cannot split it")
-        contexts = graph.contexts()
-        for ctx, gen in contexts:
-            if gen < 0:
-                raise ClosedError("a context holding tensors of this graph is closed")
+        contexts = graph.check_contexts()
         buffer.check_graph_memory(g, need_data=False)
         backends = [b._ptr for b in self._backends]
         with calling():  # supports_op / supports_buft of Python devices
@@ -187,6 +183,7 @@ class Scheduler(_cobject.CObject, Placer):
         allocator freed or this scheduler owns forgotten (they are placed again), checked."""
         if not isinstance(graph, Graph):
             raise TypeError(f"a scheduler computes pyggml Graphs, not {type(graph).__name__}")
+        graph.check_contexts()  # before anything walks the graph's tensors
         if graph.split_by is not None and not (graph.split_by is self and self._graph is graph):
             graph.restore_sources()
         self._unplace(graph)
