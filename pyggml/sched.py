@@ -183,6 +183,7 @@ class Scheduler(_cobject.CObject, Placer):
         allocator freed or this scheduler owns forgotten (they are placed again), checked."""
         if not isinstance(graph, Graph):
             raise TypeError(f"a scheduler computes pyggml Graphs, not {type(graph).__name__}")
+        self.ptr  # a closed scheduler: ClosedError before anything about the graph
         graph.check_contexts()  # before anything walks the graph's tensors
         if graph.split_by is not None and not (graph.split_by is self and self._graph is graph):
             graph.restore_sources()

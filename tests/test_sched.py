@@ -79,3 +79,16 @@ def test_a_scheduler_computes_two_graphs_in_turn():
         with pytest.raises(ClosedError):       # its memory holds the other graph's values now
             y1.numpy()
         sched.close()
+
+
+def test_a_closed_scheduler_raises_closed_error_before_checking_the_graph():
+    """A closed scheduler given a graph it could not split anyway raised the ValueError about
+    the graph (found by the state machine fuzzer): use after close is a ClosedError first."""
+    with Context.for_tensors(4, graph_size=8) as ctx, CPUBackend() as be:
+        a = ctx.new_tensor(GGMLType.F32, [4])
+        g = ctx.new_graph(8).build_forward(ctx.view(a, [2]))  # no node that computes
+        s = Scheduler([be], graph_size=8)
+        s.close()
+        for fn in (s.alloc_graph, s.reserve):
+            with pytest.raises(ClosedError):
+                fn(g)
