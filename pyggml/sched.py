@@ -165,6 +165,13 @@ class Scheduler(_cobject.CObject, Placer):
                 v = p.view_src
                 buf = v.buffer if v != ffi.NULL else p.buffer
                 if buf == ffi.NULL:
+                    if v != ffi.NULL and v.data != ffi.NULL:
+                        # a view of a tensor in a context's own memory (no backend buffer): the
+                        # scheduler gives it no backend and ggml-alloc asserts buffer_id >= 0
+                        raise ValueError(f"tensor {_label(p)} is a view of a tensor in an allocating "
+                                         "context's memory, which a scheduler cannot place: make the "
+                                         "graph in a no_alloc context (Context.for_tensors) or compute "
+                                         "it with a backend")
                     continue
                 buft = lib.ggml_backend_buffer_get_type(buf)
                 # ggml_backend_sched_backend_id_from_cur aborts for a pre-allocated tensor no
