@@ -12,11 +12,12 @@ import pyggml_build  # noqa: E402  (build-time package next to this file, not in
 
 class BuildGGML(build_ext):
     def run(self):
-        pkg = Path(pyggml_build.ROOT / "pyggml" if self.inplace else Path(self.build_lib) / "pyggml")
+        pkg = Path(pyggml_build.ROOT / "pyggml" if self.inplace else Path(self.build_lib).absolute() / "pyggml")
         try:
-            pyggml_build.build(pkg)
+            files = pyggml_build.build(pkg)
         except pyggml_build.BuildError as e:
             raise SystemExit(f"build_ggml: error: {e}") from None
+        pyggml_build.mirror(files, pkg)  # the clone's own pyggml/ works too (python -m pyggml)
 
     def get_outputs(self):  # the files are written by pyggml_build, not by distutils
         return []

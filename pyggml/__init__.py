@@ -52,6 +52,7 @@ from .cpu import CPUBackend, Threadpool
 from .sched import Scheduler
 from .graph_cache import GraphCache
 from . import utils
+from .utils import from_dlpack
 
 __version__ = "0.1.0"
 
@@ -65,5 +66,5 @@ dl.load_modules()  # GGML_BACKEND_DL builds: load pyggml/lib's backend modules, 
 __all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR", "__version__",
            "GGMLError", "ClosedError", "BackendNotAvailableError", "Context", "Tensor", "Graph",
            "GraphAllocator", "Backend", "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool",
-           "Device", "Registry", "devices", "registries", "Scheduler", "GraphCache", "GGMLType", "enums", "types",
+           "Device", "Registry", "devices", "registries", "Scheduler", "GraphCache", "GGMLType", "enums", "types", "from_dlpack",
            "utils", "callbacks", "dl"]

@@ -29,18 +29,20 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from .errors import ClosedError, GGMLError
 from .raw import ffi
 
 __all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap"]
 
+_Self = TypeVar("_Self", bound="CBorrowed")
+
 
 class CBorrowed:
-    """What every object holding a C pointer offers: :attr:`ptr` (ClosedError once closed),
-    :attr:`closed`, :meth:`close`, ``with``. No instance layout of its own, so that the most
-    numerous borrowed objects (tensors) can keep just the slots they need."""
+    """What every object holding a C pointer offers: :attr:`~CObject.ptr` (ClosedError once
+    closed), :attr:`closed`, :meth:`close`, ``with``. No instance layout of its own, so that the
+    most numerous borrowed objects (tensors) can keep just the slots they need."""
 
     __slots__ = ()
 
@@ -48,7 +50,7 @@ class CBorrowed:
     def closed(self) -> bool:  # pragma: no cover - every subclass defines it
         raise TypeError("abstract")
 
-    def __enter__(self) -> Any:
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -140,7 +142,7 @@ class CObject(CBorrowed):
 
     def __eq__(self, other: object) -> bool:
         return (type(other) is type(self) and self._ptr is not None
-                and self._ptr == other._ptr)  # type: ignore[attr-defined]
+                and self._ptr == other._ptr)
 
     def __hash__(self) -> int:
         # the pointer it was made with: the hash must not change when the object is closed

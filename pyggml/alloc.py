@@ -35,7 +35,7 @@ def _needs_compute(p: Any) -> bool:
     view of one (views of leafs show the leaf's data)."""
     while p.op in EMPTY_OPS and p.view_src != ffi.NULL:
         p = p.view_src
-    return p.op != _NONE
+    return bool(p.op != _NONE)
 
 
 class Placer:

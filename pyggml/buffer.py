@@ -15,6 +15,8 @@ memory.
 """
 from __future__ import annotations
 
+import re
+
 import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -157,9 +159,17 @@ def check_tensor_memory(p: Any, name: str) -> LiveBuffer | None:
     return rec
 
 
-def _label(p: Any) -> str:
+_AUTO_NAME = re.compile(r"(node|leaf)_\d+")
+
+
+def label(p: Any) -> str:
+    """How messages name tensor struct ``p``: the name it was given, or its op and ne (after
+    the name ggml gives unnamed graph tensors, ``node_<i>``/``leaf_<i>``)."""
     name = ffi.string(p.name).decode("utf-8", "replace")
-    return repr(name) if name else f"({ffi.string(lib.ggml_op_name(p.op)).decode()} ne={list(p.ne)})"
+    if name and not _AUTO_NAME.fullmatch(name):
+        return repr(name)
+    what = f"({ffi.string(lib.ggml_op_name(p.op)).decode()} ne={list(p.ne)})"
+    return f"{name!r} {what}" if name else what
 
 
 def check_graph_memory(g: Any, *, need_data: bool) -> None:
@@ -170,10 +180,12 @@ def check_graph_memory(g: Any, *, need_data: bool) -> None:
     bad, node = ffi.new("struct ggml_tensor **"), ffi.new("struct ggml_tensor **")
     code = lib.pyggml_graph_check_memory(g, table, n, need_data, bad, node)
     if code == 1:
-        raise ValueError(f"tensor {_label(bad[0])} of node {_label(node[0])} has no data: allocate "
-                         "the graph first (GraphAllocator, Scheduler, Context.alloc_tensors)")
+        what = (f"node {label(node[0])}" if bad[0] == node[0]
+                else f"tensor {label(bad[0])} (a source of node {label(node[0])})")
+        raise ValueError(f"{what} has no data: allocate the graph first (GraphAllocator, "
+                         "Scheduler, Context.alloc_tensors)")
     if code:
-        raise ClosedError(f"tensor {_label(bad[0])} of this graph is in a buffer that was freed or "
+        raise ClosedError(f"tensor {label(bad[0])} of this graph is in a buffer that was freed or "
                           "replaced (its buffer, graph allocator or scheduler was closed, or "
                           "reallocated for a larger graph): allocate the graph again")
 
@@ -188,6 +200,7 @@ class Buffer(_cobject.CObject):
 
     _kind = "buffer"
     _c_free = lib.ggml_backend_buffer_free
+    _parts: tuple[Any, ...] = ()  # a multi-buffer's parts (their pointers)
 
     def __init__(self, ptr: Any, *, owned: bool, keep: Any = None, owner: Any = None):
         super().__init__(ptr, owned=owned, owner=owner, keep=keep)
@@ -196,7 +209,7 @@ class Buffer(_cobject.CObject):
 
     def _free(self, ptr: Any) -> None:
         retire(ptr)
-        for part in getattr(self, "_parts", ()):  # a multi-buffer frees its parts
+        for part in self._parts:  # a multi-buffer frees its parts
             retire(part)
         with calling():  # a Python buffer's free_buffer
             lib.ggml_backend_buffer_free(ptr)
@@ -249,7 +262,7 @@ class Buffer(_cobject.CObject):
     @property
     def buffer_type(self) -> "BufferType":
         """``ggml_backend_buffer_get_type``."""
-        return _cobject.wrap("buffer_type", lib.ggml_backend_buffer_get_type(self.ptr), self)
+        return _cobject.wrap("buffer_type", lib.ggml_backend_buffer_get_type(self.ptr), self)  # type: ignore[no-any-return]
 
     @property
     def usage(self) -> BufferUsage:
@@ -303,7 +316,7 @@ class Buffer(_cobject.CObject):
             rec = _LIVE.get(b._ptr)
             if rec is not None:
                 rec.owner = multi
-        multi._parts = [b._ptr for b in buffers]
+        multi._parts = tuple(b._ptr for b in buffers)
         return multi
 
     def numpy(self) -> np.ndarray:

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from . import _cobject, _trial
 from .backend import Backend
@@ -68,11 +69,11 @@ _CONVERT = {lib.GGML_OP_CPY, lib.GGML_OP_DUP, lib.GGML_OP_CONT}
 
 
 def _unit_stride(t: Any) -> bool:
-    return t.nb[0] == lib.ggml_type_size(t.type)
+    return bool(t.nb[0] == lib.ggml_type_size(t.type))
 
 
 #: further conditions the CPU kernels assert on (ggml-cpu/ops.cpp), per op
-_CPU_CHECKS = {
+_CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     lib.GGML_OP_IM2COL: lambda p: _unit_stride(p.src[1]) and (
         (p.type == _F32 and p.src[1].type == _F32) or (p.type == _F16 and p.src[1].type in (_F16, _F32))),
     lib.GGML_OP_POOL_1D: lambda p: p.src[0].type in (_F32, _F16),
@@ -250,7 +251,7 @@ def _new_cpu_backend(n_threads: int | None = None) -> CPUBackend:
     return CPUBackend(n_threads=n_threads)
 
 
-def aligned_zeros(shape: int | tuple[int, ...], dtype: object = np.float32, align: int = 64) -> np.ndarray:
+def aligned_zeros(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32, align: int = 64) -> np.ndarray:
     """A zero-filled C-contiguous NumPy array whose data starts at a multiple of ``align`` bytes
     (NumPy itself guarantees only 16), e.g. for :func:`cpu_buffer_from_array`."""
     dt = np.dtype(dtype)

@@ -194,7 +194,7 @@ class GGUFMetadata(Mapping[str, Any]):
     def _numbers(ctx: Any, kid: int, n: int, dt: np.dtype) -> np.ndarray:
         if n == 0:
             return np.empty(0, dtype=dt)
-        return np.frombuffer(ffi.buffer(lib.gguf_get_arr_data(ctx, kid), n * dt.itemsize), dtype=dt).copy()
+        return np.frombuffer(ffi.buffer(lib.gguf_get_arr_data(ctx, kid), n * dt.itemsize), dtype=dt).copy()  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"<GGUFMetadata of {self._owner!r}>"
@@ -404,7 +404,7 @@ def _infer(values: Sequence[Any]) -> GGUFValueType:
 def _numbers(values: Sequence[Any] | np.ndarray, vt: GGUFValueType) -> np.ndarray:
     """Numbers/bools as a 1-D array of ``vt``'s dtype: TypeError for the wrong kind (floats or
     bools as integers, numbers as BOOL), ValueError for integers out of range."""
-    dt = np.dtype(_DTYPES[vt])
+    dt: np.dtype[Any] = np.dtype(_DTYPES[vt])
     if isinstance(values, np.ndarray):
         k = values.dtype.kind
         ok = k == "b" if vt == _VT.BOOL else (k in "iu" if dt.kind in "iu" else k in "iuf")
@@ -525,7 +525,7 @@ class GGUFWriter(_cobject.CObject):
                 et = _VT.STRING if value.dtype.kind == "U" else _VT_OF_DTYPE.get(value.dtype)
                 if et is None:
                     raise TypeError(f"{key!r}: no GGUF type for dtype {value.dtype}; pass element_type")
-            elems: Sequence[Any] = value.tolist() if et == _VT.STRING else value
+            elems: Sequence[Any] | np.ndarray = value.tolist() if et == _VT.STRING else value
         else:
             if any(isinstance(v, (list, tuple, np.ndarray, dict, set)) for v in value):
                 raise ValueError(f"{key!r}: nested arrays are not supported by ggml")
@@ -636,7 +636,7 @@ class GGUFWriter(_cobject.CObject):
             raise OSError(f"ggml could not write the GGUF file {p!r} (see ggml's log)")
 
 
-TensorData = Union[np.ndarray, tuple]
+TensorData = Union[np.ndarray, tuple[Any, ...]]
 
 
 def write_gguf(path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None,

@@ -86,7 +86,7 @@ class Graph(_cobject.CObject):
         self._gen = ctx._gen
         self.size = size
         self.grads = grads
-        self.version = 0              # changes made through pyggml (build_*)
+        self.version = 0              #: changes made through pyggml (``build_*``)
         self._backward = False
         self._seen: set[Any] = set()  # every node and leaf added so far
         self._n_leafs = 0
@@ -135,9 +135,11 @@ class Graph(_cobject.CObject):
         for out in outputs:
             out = tensor_arg(out, "output")
             owner = out._owner
-            if getattr(owner, "_stale", False):  # its nodes may point at memory that is gone
-                owner._check_deps()
-            new_nodes, new_leafs, stack = set(), set(), [out._ptr]
+            if not isinstance(owner, BorrowScope) and owner._stale:  # its nodes may point at
+                owner._check_deps()                                   # memory that is gone
+            new_nodes: set[Any] = set()
+            new_leafs: set[Any] = set()
+            stack = [out._ptr]
             seen = self._seen
             while stack:
                 p = stack.pop()

@@ -7,9 +7,10 @@ ValueError/TypeError/MemoryError instead of letting the process abort. Whether a
 *compute* a node (types it has kernels for) is checked when the graph is computed
 (:meth:`pyggml.backend.Backend.graph_compute`), with the backend's own ``supports_op``.
 
-Every other op constructor of ggml.h is reachable as ``ctx.<name>(...)`` / :meth:`Ops.op`,
-tried first in a forked copy of the process (see :mod:`pyggml._trial`). Shapes in docstrings are
-ggml ``ne`` order.
+Every other op constructor of the headers is a method too, ``ctx.<name>(...)``, with its C
+parameters (generated at build time into ``pyggml/_unchecked_ops.py``, a base class of
+:class:`Ops`), or :meth:`Ops.op`; these are tried first in a forked copy of the process (see
+:mod:`pyggml._trial`). Shapes in docstrings are ggml ``ne`` order.
 
 The checks read ``ne`` and types from the Python side of the tensors (a :class:`Tensor` keeps
 them), so a checked op costs a small multiple of the raw ``lib.ggml_<op>`` call
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from . import _trial, types
+from ._unchecked_ops import UncheckedOps
 from .buffer import host_array_owner
 from .enums import GGMLType, PoolOp, SortOrder
 from .raw import callbacks, ffi, lib, requires
@@ -90,7 +92,7 @@ def _prod(xs: Sequence[int]) -> int:
     return out
 
 
-def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, int, int, int] | None,
+def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
                 type: Any, *args: Any, n_objects: int = 1) -> Tensor:
     """The new node ``fn(ctx, *args)``, its ``ne`` and type as the caller computed them the way
     ggml.c does (``tests/test_ops.py`` compares them with C's for every op that passes them), or
@@ -186,9 +188,11 @@ def _ne(t: Tensor) -> list[int]:
     return list(t._ne)
 
 
-class Ops:
+class Ops(UncheckedOps):
     """The op constructors of a :class:`~pyggml.context.Context` (a mixin: ``self`` is the
-    context). Methods are named as in ggml.h without ``ggml_``."""
+    context). Methods are named as in ggml.h without ``ggml_``. Those defined here are checked;
+    the other op constructors of the headers are methods of the generated base class
+    :class:`~pyggml._unchecked_ops.UncheckedOps` (each calls :meth:`op`)."""
 
     if TYPE_CHECKING:
         _ptr: Any
@@ -219,7 +223,7 @@ class Ops:
         return self.unary("neg", a)
 
     def abs(self, a: Tensor) -> Tensor:
-        """``ggml_abs``: |a|."""
+        """``ggml_abs``: ``|a|``."""
         return self.unary("abs", a)
 
     def sgn(self, a: Tensor) -> Tensor:
@@ -317,11 +321,6 @@ class Ops:
     def expm1(self, a: Tensor) -> Tensor:
         """``ggml_expm1``: exp(a) - 1."""
         return self.unary("expm1", a)
-
-    if TYPE_CHECKING:
-        # the op constructors without a method of their own are installed below, one method
-        # each (a __getattr__ would slow down every attribute read of a Context)
-        def __getattr__(self, name: str) -> Any: ...
 
     def op(self, name: str, *args: Any) -> Tensor:
         """Any op constructor of ggml.h, ``ggml_<name>(ctx, *args)``, e.g.
@@ -885,22 +884,4 @@ def _conv_sizes(kernel: Tensor, x: Tensor, s0: int, s1: int, p0: int, p1: int, d
 
 
 #: op names with a checked method of their own
-_CHECKED = {n for n in dir(Ops) if not n.startswith("_") and n not in ("op", "unary")}
-
-
-def _install_unchecked_ops() -> None:
-    """``Ops.<name>(*args)`` = ``Ops.op(name, *args)`` for each op constructor of ggml.h that has
-    no method of its own."""
-    for name in sorted(op_constructors()):
-        if hasattr(Ops, name):
-            continue
-
-        def method(self: Ops, *args: Any, _name: str = name) -> Tensor:
-            return self.op(_name, *args)
-        method.__name__ = method.__qualname__ = name
-        method.__doc__ = (f"``ggml_{name}``: pyggml knows no conditions for it; see :meth:`Ops.op` "
-                          "(tried in a forked copy of the process first).")
-        setattr(Ops, name, method)
-
-
-_install_unchecked_ops()
+_CHECKED = {n for n in vars(Ops) if not n.startswith("_") and n not in ("op", "unary")}

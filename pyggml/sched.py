@@ -35,11 +35,6 @@ EvalCallback = Callable[[Tensor, bool], bool]
 _VIEW_OPS = frozenset(int(o) for o in EMPTY_OPS if o != lib.GGML_OP_NONE)
 
 
-def _label(p: Any) -> str:
-    name = ffi.string(p.name).decode("utf-8", "replace")
-    return repr(name) if name else f"({ffi.string(lib.ggml_op_name(p.op)).decode()} ne={list(p.ne)})"
-
-
 class _SchedChecked:
     __slots__ = ("version", "n_nodes", "records", "contexts")
 
@@ -159,7 +154,7 @@ class Scheduler(_cobject.CObject, Placer):
         with calling():  # supports_op / supports_buft of Python devices
             for p in nodes:
                 if p.op not in EMPTY_OPS and not any(lib.ggml_backend_supports_op(b, p) for b in backends):
-                    raise ValueError(f"no backend of the scheduler can compute node {_label(p)} "
+                    raise ValueError(f"no backend of the scheduler can compute node {buffer.label(p)} "
                                      f"({ffi.string(lib.ggml_op_name(p.op)).decode()})")
             for p in nodes + leafs:
                 v = p.view_src
@@ -168,7 +163,7 @@ class Scheduler(_cobject.CObject, Placer):
                     if v != ffi.NULL and v.data != ffi.NULL:
                         # a view of a tensor in a context's own memory (no backend buffer): the
                         # scheduler gives it no backend and ggml-alloc asserts buffer_id >= 0
-                        raise ValueError(f"tensor {_label(p)} is a view of a tensor in an allocating "
+                        raise ValueError(f"tensor {buffer.label(p)} is a view of a tensor in an allocating "
                                          "context's memory, which a scheduler cannot place: make the "
                                          "graph in a no_alloc context (Context.for_tensors) or compute "
                                          "it with a backend")
@@ -178,7 +173,7 @@ class Scheduler(_cobject.CObject, Placer):
                 # backend can both read (its buffer type) and run (its op)
                 if not any(lib.ggml_backend_supports_buft(b, buft) and lib.ggml_backend_supports_op(b, p)
                            for b in backends):
-                    raise ValueError(f"tensor {_label(p)} is in a buffer ({ffi.string(lib.ggml_backend_buffer_name(buf)).decode()}) "
+                    raise ValueError(f"tensor {buffer.label(p)} is in a buffer ({ffi.string(lib.ggml_backend_buffer_name(buf)).decode()}) "
                                      "that no backend of the scheduler can use for its op")
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
         graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, records, contexts)

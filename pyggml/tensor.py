@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from . import _cobject, buffer, types
+from . import _cobject, buffer, dlpack, types
 from .enums import GGMLType, Op, TensorFlag
 from .errors import ClosedError
 from .raw import ffi, lib, requires
@@ -195,6 +195,7 @@ class Tensor(_cobject.CBorrowed):
 
     __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type")
     _kind = "tensor"
+    _ne: tuple[int, ...]  # always 4 sizes
 
     def __init__(self, ptr: Any, ctx: "Context | BorrowScope"):
         if ptr == ffi.NULL:
@@ -206,7 +207,7 @@ class Tensor(_cobject.CBorrowed):
         self._type = _TYPE_OF[ptr.type]
 
     @classmethod
-    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, int, int, int], type: GGMLType) -> "Tensor":
+    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, ...], type: GGMLType) -> "Tensor":
         """A new node whose ``ne`` and type the caller knows already (the op constructors compute
         them as ggml.c does), saving the read of the C struct."""
         t = _new(cls)
@@ -272,9 +273,7 @@ class Tensor(_cobject.CBorrowed):
 
     def _label(self) -> str:
         """How messages name the tensor: its name, or its op and shape when it has none."""
-        p = self._ptr
-        name = ffi.string(p.name).decode("utf-8", "replace")
-        return repr(name) if name else f"({op_name(p.op)} ne={list(self._ne)})"
+        return buffer.label(self._ptr)
 
     @property
     def type(self) -> GGMLType:
@@ -294,7 +293,7 @@ class Tensor(_cobject.CBorrowed):
     @property
     def nb(self) -> tuple[int, int, int, int]:
         """Stride in bytes per dimension, ggml order (quantized: ``nb[0]`` is the block size in bytes)."""
-        return tuple(self.ptr.nb)  # type: ignore[return-value]
+        return tuple(self.ptr.nb)
 
     @property
     def n_dims(self) -> int:
@@ -331,7 +330,7 @@ class Tensor(_cobject.CBorrowed):
     @property
     def op_params(self) -> np.ndarray:
         """A copy of the op parameters as int32 (float parameters are bit-cast: ``.view(np.float32)``)."""
-        return np.frombuffer(ffi.buffer(self.ptr.op_params), dtype=np.int32).copy()
+        return np.frombuffer(ffi.buffer(self.ptr.op_params), dtype=np.int32).copy()  # type: ignore[no-any-return]
 
     @property
     def params(self) -> dict[str, Any]:
@@ -460,7 +459,8 @@ class Tensor(_cobject.CBorrowed):
     def __repr__(self) -> str:
         if self.closed:
             return "<Tensor (closed)>"
-        return f"<Tensor {self.name!r} {self.type_name} ne={list(self._ne)} op={self.op_name}>"
+        name = f" {self.name!r}" if self.name else ""
+        return f"<Tensor{name} {self.type_name} ne={list(self._ne)} op={self.op_name}>"
 
     def __iter__(self) -> Iterator[Any]:
         raise TypeError("a ggml Tensor is not iterable: use .numpy()")
@@ -521,12 +521,7 @@ class Tensor(_cobject.CBorrowed):
                 raise ValueError(f"no zero-copy NumPy view of a {self.type_name} tensor")
             if not self._is_host():
                 raise ValueError(f"tensor {self._label()} is not in host memory: use copy=True")
-            owners: list[Any] = [] if isinstance(self._owner, BorrowScope) else [self._owner]
-            if rec is not None:
-                if not isinstance(rec.owner, _cobject.CObject) or getattr(rec.owner, "check_placed", None):
-                    raise ValueError(f"tensor {self._label()} lives in memory a graph allocator or "
-                                     "scheduler reuses: use copy=True")
-                owners.append(rec.owner)
+            owners = self._lenders(rec, "use copy=True")
             ne, nb, n = self._ne, tuple(p.nb), self.n_dims
             holder = buffer.host_array_owner(int(ffi.cast("uintptr_t", p.data)), ne[:n][::-1],
                                              nb[:n][::-1], dtype, owners)
@@ -542,6 +537,74 @@ class Tensor(_cobject.CBorrowed):
         else:
             ffi.memmove(ffi.from_buffer(raw), p.data, raw.nbytes)
         return types.to_numpy(raw, self._type, self._ne[:self.n_dims])
+
+    def _lenders(self, rec: "buffer.LiveBuffer | None", instead: str) -> list[Any]:
+        """What must stay alive while another object uses this tensor's memory: its context and
+        the buffer's owner. ValueError for memory a graph allocator or scheduler reuses (it is
+        another tensor's on the next graph)."""
+        owners: list[Any] = [] if isinstance(self._owner, BorrowScope) else [self._owner]
+        if rec is not None:
+            if not isinstance(rec.owner, _cobject.CObject) or getattr(rec.owner, "check_placed", None):
+                raise ValueError(f"tensor {self._label()} lives in memory a graph allocator or "
+                                 f"scheduler reuses: {instead}")
+            owners.append(rec.owner)
+        return owners
+
+    # ------------------------------------------------------------------ DLPack
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(DLDeviceType, device index) of the memory: ``(1, 0)`` (kDLCPU) for host memory,
+        ``(2, i)`` (kDLCUDA) for a buffer of ggml's CUDA device ``CUDA<i>``. Raises BufferError
+        for other device memory (Vulkan, RPC, a Python backend's), ValueError if the tensor has
+        no data."""
+        p = self.ptr
+        if p.data == ffi.NULL:
+            raise ValueError(f"tensor {self._label()} has no data yet")
+        if self._is_host():
+            return (dlpack.DLDeviceType.CPU, 0)
+        buf = self.buffer_ptr
+        with calling():
+            dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buf))
+            reg = lib.ggml_backend_dev_backend_reg(dev) if dev != ffi.NULL else ffi.NULL
+            reg_name = ffi.string(lib.ggml_backend_reg_name(reg)).decode() if reg != ffi.NULL else ""
+            dev_name = ffi.string(lib.ggml_backend_dev_name(dev)).decode() if dev != ffi.NULL else "?"
+        if reg_name == "CUDA" and dev_name[4:].isdigit():
+            return (dlpack.DLDeviceType.CUDA, int(dev_name[4:]))
+        raise BufferError(f"tensor {self._label()} is in memory of device {dev_name}, which DLPack "
+                          "consumers cannot address: copy it to the host with numpy()")
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule of the tensor's memory, no copy (``np.from_dlpack(t)``,
+        ``torch.from_dlpack(t)``...): NumPy-order shape (ne reversed), strides from nb, dtype of
+        a plain type (F32, F16, BF16, F64, I8..I64). The consumer keeps the context and buffer
+        alive until it lets go; writes on either side are seen by the other.
+
+        The data is ready when exported (pyggml computes synchronously; the outputs of
+        ``compute_async`` raise until synchronized), so ``stream`` needs no wait and is not used.
+        A consumer that passes ``max_version`` >= (1, 0) gets a DLPack 1.0 capsule (writable
+        memory), others the DLPack 0.8 one. ``copy=True`` or a ``dl_device`` other than the tensor's raises
+        BufferError (pyggml does not copy here: use ``numpy()``). Raises BufferError for a
+        quantized tensor or memory no consumer can address; ValueError if the tensor has no data,
+        is a node not computed since placed, or lives in memory a graph allocator or scheduler
+        reuses; ClosedError as :meth:`numpy`.
+        """
+        device = self.__dlpack_device__()
+        if copy:
+            raise BufferError("pyggml exports DLPack without copying: copy=True is not supported")
+        if dl_device is not None and tuple(dl_device) != tuple(device):
+            raise BufferError(f"the tensor is on DLPack device {device}, not {tuple(dl_device)}")
+        p, rec, _ = self._memory()
+        owners = self._lenders(rec, "copy it with numpy() first")
+        n, size = self.n_dims, lib.ggml_type_size(self._type)
+        nb = tuple(p.nb)
+        if any(x % size for x in nb[:n]):
+            raise BufferError(f"tensor {self._label()}'s strides are not whole elements")
+        lent = dlpack.Lent(owners)
+        for o in owners:
+            o._export(lent)  # closing the context/buffer now frees the memory once lent is gone
+        return dlpack.capsule(int(ffi.cast("uintptr_t", p.data)), self._ne[:n][::-1],
+                              [x // size for x in nb[:n]][::-1], self._type, device, lent,
+                              versioned=max_version is not None and max_version[0] >= 1)
 
     def set(self, array: Any, *, reshape: bool = False) -> "Tensor":
         """Copy ``array`` into the tensor, converted to its type (quantized types are quantized

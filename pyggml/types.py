@@ -12,7 +12,7 @@ interpreter: errors come back as :class:`ValueError` / :class:`TypeError`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -101,10 +101,8 @@ def row_size(t: TypeLike, n: int) -> int:
     return int(lib.ggml_type_size(t)) * (_check_row(t, n) // int(lib.ggml_blck_size(t)))
 
 
-def _check_ne(ne: Sequence[int]) -> tuple[int, ...]:
-    if isinstance(ne, (int, np.integer)):
-        ne = (ne,)
-    ne = tuple(ne)
+def _check_ne(sizes: Sequence[int] | int) -> tuple[int, ...]:
+    ne: tuple[Any, ...] = (sizes,) if isinstance(sizes, (int, np.integer)) else tuple(sizes)
     if not 1 <= len(ne) <= lib.GGML_MAX_DIMS:
         raise ValueError(f"ne must have 1..{lib.GGML_MAX_DIMS} dimensions, got {len(ne)}")
     for n in ne:
@@ -169,7 +167,7 @@ def _as_u8(raw: object) -> np.ndarray:
     if isinstance(raw, np.ndarray):
         return np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     try:
-        return np.frombuffer(raw, dtype=np.uint8)  # type: ignore[call-overload]
+        return np.frombuffer(raw, dtype=np.uint8)  # type: ignore[call-overload, no-any-return]
     except TypeError:
         raise TypeError(f"raw data must be bytes-like or an ndarray, not {type(raw).__name__}") from None
 

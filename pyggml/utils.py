@@ -18,7 +18,7 @@ from .raw.boundary import calling, check_status
 from .tensor import BorrowScope, Tensor, tensor_arg
 
 __all__ = ["GraphCopy", "graph_copy", "compare_graph_backend", "tensor_alloc", "view_init",
-           "tensor_from_numpy"]
+           "tensor_from_numpy", "from_dlpack"]
 
 
 def _check_in_buffers(graph: Graph) -> None:
@@ -133,3 +133,21 @@ def tensor_from_numpy(ctx: Context, array: np.ndarray, name: str | None = None) 
     t = ctx.from_numpy(array, name=name)
     tensor_alloc(buf, t)
     return t
+
+
+def from_dlpack(x: Any, ctx: Context, name: str | None = None) -> Tensor:
+    """A tensor in ``ctx`` (a ``no_alloc`` context) over the memory of ``x``, any object with
+    ``__dlpack__`` in host memory (a torch CPU tensor, a JAX or NumPy array...), without a copy:
+    ``np.from_dlpack`` reads the capsule and :func:`tensor_from_numpy` places the tensor there.
+    NumPy shape and dtype as :meth:`Context.from_numpy` (ne = shape reversed). The context keeps
+    ``x``'s memory alive; writes on either side are seen by the other.
+
+    Raises ValueError (from :func:`tensor_from_numpy`) unless the memory is C-contiguous,
+    writable and 32-byte aligned (copy it first, e.g. ``x.contiguous().clone()``); BufferError
+    for device memory (``kDLCUDA``...: ggml cannot place a tensor in memory another library
+    allocated on a GPU) or a dtype ggml has no type for."""
+    try:
+        array = np.from_dlpack(x)
+    except (AttributeError, BufferError, RuntimeError, TypeError) as e:
+        raise BufferError(f"cannot import {type(x).__name__} through DLPack into host memory: {e}") from e
+    return tensor_from_numpy(ctx, array, name=name)

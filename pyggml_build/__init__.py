@@ -10,7 +10,10 @@ both call :func:`build`, which runs the steps in order, each a module:
    each needs (checked before anything long runs);
 3. :mod:`~pyggml_build.cmake` — ggml's libraries and backend modules into ``pyggml/lib``;
 4. :mod:`~pyggml_build.declarations` — the cffi extension ``pyggml/_ggml*.so`` and the generated
-   ``pyggml/raw/_callback_table.py`` and ``pyggml/_enums.py``.
+   ``pyggml/raw/_callback_table.py`` and ``pyggml/_enums.py``; with :mod:`~pyggml_build.stubs`,
+   what type checkers read: ``pyggml/_ggml.pyi`` (the extension's stub) and
+   ``pyggml/_unchecked_ops.py`` (typed methods for the op constructors without checks).
+   ``--generate-only`` rewrites just these generated Python files of a finished build.
 
 Environment: ``PYGGML_GGML_VERSION`` (a version of :data:`~pyggml_build.pins.PINS`),
 ``PYGGML_BACKENDS``, ``CMAKE_ARGS``, ``PYGGML_GGML_SRC``, ``PYGGML_CACHE_DIR`` (default
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -30,7 +34,7 @@ from .common import BuildError, log
 from .config import Config, resolve_config
 from .toolchains import backend_args
 
-__all__ = ["build", "main", "BuildError", "ROOT"]
+__all__ = ["build", "mirror", "main", "BuildError", "ROOT"]
 
 ROOT = source.ROOT
 
@@ -64,8 +68,32 @@ def build(pkg_dir: Path = ROOT / "pyggml", *, ggml_src: str | None = None, versi
         pkg_dir, build_dir / f"ffi-{pin.version}{config.tag}", headers, pin.version,
         backends=config.backends, dl=config.dl, undefined=pin.undefined_functions))
     log(f"cffi extension {out[-1].name} built in {time.monotonic() - t1:.0f} s")
+    out += [pkg_dir / rel for rel in declarations.GENERATED]
     log(f"done in {time.monotonic() - t0:.0f} s")
     return out
+
+
+def mirror(files: list[Path], pkg_dir: Path, into: Path = ROOT / "pyggml") -> None:
+    """Copy the built ``files`` (paths under ``pkg_dir``) to the same places under ``into``,
+    the source tree's package: after ``pip install .`` from a clone, ``python -m pyggml`` run in
+    the clone (whose ``pyggml/`` comes first on ``sys.path``) finds the same build as the
+    installed package. Files there from an older build are replaced; git ignores them all."""
+    pkg_dir, into = Path(os.path.abspath(pkg_dir)), Path(os.path.abspath(into))  # not resolve(): lib/ holds symlinks
+    files = [Path(os.path.abspath(f)) for f in files]
+    if pkg_dir.resolve() == into.resolve() or not (into / "__init__.py").is_file():
+        return
+    new = {into / f.relative_to(pkg_dir) for f in files}
+    for folder in ("lib", "include", "licenses"):  # whole folders of build outputs: drop what this build lacks
+        for old in (into / folder).glob("*") if (into / folder).is_dir() else ():
+            if old not in new and (old.is_file() or old.is_symlink()):
+                old.unlink()
+    for f in files:
+        dest = into / f.relative_to(pkg_dir)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        shutil.copy2(f, dest, follow_symlinks=False)
+    log(f"the build copied into {into} too (the clone's package imports it)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,10 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build-dir", type=Path, default=ROOT / "build", help="default: ./build")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs (default: all cores)")
     p.add_argument("--fetch-only", action="store_true", help="only fill vendor/ggml-<version> and stop")
+    p.add_argument("--generate-only", action="store_true",
+                   help="only rewrite the generated Python files (enums, callback table, the stub of the "
+                        "extension, the unchecked op methods) of the in-place build, without compiling")
     p.add_argument("cmake_args", nargs="*", help="extra CMake arguments, after `--`")
     a = p.parse_args(argv)
     try:
-        if a.fetch_only:
+        if a.generate_only:
+            try:
+                for path in declarations.generate(ROOT / "pyggml"):
+                    log(f"wrote {path}")
+            except (RuntimeError, OSError) as e:
+                raise BuildError(str(e)) from None
+        elif a.fetch_only:
             try:
                 pin = pins.selected_version(a.ggml_version)
             except ValueError as e:

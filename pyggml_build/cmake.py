@@ -15,6 +15,7 @@ from pathlib import Path
 from .common import BuildError, log, run
 from .config import Config
 from .pins import BACKEND_HEADERS, HEADERS, Pin
+from .source import ROOT
 
 __all__ = ["cmake_args", "build_libraries", "modules", "headers_for", "copy_outputs", "write_build_info"]
 
@@ -103,9 +104,55 @@ def copy_outputs(src: Path, stage: Path, build_dir: Path, config: Config, pkg_di
                 raise BuildError(f"the {name} backend module (libggml-{name}*.so) was not built")
     for h in headers_for(config.backends):
         out.append(Path(shutil.copy2(src / h, inc_dir / Path(h).name)))
+    out += write_licenses(src, pkg_dir / "licenses")
     for f in out:
         log(f"  {f.relative_to(pkg_dir.parent)}")
     return out
+
+
+#: sources compiled into the libraries that carry a copyright notice of their own (MIT, which
+#: asks for the notice in every copy): their leading comment is shipped in NOTICES
+NOTICE_SOURCES = ["src/ggml-cpu/llamafile/sgemm.cpp"]
+
+
+def write_licenses(src: Path, dest: Path) -> list[Path]:
+    """ggml's LICENSE (MIT, the ggml authors) as ``dest/ggml-LICENSE``, and ``dest/NOTICES``:
+    the notices of :data:`NOTICE_SOURCES`, each file's leading comment as it stands."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    if not (src / "LICENSE").is_file():
+        raise BuildError(f"{src} has no LICENSE file: the package must ship ggml's license "
+                         "(add it to the pin's extras)")
+    out = [Path(shutil.copy2(src / "LICENSE", dest / "ggml-LICENSE"))]
+    notices = []
+    for rel in NOTICE_SOURCES:
+        f = src / rel
+        if f.is_file():
+            head = []
+            for line in f.read_text(encoding="utf-8").splitlines():
+                if not line.startswith("//"):
+                    break
+                head.append(line[2:].removeprefix(" "))
+            notices.append(f"{rel} (compiled into libggml-cpu):\n\n" + "\n".join(head).strip() + "\n")
+    (dest / "NOTICES").write_text("Notices of third-party code in ggml's libraries\n\n" + "\n\n".join(notices))
+    out.append(dest / "NOTICES")
+    return out
+
+
+def _portable(text: str) -> str:
+    """``text`` (a path or ``-DKEY=value``) without the building machine's absolute paths, which
+    mean nothing where the package is installed (pip's temporary build environment...): a path
+    inside the source tree is given relative to it, any other as ``.../<its last part>``."""
+    key, sep, value = text.rpartition("=") if text.startswith("-D") else ("", "", text)
+    if not value.startswith("/"):
+        return text
+    p = Path(value)
+    try:
+        value = str(p.relative_to(ROOT))
+    except ValueError:
+        value = f".../{p.name}"
+    return f"{key}{sep}{value}"
 
 
 def write_build_info(pkg_dir: Path, src: Path, pin: Pin, config: Config, args: list[str],
@@ -114,13 +161,13 @@ def write_build_info(pkg_dir: Path, src: Path, pin: Pin, config: Config, args: l
     (``python -m pyggml info``, the backend-module loader, the header audit)."""
     info = {
         "ggml_version": pin.version,
-        "source": str(src),
+        "source": _portable(str(src)),
         "archive": pin.archive.filename,
         **config.as_dict(),
         "headers": [Path(h).name for h in headers_for(config.backends)],
         "backend_headers": {b: Path(h).name for b, h in BACKEND_HEADERS.items() if b in config.backends},
         "undefined_functions": pin.undefined_functions,
-        "cmake_args": args,
+        "cmake_args": [_portable(a) for a in args],
         "libraries": sorted(p.name for p in libs if p.suffix == ".so"),
         "build_seconds": round(seconds),
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

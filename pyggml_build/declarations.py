@@ -1,5 +1,6 @@
 """Step 4, declarations: generate cffi declarations from the pinned headers and compile the
-``pyggml._ggml`` extension, plus two generated Python modules that come from the same headers.
+``pyggml._ggml`` extension, plus the Python files (modules and the extension's stub) that come
+from the same declarations.
 
 Nothing here is hand-kept per function: the headers are the source of truth.
 
@@ -10,9 +11,12 @@ Nothing here is hand-kept per function: the headers are the source of truth.
    (:func:`callback_table`).
 3. :func:`compile_extension`: cffi API (out-of-line) mode. The C compiler sees the real headers,
    so every struct layout and vtable is checked against them. It also writes
-   ``pyggml/raw/_callback_table.py`` (every callback type and how it is dispatched) and
-   ``pyggml/_enums.py`` (:func:`enums_source`: real ``IntEnum`` classes for ggml's enums, so type
-   checkers and editors see ``GGMLType.F32``).
+   (:func:`write_python_files`) ``pyggml/raw/_callback_table.py`` (every callback type and how
+   it is dispatched), ``pyggml/_enums.py`` (:func:`enums_source`: real ``IntEnum`` classes for
+   ggml's enums, so type checkers and editors see ``GGMLType.F32``), and from
+   :mod:`pyggml_build.stubs` ``pyggml/_ggml.pyi`` (the extension's stub: ``lib`` with every C
+   function's signature) and ``pyggml/_unchecked_ops.py`` (a method for every op constructor
+   without a checked one). :func:`generate` writes only these, from a finished build.
 
 Builds with more backends add their headers (``ggml-rpc.h``, ``ggml-cuda.h``, ``ggml-vulkan.h``,
 ``ggml-blas.h``). In a ``GGML_BACKEND_DL`` build those backends, the CPU one included, are modules
@@ -22,23 +26,29 @@ then compiled as a trampoline that calls through a pointer, which ``pyggml_dl_bi
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import os
 import re
+import shlex
 import subprocess
+import sysconfig
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import cffi
 import pycparser
 from pycparser import c_ast, c_generator
 
+from . import stubs
 from .pins import BACKEND_HEADERS
 
 __all__ = ["preprocess", "functions_by_header", "macro_constants", "callback_table", "cdef_source",
-           "dl_trampolines", "enums_source", "make_ffibuilder", "compile_extension", "FIXUPS",
-           "ENUMS", "EXTERN_PREFIX"]
+           "dl_trampolines", "enums_source", "function_info", "make_ffibuilder", "write_python_files",
+           "generate", "compile_extension", "FIXUPS",
+           "ENUMS", "EXTERN_PREFIX", "DL_CDEF"]
 
 #: (pattern, replacement, why) applied to the preprocessed text.
 FIXUPS = [
@@ -94,6 +104,57 @@ def functions_by_header(include_dir: Path, headers: list[str]) -> dict[str, tupl
         if isinstance(ext, c_ast.Decl) and isinstance(ext.type, c_ast.FuncDecl):
             out[ext.name] = (os.path.basename(ext.coord.file), ext.type)
     return out
+
+
+def function_info(include_dir: Path, headers: list[str]) -> dict[str, "stubs.Function"]:
+    """{function name: :class:`~pyggml_build.stubs.Function`} for every function of the headers and
+    of pyggml's own helpers (:data:`DL_CDEF`, header ``"pyggml"``): parameter names, the
+    prototype, and the header's own declaration text with the ``//`` comment lines above it."""
+    text = _cpp(include_dir, [], headers, markers=True)
+    text = re.sub(r'^# (\d+) "([^"]*)".*$', r'# \1 "\2"', text, flags=re.M)
+    text += '\n# 1 "pyggml"\n' + DL_CDEF
+    sources: dict[str, list[str]] = {}
+    out = {}
+    for ext in _parse(text).ext:
+        if not (isinstance(ext, c_ast.Decl) and isinstance(ext.type, c_ast.FuncDecl)):
+            continue
+        header = os.path.basename(ext.coord.file)
+        if header not in sources:
+            path = include_dir / header
+            sources[header] = path.read_text(errors="replace").splitlines() if path.is_file() else []
+        source, comment = _declaration_text(sources[header], ext.name)
+        params = [p for p in (ext.type.args.params if ext.type.args else [])
+                  if not isinstance(p, c_ast.EllipsisParam)]
+        names = [p.name for p in params
+                 if not (isinstance(p, c_ast.Typename) and c_generator.CGenerator().visit(p.type) == "void")]
+        out[ext.name] = stubs.Function(header, names,
+                                       _declaration(ext.type, ext.name), source, comment)
+    return out
+
+
+def _declaration_text(lines: list[str], name: str) -> tuple[str, list[str]]:
+    """The declaration of ``name`` in a header's ``lines`` (from the line that starts it to the
+    ``;``, comments kept, dedented) and the ``//`` lines just above it; ("", []) if not found."""
+    call = re.compile(rf"\b{re.escape(name)}\s*\(")
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith(("//", "#", "*", "/*")) or not call.search(line.split("//")[0]):
+            continue
+        start = i
+        while start > 0 and i - start < 2 and not re.search(r"\b(GGML\w*_API|GGML_DEPRECATED)\b", lines[start]) \
+                and lines[start - 1].strip() and not lines[start - 1].rstrip().endswith((";", "}", "{")) \
+                and not lines[start - 1].lstrip().startswith("//"):
+            start -= 1
+        end = i
+        while end < len(lines) - 1 and not lines[end].split("//")[0].rstrip().endswith(";"):
+            end += 1
+        top = start
+        while top > 0 and lines[top - 1].lstrip().startswith("//"):
+            top -= 1
+        block = lines[top:end + 1]
+        indent = min(len(ln) - len(ln.lstrip()) for ln in block if ln.strip())
+        block = [ln[indent:].rstrip() for ln in block]
+        return "\n".join(block[start - top:]), block[:start - top]
+    return "", []
 
 
 def macro_constants(include_dir: Path, headers: list[str]) -> list[str]:
@@ -195,7 +256,8 @@ def cdef_source(include_dir: Path, headers: list[str], undefined: Iterable[str] 
             raise RuntimeError(f"fix-up {pattern!r} matched {n} times, expected once: headers changed?")
     for name in undefined:
         expanded, n = re.subn(rf"^[^;{{}}]*\b{name}\s*\([^;]*\);", "", expanded, flags=re.M)
-        if n != 1:
+        declared = any(re.search(rf"\b{name}\b", (include_dir / h).read_text()) for h in headers)
+        if n != (1 if declared else 0):  # none where its header (ggml-cuda.h...) is not built
             raise RuntimeError(f"declaration of {name} not found exactly once")
     # ggml-alloc.h and ggml-backend.h both typedef the same opaque pointers: keep the first.
     seen: set[str] = set()
@@ -538,17 +600,79 @@ def make_ffibuilder(include_dir: Path, lib_dir: Path, headers: list[str], module
     return ffibuilder, table
 
 
+@contextlib.contextmanager
+def _no_host_rpath() -> Iterator[None]:
+    """Link the extension without the ``-Wl,-rpath,<python prefix>/lib`` that a Python built with
+    ``--enable-shared`` (pyenv, conda) puts in its ``LDSHARED``: a path of the building machine,
+    useless in an installed package, where only ``$ORIGIN/lib`` belongs. setuptools takes
+    ``LDSHARED`` from the environment when it is set."""
+    ldshared = os.environ.get("LDSHARED") or sysconfig.get_config_var("LDSHARED") or ""
+    kept = [a for a in shlex.split(ldshared) if not (a.startswith("-Wl,-rpath,") or a.startswith("-Wl,-R"))]
+    old = os.environ.get("LDSHARED")
+    os.environ["LDSHARED"] = shlex.join(kept)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["LDSHARED"]
+        else:
+            os.environ["LDSHARED"] = old
+
+
+#: the Python files :func:`compile_extension` generates, relative to the package folder
+GENERATED = ("raw/_callback_table.py", "_enums.py", "_ggml.pyi", "_unchecked_ops.py")
+
+
+#: the ops module the generated op methods complete (its hand-written methods are left out)
+OPS_PY = Path(__file__).resolve().parent.parent / "pyggml" / "ops.py"
+
+
+def write_python_files(pkg_dir: Path, ffibuilder, table: list[dict], headers: list[str], version: str,
+                       ops_py: Path = OPS_PY) -> list[Path]:
+    """Write the Python files generated from the declarations into ``pkg_dir``:
+    ``raw/_callback_table.py``, ``_enums.py``, ``_ggml.pyi`` (the stub of the extension:
+    :func:`pyggml_build.stubs.lib_stub_source`) and ``_unchecked_ops.py``
+    (:func:`pyggml_build.stubs.ops_source`). Needs ``pkg_dir/include``, not the compiled
+    extension. Returns the files written."""
+    include_dir = pkg_dir / "include"
+    functions = function_info(include_dir, headers)
+    files = {
+        pkg_dir / "_enums.py": enums_source(ffibuilder, include_dir, headers, version),
+        pkg_dir / "_ggml.pyi": stubs.lib_stub_source(ffibuilder, functions, version),
+        pkg_dir / "_unchecked_ops.py": stubs.ops_source(ffibuilder, functions, stubs.hand_written_ops(ops_py), version),
+    }
+    write_table(table, pkg_dir / "raw" / "_callback_table.py")
+    for path, text in files.items():
+        path.write_text(text)
+    return [pkg_dir / "raw" / "_callback_table.py", *files]
+
+
+def generate(pkg_dir: Path) -> list[Path]:
+    """Only :func:`write_python_files`, for the ggml that ``pkg_dir`` was built with (read from
+    its ``_build_info.json``): what ``python build_ggml.py --generate-only`` runs after a change
+    to the generators or to ``pyggml/ops.py``, in seconds, without compiling anything."""
+    info_path = pkg_dir / "_build_info.json"
+    if not info_path.is_file():
+        raise RuntimeError(f"{pkg_dir} has no _build_info.json: build it first")
+    info = json.loads(info_path.read_text())
+    pkg_dir = pkg_dir.resolve()
+    ffibuilder, table = make_ffibuilder(pkg_dir / "include", pkg_dir / "lib", info["headers"],
+                                        backends=info.get("backends", ["cpu"]), dl=bool(info.get("backend_dl")),
+                                        undefined=list(info.get("undefined_functions", {})))
+    return write_python_files(pkg_dir, ffibuilder, table, info["headers"], info["ggml_version"])
+
+
 def compile_extension(pkg_dir: Path, tmp_dir: Path, headers: list[str], version: str, *,
                       backends: list[str] = ["cpu"], dl: bool = False, undefined: Iterable[str] = ()) -> Path:
     """Compile ``pyggml._ggml`` into ``pkg_dir`` from ``pkg_dir/include`` and ``pkg_dir/lib``, and
-    write ``pkg_dir/raw/_callback_table.py`` and ``pkg_dir/_enums.py``."""
+    write the Python files generated from the same declarations (:func:`write_python_files`)."""
     pkg_dir, tmp_dir = pkg_dir.resolve(), tmp_dir.resolve()  # cffi compiles from tmp_dir
     ffibuilder, table = make_ffibuilder(pkg_dir / "include", pkg_dir / "lib", headers,
                                         backends=backends, dl=dl, undefined=undefined)
     tmp_dir.mkdir(parents=True, exist_ok=True)
-    write_table(table, pkg_dir / "raw" / "_callback_table.py")
-    (pkg_dir / "_enums.py").write_text(enums_source(ffibuilder, pkg_dir / "include", headers, version))
-    so = Path(ffibuilder.compile(tmpdir=str(tmp_dir), verbose=False))
+    write_python_files(pkg_dir, ffibuilder, table, headers, version)
+    with _no_host_rpath():
+        so = Path(ffibuilder.compile(tmpdir=str(tmp_dir), verbose=False))
     target = pkg_dir / so.name
     os.replace(so, target)
     return target

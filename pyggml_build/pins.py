@@ -2,8 +2,8 @@
 
 This is the one place that names upstream versions. A ggml version is built from a
 hash-pinned source archive on PyPI; ``PINS`` maps each supported version to it. Moving to a
-new ggml is a new row here (see "How to move to a new ggml" in the README), then a rebuild and
-the test suite.
+new ggml is a new row here (see "How to move to a new ggml" in ``docs/install.rst``), then a
+rebuild and the test suite.
 
 Each row also says where the few upstream files that pyggml's tests and examples compile come
 from (``extras``): ``tests/test-backend-ops.cpp`` (upstream's oracle, run against the NumPy
@@ -53,6 +53,10 @@ _LLAMA_CPP_PYTHON_0_3_36 = Archive("llama-cpp-python", "llama_cpp_python-0.3.36.
                                    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
 
 _THREADPOOL_N_THREADS = "declared in ggml-cpu.h but defined in no ggml library"
+_CUDA_ALLREDUCE = ("declared in ggml-cuda.h but defined in no ggml library (the CUDA module offers "
+                   "ggml_backend_comm_allreduce_tensor through ggml_backend_reg_get_proc_address)")
+_UNDEFINED = {"ggml_threadpool_get_n_threads": _THREADPOOL_N_THREADS,
+              "ggml_backend_cuda_allreduce_tensor": _CUDA_ALLREDUCE}
 
 #: examples/simple and examples/mnist exist only in the ggml repository's own tree; their C API
 #: (ggml.h, ggml-backend.h, ggml-opt.h) is the same in both versions.
@@ -60,18 +64,21 @@ _EXAMPLES = {f"examples/{p}": (_LIBGGML_0_20_2, f"ggml/examples/{p}") for p in (
     "simple/simple-ctx.cpp", "simple/simple-backend.cpp",
     "mnist/mnist-common.cpp", "mnist/mnist-common.h", "mnist/mnist-train.cpp", "mnist/mnist-eval.cpp")}
 
+#: Every ggml version pyggml builds: version -> its :class:`Pin`.
 PINS: dict[str, Pin] = {
     "0.20.2": Pin("0.20.2", _LIBGGML_0_20_2, "ggml",
                   extras={},  # the ggml repository's tree has tests/ and examples/ itself
-                  undefined_functions={"ggml_threadpool_get_n_threads": _THREADPOOL_N_THREADS}),
+                  undefined_functions=_UNDEFINED),
     "0.25.3": Pin("0.25.3", _LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/ggml",
                   # llama.cpp keeps upstream's test-backend-ops.cpp in its own tests/ folder;
                   # its ggml folder lacks ggml.pc.in, which a standalone CMake build configures
                   extras={"tests/test-backend-ops.cpp": (_LLAMA_CPP_PYTHON_0_3_36,
                                                          "vendor/llama.cpp/tests/test-backend-ops.cpp"),
                           "ggml.pc.in": (_LIBGGML_0_20_2, "ggml/ggml.pc.in"),
+                          # llama.cpp's license is ggml's (MIT, "The ggml authors")
+                          "LICENSE": (_LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/LICENSE"),
                           **_EXAMPLES},
-                  undefined_functions={"ggml_threadpool_get_n_threads": _THREADPOOL_N_THREADS}),
+                  undefined_functions=_UNDEFINED),
 }
 
 #: The version a plain build gets; ``PYGGML_GGML_VERSION`` picks another row of :data:`PINS`.

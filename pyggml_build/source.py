@@ -142,8 +142,10 @@ def unpack(pin: Pin, dest: Path, cache: Path | None = None) -> None:
 
 
 def _stamp(pin: Pin) -> str:
-    """What fills the tree: the version and a digest of the whole row (archives and extras)."""
-    return f"{pin.version} {hashlib.sha256(repr(pin).encode()).hexdigest()}\n"
+    """What fills the tree: the version and a digest of the archive, folder and extras (not of
+    what the bindings leave out, which changes no file of the tree)."""
+    filled = (pin.version, pin.archive, pin.folder, sorted(pin.extras.items()))
+    return f"{pin.version} {hashlib.sha256(repr(filled).encode()).hexdigest()}\n"
 
 
 def vendor_tree(version: str) -> Path:

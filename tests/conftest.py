@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import functools
 import importlib.util
+import shutil
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,59 @@ ROOT = Path(__file__).resolve().parents[1]
 # source tree's.
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
+
+# tests/build tests the build-time package, which only a source checkout has: an installed
+# wheel tested on its own (scripts/build_wheels.sh) skips them. (Said here, not in a
+# tests/build/conftest.py: a second module named conftest would shadow this one for the
+# `from conftest import ...` of the test files collected after it.)
+collect_ignore = [] if importlib.util.find_spec("pyggml_build") is not None else ["build"]
+
+
+def docs_python_blocks(*, runnable_only: bool = True) -> list[tuple[str, str]]:
+    """(page:line, code) of every ``.. code-block:: python`` of the documentation's pages
+    (docs/), dedented. ``runnable_only`` leaves out those marked ``:class: notest`` (they need
+    what a test machine lacks, an RPC server say); tests/test_docs.py runs the others and
+    tests/test_typing.py type-checks them all."""
+    docs = ROOT / "docs"
+    blocks = []
+    for page in sorted(docs.rglob("*.rst")):
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() != ".. code-block:: python":
+                continue
+            indent = len(line) - len(line.lstrip()) + 3
+            j, options = i + 1, []
+            while j < len(lines) and lines[j].strip().startswith(":"):
+                options.append(lines[j].strip())
+                j += 1
+            body = []
+            for text in lines[j:]:
+                if text.strip() and len(text) - len(text.lstrip()) < indent:
+                    break
+                body.append(text)
+            if not (runnable_only and ":class: notest" in options):
+                blocks.append((f"{page.relative_to(docs)}:{i + 1}",
+                               textwrap.dedent("\n".join(body)).strip() + "\n"))
+    return blocks
+
+
+@functools.lru_cache(maxsize=None)
+def _working(name: str) -> str | None:
+    path = shutil.which(name)
+    if path is None:
+        return None
+    ok = subprocess.run([path, "--version"], capture_output=True).returncode == 0
+    return path if ok else None
+
+
+def compiler(name: str = "gcc") -> str:
+    """The path of a working compiler ``name`` (gcc, g++, cc), or skip the test: tests that
+    compile C need one, and an installed wheel is also tested on a machine with none
+    (scripts/build_wheels.sh)."""
+    path = _working(name)
+    if path is None:
+        pytest.skip(f"needs a working {name} (none on PATH)")
+    return path
 
 
 def ggml_tree() -> Path:
@@ -47,8 +104,6 @@ def ggml_link_args() -> list[str]:
 def stage_backend_modules(exe_dir: Path) -> None:
     """In a GGML_BACKEND_DL build, copy pyggml's backend modules next to a program: upstream's
     ``ggml_backend_load_all()`` looks for them in the executable's folder (and the working dir)."""
-    import shutil
-
     import pyggml
 
     if pyggml.dl.is_dl():
@@ -97,14 +152,12 @@ def test_backend_ops(tmp_path_factory) -> Path:
     libraries (one process must hold one copy of ggml). In a GGML_BACKEND_DL build its
     ``ggml_backend_load_all()`` looks for backend modules next to the executable: they are copied
     there (the CPU one is the reference every backend is compared with)."""
-    import shutil
-    import subprocess
-
     src = ggml_tree() / "tests" / "test-backend-ops.cpp"
-    if not src.is_file() or shutil.which("g++") is None:
-        pytest.skip("needs vendor/ggml-<version> (filled by the build) and g++")
+    if not src.is_file():
+        pytest.skip("needs vendor/ggml-<version> (filled by the build)")
+    gxx = compiler("g++")
     exe = tmp_path_factory.mktemp("tbo") / "test-backend-ops"
-    subprocess.run(["g++", "-O1", "-std=c++17", str(src), "-I", str(ggml_tree() / "include"),
+    subprocess.run([gxx, "-O1", "-std=c++17", str(src), "-I", str(ggml_tree() / "include"),
                     *ggml_link_args(), "-lpthread", "-o", str(exe)], check=True)
     stage_backend_modules(exe.parent)
     return exe

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import compiler
 
 import pyggml
 from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
@@ -52,7 +53,8 @@ def test_async_copies_plans_multi_buffers_and_backend_loading(tmp_path):
 
     src = tmp_path / "empty.c"
     src.write_text("int not_a_backend = 1;\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libggml-empty.so"), str(src)], check=True)
+    subprocess.run([compiler("gcc"), "-shared", "-fPIC", "-o", str(tmp_path / "libggml-empty.so"), str(src)],
+                   check=True)
     with pytest.raises(pyggml.GGMLError, match="could not load"):
         load_backend(tmp_path / "libggml-empty.so")
     with pytest.raises(FileNotFoundError):

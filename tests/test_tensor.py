@@ -93,3 +93,29 @@ def test_set_input_on_a_node_raises_instead_of_aborting(run_isolated):
         print("ok")
     """)
     assert r.returncode == 0 and "ok" in r.stdout, f"exit {r.returncode}\n{r.stderr[-2000:]}"
+
+
+def test_messages_name_unnamed_tensors_by_op_and_shape():
+    import pyggml
+
+    with Context.for_tensors(8, graph_size=16) as c, pyggml.CPUBackend(1) as cpu, \
+            Context.for_tensors(2) as weights:
+        a = c.new_tensor("f32", [4])
+        assert repr(a) == "<Tensor f32 ne=[4, 1, 1, 1] op=NONE>"
+        b = c.add(a, a)
+        g = c.new_graph(16).build_forward(b)
+        with pytest.raises(ValueError, match=r"^node 'node_0' \(ADD ne=\[4, 1, 1, 1\]\) has no data: allocate"):
+            cpu.graph_compute(g)
+        # the node has data, one of its sources has none
+        w = weights.new_tensor("f32", [4], name="w")
+        weights.alloc_tensors(cpu)
+        x = c.new_tensor("f32", [4], name="x")
+        y = c.add(x, w)
+        y.name = "y"
+        with pyggml.GraphAllocator(cpu) as galloc:
+            g2 = c.new_graph(16).build_forward(y)
+            galloc.alloc_graph(g2)
+            x.ptr.data = pyggml.ffi.NULL  # as if never placed
+            x.ptr.buffer = pyggml.ffi.NULL
+            with pytest.raises(ValueError, match=r"^tensor 'x' \(a source of node 'y'\) has no data"):
+                cpu.graph_compute(g2)

@@ -68,7 +68,7 @@ def ggml_backend_init():
 """
 
 
-def build_module(source: str | os.PathLike, output: str | os.PathLike, *, verbose: bool = False) -> Path:
+def build_module(source: str | os.PathLike[str], output: str | os.PathLike[str], *, verbose: bool = False) -> Path:
     """Compile a backend module into the shared library ``output``.
 
     ``source`` is a Python file defining ``registry``, or ``package.module[:attr]`` naming an

@@ -17,9 +17,9 @@ import ctypes
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ffi", "lib", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR", "BUILD_INFO", "GGML_VERSION", "requires"]
+__all__ = ["ffi", "lib", "CData", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR", "BUILD_INFO", "GGML_VERSION", "requires"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 LIB_DIR = PACKAGE_DIR / "lib"
@@ -55,6 +55,14 @@ def _preload() -> list[ctypes.CDLL]:
 _handles = _preload()
 
 from .._ggml import ffi, lib  # noqa: E402  (after the libraries it links are loaded)
+
+# Type checkers read ffi, lib and CData from pyggml/_ggml.pyi, generated with the extension from
+# the same declarations (pyggml_build/stubs.py): every function of lib with its C signature.
+if TYPE_CHECKING:
+    from .._ggml import CData
+else:
+    #: the type of every C object cffi gives (pointers, structs, arrays): ``<cdata ...>``
+    CData = ffi.CData
 
 #: The upstream ggml release the bindings were generated from (``ggml_version()``).
 GGML_VERSION: str = ffi.string(lib.ggml_version()).decode()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from types import TracebackType
 from typing import Any
 
 from ..errors import GGMLError
@@ -112,6 +113,12 @@ def record(exc: BaseException, owner: Any = None) -> None:
 
 class _Unraisable:
     """The argument of :func:`sys.unraisablehook` (``UnraisableHookArgs``)."""
+
+    exc_type: type[BaseException]
+    exc_value: BaseException | None
+    exc_traceback: TracebackType | None
+    err_msg: str | None
+    object: Any
 
     def __init__(self, exc: BaseException, message: str):
         self.exc_type = type(exc)

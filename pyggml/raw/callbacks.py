@@ -51,7 +51,7 @@ class CallbackSpec(NamedTuple):
     name: str    #: extern "Python" function in ``lib``
     ctype: str   #: C typedef name, or ``"struct <name>.<member>"`` for a vtable slot
     kind: str    #: ``"userdata"``, ``"global"`` or ``"slot"``
-    index: int | None  #: position of the payload (userdata) or owner (slot) argument
+    index: int | None  # type: ignore[assignment]  # (shadows tuple.index) position of the payload (userdata) or owner (slot) argument
     error: Any   #: value C receives when the Python function raises
 
 
@@ -85,8 +85,8 @@ SPECS: dict[str, CallbackSpec] = _specs()
 _globals: dict[str, Callable[..., Any] | None] = {}
 
 
-def _onerror(spec: CallbackSpec):
-    def onerror(exc_type, exc, tb):
+def _onerror(spec: CallbackSpec) -> Callable[[type[BaseException], BaseException, Any], None]:
+    def onerror(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         logger.debug("exception in Python callback for %s; returning %r to ggml", spec.ctype,
                      spec.error, exc_info=(exc_type, exc, tb))
         boundary.record(exc, _current_owner(spec, tb))
@@ -109,22 +109,25 @@ def _from_handle(handle: Any) -> Any:
 
 
 def _install(spec: CallbackSpec) -> None:
+    trampoline: Callable[..., Any]
     if spec.kind == "userdata":
+        assert spec.index is not None
         i = spec.index
 
-        def trampoline(*args):
+        def trampoline(*args: Any) -> Any:
             cb = _from_handle(args[i])
             return cb.func(*args)
     elif spec.kind == "slot":
+        assert spec.index is not None
         i, method = spec.index, spec.ctype.rsplit(".", 1)[1]
 
-        def trampoline(*args):
+        def trampoline(*args: Any) -> Any:
             if args[i] == ffi.NULL:
                 raise ValueError(f"{spec.ctype} called with a NULL owner")
             cb = _from_handle(args[i].context)
             return getattr(cb, method)(*args)
     else:
-        def trampoline(*args):
+        def trampoline(*args: Any) -> Any:
             func = _globals.get(spec.ctype)
             if func is None:
                 raise RuntimeError(f"no Python function is set for {spec.ctype}: use set_global()")
@@ -134,8 +137,8 @@ def _install(spec: CallbackSpec) -> None:
     ffi.def_extern(name=spec.name, onerror=_onerror(spec), **kw)(trampoline)
 
 
-for _spec in SPECS.values():
-    _install(_spec)
+for _s in SPECS.values():
+    _install(_s)
 
 
 def _spec(ctype: str, kind: str | None = None) -> CallbackSpec:

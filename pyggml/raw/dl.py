@@ -126,9 +126,9 @@ def load_modules() -> dict[str, BackendStatus]:
     for name in built:
         reg = regs.get(REGISTRY_NAMES.get(name, name))
         if reg is None:
-            err = _why_not(name) if is_dl() else "not registered"
-            _status[name] = BackendStatus(name, False, None, 0, err)
-            _logger.warning("pyggml: the %s backend was built but did not load: %s", name, err)
+            why = _why_not(name) if is_dl() else "not registered"
+            _status[name] = BackendStatus(name, False, None, 0, why)
+            _logger.warning("pyggml: the %s backend was built but did not load: %s", name, why)
             continue
         module = None
         if is_dl():
@@ -137,7 +137,7 @@ def load_modules() -> dict[str, BackendStatus]:
                     module = f
                     break
         n = lib.ggml_backend_reg_dev_count(reg)
-        err = None
+        err: str | None = None
         if n == 0 and name != "rpc":  # RPC devices come from servers (pyggml.rpc.add_server)
             err = "; ".join(messages.lines) or _NO_DEVICE.get(name, "ggml found no device")
             _logger.warning("pyggml: the %s backend loaded but found no device: %s", name, err)

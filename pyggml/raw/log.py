@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import re
+from typing import Any
 
 from . import callbacks
 from . import ffi, lib
@@ -33,7 +34,7 @@ _SUBSYSTEMS = [
     ("load_backend", "backend"), ("register_", "backend"),
 ]
 
-_state: dict = {"callback": None, "pending": None}
+_state: dict[str, Any] = {"callback": None, "pending": None}
 
 
 def logger_for(text: str) -> logging.Logger:
@@ -52,7 +53,7 @@ def _emit(level: int, text: str) -> None:
         logger_for(text).log(_LEVELS.get(level, logging.INFO), "%s", text)
 
 
-def _on_log(level: int, text, user_data) -> None:
+def _on_log(level: int, text: Any, user_data: Any) -> None:
     s = ffi.string(text).decode("utf-8", "replace")
     pending = _state["pending"]
     if level == lib.GGML_LOG_LEVEL_CONT and pending is not None:

@@ -84,3 +84,48 @@ def test_minilm_through_the_scheduler_with_the_numpy_backend(reference, minilm_d
         got = m.embed(sentences, batch_size=8)
         assert m.n_splits >= 1
     assert _cosine(got, expected).min() >= 0.9999
+
+
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True,
+                          text=True, **kw)
+
+
+@pytest.mark.parametrize("setup, args, message", [
+    (None, ["--in", "{tmp}/missing.txt"], "No such file or directory"),
+    ("latin1", ["--in", "{tmp}/in.txt"], "not UTF-8 text"),
+    ("blank", ["--in", "{tmp}/in.txt"], "the file has no sentences"),
+    (None, ["x", "--threads", "1000"], "--threads must be 1..512"),
+    (None, ["x", "--out", "{tmp}/no/such/folder/emb.npy"], "does not exist"),
+    (None, ["x", "--model-dir", "{tmp}/nothing"], "not a folder"),
+    (None, ["x", "  "], "blank"),
+    (None, ["x", "--backend", "Vulkan7"], "no ggml device named 'Vulkan7'"),
+])
+def test_cli_says_what_is_wrong_before_computing(tmp_path, setup, args, message):
+    """Each bad invocation is an argparse-style error (exit 2, or 1 for a missing backend) naming
+    the problem, not a traceback."""
+    if setup == "latin1":
+        (tmp_path / "in.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    elif setup == "blank":
+        (tmp_path / "in.txt").write_text("\n  \n\n")
+    r = _cli(*(a.format(tmp=tmp_path) for a in args))
+    assert r.returncode in (1, 2), r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_cli_skips_blank_lines(tmp_path, reference, minilm_dir):
+    sentences, expected, _ = reference
+    (tmp_path / "in.txt").write_text(f"\n{sentences[3]}\n   \n{sentences[0]}\n", encoding="utf-8")
+    r = _cli("--in", tmp_path / "in.txt", "--out", tmp_path / "e.npy", "--model-dir", minilm_dir,
+             "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert _cosine(np.load(tmp_path / "e.npy"), expected[[3, 0]]).min() >= 0.9999
+
+
+def test_without_the_examples_extra_the_message_says_what_to_install(tmp_path, minilm_dir):
+    """safetensors hidden from the import system: the error names the extra to install."""
+    (tmp_path / "safetensors").mkdir()
+    (tmp_path / "safetensors" / "__init__.py").write_text("raise ImportError('hidden', name='safetensors')\n")
+    env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}:{ROOT}")
+    r = _cli("x", "--model-dir", minilm_dir, env=env)
+    assert r.returncode == 1 and "pip install 'pyggml[examples]'" in r.stderr, r.stderr

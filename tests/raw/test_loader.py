@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+from conftest import compiler
+
 import pyggml
 
 
@@ -58,7 +60,7 @@ def test_a_foreign_libggml_on_LD_LIBRARY_PATH_is_ignored(tmp_path):
     for name in ("libggml.so", "libggml-base.so", "libggml-cpu.so"):
         src = tmp_path / "empty.c"
         src.write_text("int decoy_symbol = 1;\n")
-        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", str(tmp_path / name),
+        subprocess.run([compiler("gcc"), "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", str(tmp_path / name),
                         str(src)], check=True)
     code = textwrap.dedent("""
         from pyggml import ffi, lib

@@ -21,7 +21,7 @@ _I8, _I16, _I32, _I64 = lib.GGML_TYPE_I8, lib.GGML_TYPE_I16, lib.GGML_TYPE_I32, 
 #: float types read and written by the element-wise kernels
 _FLT = frozenset({_F32, _F16, _BF16})
 #: NumPy dtype holding one element of each plain type (BF16: its raw bits)
-_PLAIN = {_F32: np.dtype(np.float32), _F16: np.dtype(np.float16), _BF16: np.dtype(np.uint16),
+_PLAIN: dict[int, np.dtype[Any]] = {_F32: np.dtype(np.float32), _F16: np.dtype(np.float16), _BF16: np.dtype(np.uint16),
           _F64: np.dtype(np.float64), _I8: np.dtype(np.int8), _I16: np.dtype(np.int16),
           _I32: np.dtype(np.int32), _I64: np.dtype(np.int64)}
 

@@ -84,7 +84,7 @@ def _offset_params(p: Any) -> tuple[int, int, int, int]:
     return int(ip[0]), int(ip[1]), int(ip[2]), int(ip[3])
 
 
-def _sup_acc_set(types: frozenset) -> Callable[[Any], bool]:
+def _sup_acc_set(types: frozenset[int]) -> Callable[[Any], bool]:
     def sup(p: Any) -> bool:
         a, b = _src(p, 0), _src(p, 1)
         if a is None or b is None or not (a.type == b.type == p.type and a.type in types):

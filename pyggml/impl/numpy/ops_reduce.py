@@ -45,7 +45,7 @@ def _comp_sum(p: Any) -> None:
 _add("SUM", _sup_sum, _comp_sum, "F32/F16/BF16 -> scalar F32/F16/BF16 (float64 accumulation)")
 
 
-def _sup_rows_reduce(types: frozenset) -> Callable[[Any], bool]:
+def _sup_rows_reduce(types: frozenset[int]) -> Callable[[Any], bool]:
     def sup(p: Any) -> bool:
         a = _src(p, 0)
         if a is None or a.type not in types or p.type not in types:
