@@ -186,6 +186,8 @@ class Scheduler(_cobject.CObject, Placer):
         if not isinstance(graph, Graph):
             raise TypeError(f"a scheduler computes pyggml Graphs, not {type(graph).__name__}")
         self.ptr  # a closed scheduler: ClosedError before anything about the graph
+        for b in self._backends:
+            b.ptr  # a backend of the scheduler closed since: ClosedError (not a TypeError from cffi)
         graph.check_contexts()  # before anything walks the graph's tensors
         if graph.split_by is not None and not (graph.split_by is self and self._graph is graph):
             graph.restore_sources()
@@ -255,6 +257,8 @@ class Scheduler(_cobject.CObject, Placer):
         return self._compute(graph, lib.ggml_backend_sched_graph_compute_async)
 
     def _compute(self, graph: Graph, fn: Any) -> bool:
+        for b in self._backends:
+            b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
         if not (self._is_alloc and self._graph is graph and graph.split_by is self):
             self.alloc_graph(graph)
         g = self._check_graph(graph)

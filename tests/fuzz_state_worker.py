@@ -1448,7 +1448,7 @@ class PyggmlMachine(RuleBasedStateMachine):
             for ctx in {t.root.ctx for t in g.tensors if t.root.home is None and t.root.ctx.no_alloc}:
                 self.alloc_tensors(ctx, executor)
         for i, t in enumerate(g.tensors):
-            if not t.is_node and t.base is None and t.type in DTYPE:
+            if not t.is_node and t.base is None and t.type in DTYPE and t.nelements <= 1 << 22:
                 self._set(t, self._values(t, seed + i))
         if isinstance(executor, PlacerM) and executor.kind == "sched":
             ok = self._sched_compute(executor, g)

@@ -113,3 +113,20 @@ def test_a_view_of_arena_memory_is_refused_by_the_scheduler(run_isolated, n):
         print("ok")
     """)
     assert r.returncode == 0 and "ok" in r.stdout, f"exit {r.returncode}\\n{r.stderr[-2000:]}"
+
+
+def test_a_scheduler_whose_backend_was_closed_raises_closed_error():
+    """A backend closed under a scheduler: alloc_graph/reserve/compute raised a TypeError from
+    cffi (None for the backend pointer), and a graph placed before the close was still computed
+    (found by scripts/fuzz.sh)."""
+    with Context.for_tensors(4, graph_size=8) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+        g = ctx.new_graph(8).build_forward(ctx.sqr(a))
+        be = CPUBackend()
+        placed = Scheduler([be], graph_size=8)
+        placed.alloc_graph(g)
+        s = Scheduler([be], graph_size=8)
+        be.close()
+        for fn in (s.alloc_graph, s.reserve, s.compute, placed.compute):
+            with pytest.raises(ClosedError):
+                fn(g)
