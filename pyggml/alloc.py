@@ -168,9 +168,13 @@ class GraphAllocator(_cobject.CObject, Placer):
         return [self._buft.ptr]
 
     def _graph_ok(self, graph: "Graph") -> Any:
+        """The graph's pointer, after checking it may be placed: its contexts open and not
+        reset since (ClosedError), its sources as built."""
+        g = graph.ptr
+        graph.check_contexts()
         if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
             graph.restore_sources()
-        return graph.ptr
+        return g
 
     def reserve(self, graph: "Graph") -> None:
         """``ggml_gallocr_reserve``: size the buffer for ``graph`` (a worst case) without

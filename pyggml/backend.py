@@ -252,6 +252,7 @@ class Backend(_cobject.CObject):
     def _check_graph(self, graph: "Graph", n_nodes: int) -> _Checked:
         """Check the whole graph once: everything ggml would assert on or misuse. The memory of
         every node and source is checked in one C call (:func:`pyggml.buffer.check_graph_memory`)."""
+        contexts = graph.check_contexts()  # before anything walks the graph's tensors
         if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
             graph.restore_sources()
         placer = graph.placed_by
@@ -259,10 +260,6 @@ class Backend(_cobject.CObject):
             raise ClosedError("the graph allocator or scheduler that placed this graph has since "
                               "placed another one: allocate this graph again")
         g = graph.ptr
-        contexts = graph.contexts()
-        for ctx, gen in contexts:
-            if ctx._gen != gen or ctx._gen < 0:
-                raise ClosedError("a context holding tensors of this graph is closed or was reset")
         buffer.check_graph_memory(g, need_data=True)
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
         supports = self._supports_raw

@@ -12,6 +12,7 @@ tensor data in the arena keep it alive after the context is closed.
 """
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from . import _cobject, tensor as _tensor_mod, types
 from .buffer import Buffer
 from .buffer_type import BufferType
-from .errors import GGMLError
+from .errors import ClosedError, GGMLError
 from .graph import Graph
 from .ops import Ops
 from .raw import ffi, lib
@@ -74,8 +75,10 @@ class Context(_cobject.CObject, Ops):
         self._no_alloc = bool(no_alloc)
         self._buffers: list[Buffer] = []   # from alloc_tensors, closed with the context
         self._callbacks: list[Any] = []    # Python ops (map_custom) live as long as the context
-        self._deps: set[Any] = set()       # other contexts whose tensors ours point at
-        self._last_dep: Any = None
+        self._deps: dict[Any, int] = {}    # other contexts whose tensors ours point at -> their
+        self._last_dep: Any = None         # generation then
+        self._dependents: "weakref.WeakSet[Context]" = weakref.WeakSet()  # contexts pointing at ours
+        self._stale = False                # a context in _deps was reset or closed since
         self._trial_ops: set[int] = set()  # ops made by Ops.op without checks of their own
         _tensor_mod.register_arena(self, self._arena.ctypes.data, size)
 
@@ -106,11 +109,65 @@ class Context(_cobject.CObject, Ops):
 
     def reset(self) -> None:
         """``ggml_reset``: forget every tensor and graph. Their Python objects raise ClosedError
-        from now on; the memory is reused by what the context makes next."""
+        from now on; the memory is reused by what the context makes next. Contexts whose nodes
+        read this context's tensors refuse new tensors, nodes and graphs (ClosedError) until
+        they are reset themselves, and their graphs are refused."""
         lib.ggml_reset(self.ptr)
         self._gen += 1
         self._room = self._mem_size
         self._trial_ops.clear()
+        self._deps.clear()
+        self._last_dep = None
+        self._stale = False
+        self._invalidate_dependents()
+
+    # ------------------------------------------------------------------ dependencies
+    def _add_dep(self, owner: Any) -> None:
+        """Record that nodes of this context read tensors of ``owner`` (a context or a borrow
+        scope) in its current generation. Raises ClosedError if ``owner``'s own nodes read
+        memory that is gone (its tensors may point into it)."""
+        if getattr(owner, "_stale", False):
+            owner._check_deps()
+        self._deps.setdefault(owner, owner._gen)
+        self._last_dep = owner
+        dependents = getattr(owner, "_dependents", None)
+        if dependents is not None:
+            dependents.add(self)
+
+    def _invalidate_dependents(self) -> None:
+        """This context was reset or closed: every context whose nodes read its tensors
+        (directly or through others) is stale. Their op constructors take the slow path
+        (``_room`` < 0), where :meth:`_reserve` raises."""
+        todo = list(self._dependents)
+        while todo:
+            d = todo.pop()
+            if d._stale or d._gen < 0:
+                continue
+            d._stale = True
+            d._room = -1
+            todo.extend(d._dependents)
+
+    def _stale_dep(self) -> Any:
+        """A context this one depends on (transitively) that was reset or closed since, or None."""
+        seen: set[int] = set()
+        todo = [self]
+        while todo:
+            ctx = todo.pop()
+            for dep, gen in getattr(ctx, "_deps", {}).items():
+                if dep._gen != gen:
+                    return dep
+                if id(dep) not in seen:
+                    seen.add(id(dep))
+                    todo.append(dep)
+        return None
+
+    def _check_deps(self) -> None:
+        """Raise ClosedError if a context whose tensors this one's nodes read was reset or
+        closed since (see :meth:`reset`)."""
+        if self._stale_dep() is not None:
+            raise ClosedError("a context whose tensors this context's nodes read was reset or closed "
+                              "since: those nodes point at memory that is gone (reset this context too)")
+        self._stale = False
 
     def tensors(self) -> Iterator[Tensor]:
         """Every tensor of the context, in creation order (``ggml_get_first/next_tensor``)."""
@@ -131,6 +188,8 @@ class Context(_cobject.CObject, Ops):
         """Raise MemoryError unless ``n_objects`` tensors (with ``data_bytes`` of data when the
         context allocates) and ``extra`` bytes fit (ggml would assert instead). The estimate is
         an upper bound; the exact free space is asked from ggml only when it runs low."""
+        if self._stale:
+            self._check_deps()
         need = n_objects * _OVERHEAD + extra
         if data_bytes and not self._no_alloc:
             need += _pad(data_bytes, _ALIGN)
@@ -247,6 +306,7 @@ class Context(_cobject.CObject, Ops):
         context raise ClosedError from now on."""
         if self._ptr is not None:
             self._gen = -1
+            self._invalidate_dependents()
         super().close()
         for b in self._buffers:
             b.close()

@@ -91,6 +91,7 @@ class Graph(_cobject.CObject):
         self._seen: set[Any] = set()  # every node and leaf added so far
         self._n_leafs = 0
         self._keep: list[Any] = []
+        self._deps: dict[Any, int] = {}  # contexts of the outputs -> their generation then
         # set by allocators, schedulers and backends (pyggml.alloc, pyggml.sched, pyggml.backend)
         self.placed_by: Any = None    # the allocator or scheduler that placed it last
         self.computed = False         # computed since it was placed
@@ -133,6 +134,9 @@ class Graph(_cobject.CObject):
         g = self.ptr
         for out in outputs:
             out = tensor_arg(out, "output")
+            owner = out._owner
+            if not isinstance(owner, BorrowScope) and owner._stale:  # its nodes may point at
+                owner._check_deps()                                   # memory that is gone
             new_nodes: set[Any] = set()
             new_leafs: set[Any] = set()
             stack = [out._ptr]
@@ -149,6 +153,7 @@ class Graph(_cobject.CObject):
                                  f"{n_nodes} nodes and {self._n_leafs + len(new_leafs)} leafs "
                                  "(Context.new_graph(size=...))")
             lib.ggml_build_forward_expand(g, out._ptr)
+            self._deps.setdefault(owner, out._gen)
             seen |= new_nodes | new_leafs
             self._n_leafs += len(new_leafs)
             self._keep.append(out)
@@ -265,19 +270,32 @@ class Graph(_cobject.CObject):
 
     def contexts(self) -> list[tuple[Any, int]]:
         """(context, generation) of the context holding the graph and of every context its
-        tensors come from (what op constructors recorded: ``Context._deps``, transitively)."""
+        tensors come from, with the generation they had when the graph or its nodes were made
+        (the outputs' contexts, and what op constructors recorded: ``Context._deps``,
+        transitively). A context whose generation differs now was reset or closed since: the
+        graph points at memory that is gone."""
         owner = self._owner
         if isinstance(owner, BorrowScope):
             return []
         out: dict[Any, int] = {}
-        todo = [owner]
+        todo = [(owner, self._gen), *self._deps.items()]
         while todo:
-            ctx = todo.pop()
-            if ctx in out:
+            ctx, gen = todo.pop()
+            seen = out.get(ctx)
+            if seen is not None and seen <= gen:
                 continue
-            out[ctx] = ctx._gen
-            todo.extend(getattr(ctx, "_deps", ()))
+            out[ctx] = gen  # the oldest generation any of its tensors was used in
+            todo.extend(getattr(ctx, "_deps", {}).items())
         return list(out.items())
+
+    def check_contexts(self) -> list[tuple[Any, int]]:
+        """:meth:`contexts`, after raising ClosedError if one of them was reset or closed since."""
+        contexts = self.contexts()
+        for ctx, gen in contexts:
+            if ctx._gen != gen:
+                raise ClosedError("a context holding tensors of this graph was closed or reset since "
+                                  "the graph was built: it points at memory that is gone")
+        return contexts
 
     def node_set(self) -> frozenset[Any]:
         """Every node and leaf struct of the graph (cached until the graph changes)."""

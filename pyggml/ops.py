@@ -105,15 +105,24 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
     is all. In an allocating context the node is made with allocation switched off, so its data
     size is known before any data is taken from the arena; the context's space is checked again,
     then data is given with ``ggml_new_buffer``. A context that made a node from another
-    context's tensors keeps that context alive (``Context._deps``). This is the hot path of
+    context's tensors keeps that context alive and records its generation (``Context._deps``:
+    a reset or close of that context makes this one refuse new nodes until it is reset itself,
+    since its nodes point at memory that is gone). This is the hot path of
     every op constructor: it reads only Python attributes besides the one C call."""
     if ctx._gen < 0:
         raise ClosedError("this context is closed")
     room = ctx._room - _OVERHEAD * n_objects
     if room < 0:
-        ctx._reserve(0, n_objects)  # asks ggml for the exact free space, raises MemoryError
+        # asks ggml for the exact free space (MemoryError); ClosedError if a context whose
+        # tensors this one's nodes read was reset or closed (Context._invalidate_dependents
+        # sends every op constructor here then)
+        ctx._reserve(0, n_objects)
     else:
         ctx._room = room
+    for t in inputs:
+        owner = t._owner
+        if owner is not ctx and owner is not ctx._last_dep:
+            ctx._add_dep(owner)
     c = ctx._ptr
     if ctx._no_alloc:
         p = fn(c, *args)
@@ -124,11 +133,6 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
         finally:
             lib.ggml_set_no_alloc(c, False)
         _give_data(ctx, p)
-    for t in inputs:
-        owner = t._owner
-        if owner is not ctx and owner is not ctx._last_dep:
-            ctx._deps.add(owner)
-            ctx._last_dep = owner
     if ne is None:
         return Tensor(p, ctx)
     return Tensor._known(p, ctx, ne, type)

@@ -19,7 +19,6 @@ from .alloc import Placer
 from .backend import Backend
 from .buffer_type import BufferType
 from .enums import DeviceType
-from .errors import ClosedError
 from .graph import Graph
 from .raw import callbacks, ffi, lib
 from .raw.boundary import calling, check_status
@@ -151,10 +150,7 @@ class Scheduler(_cobject.CObject, Placer):
                              f"graph_size {self.graph_size} must be larger than their sum")
         if not any(p.op not in _VIEW_OPS for p in nodes):
             raise ValueError("the graph has no node that computes anything: a scheduler cannot split it")
-        contexts = graph.contexts()
-        for ctx, gen in contexts:
-            if gen < 0:
-                raise ClosedError("a context holding tensors of this graph is closed")
+        contexts = graph.check_contexts()
         buffer.check_graph_memory(g, need_data=False)
         backends = [b._ptr for b in self._backends]
         with calling():  # supports_op / supports_buft of Python devices
@@ -166,6 +162,13 @@ class Scheduler(_cobject.CObject, Placer):
                 v = p.view_src
                 buf = v.buffer if v != ffi.NULL else p.buffer
                 if buf == ffi.NULL:
+                    if v != ffi.NULL and v.data != ffi.NULL:
+                        # a view of a tensor in a context's own memory (no backend buffer): the
+                        # scheduler gives it no backend and ggml-alloc asserts buffer_id >= 0
+                        raise ValueError(f"tensor {buffer.label(p)} is a view of a tensor in an allocating "
+                                         "context's memory, which a scheduler cannot place: make the "
+                                         "graph in a no_alloc context (Context.for_tensors) or compute "
+                                         "it with a backend")
                     continue
                 buft = lib.ggml_backend_buffer_get_type(buf)
                 # ggml_backend_sched_backend_id_from_cur aborts for a pre-allocated tensor no
@@ -184,6 +187,10 @@ class Scheduler(_cobject.CObject, Placer):
         allocator freed or this scheduler owns forgotten (they are placed again), checked."""
         if not isinstance(graph, Graph):
             raise TypeError(f"a scheduler computes pyggml Graphs, not {type(graph).__name__}")
+        self.ptr  # a closed scheduler: ClosedError before anything about the graph
+        for b in self._backends:
+            b.ptr  # a backend of the scheduler closed since: ClosedError (not a TypeError from cffi)
+        graph.check_contexts()  # before anything walks the graph's tensors
         if graph.split_by is not None and not (graph.split_by is self and self._graph is graph):
             graph.restore_sources()
         self._unplace(graph)
@@ -273,6 +280,8 @@ class Scheduler(_cobject.CObject, Placer):
         return self._compute(graph, lib.ggml_backend_sched_graph_compute_async)
 
     def _compute(self, graph: Graph, fn: Any) -> bool:
+        for b in self._backends:
+            b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
         if not (self._is_alloc and self._graph is graph and graph.split_by is self):
             self.alloc_graph(graph)
         g = self._check_graph(graph)

@@ -93,10 +93,12 @@ def _check_row(t: GGMLType, n: int) -> int:
 
 
 def row_size(t: TypeLike, n: int) -> int:
-    """Bytes of a row of ``n`` elements (``n`` a multiple of :func:`block_size`); wraps
-    ``ggml_row_size``. Raises ValueError if ``n`` is negative or not a multiple of the block."""
+    """Bytes of a row of ``n`` elements (``n`` a multiple of :func:`block_size`): ggml's
+    ``ggml_row_size``, computed with Python integers (ggml's ``size_t`` product wraps around for
+    rows of more than 2**64 bytes, which would make a huge row look small). Raises ValueError if
+    ``n`` is negative or not a multiple of the block."""
     t = ggml_type(t)
-    return int(lib.ggml_row_size(t, _check_row(t, n)))
+    return int(lib.ggml_type_size(t)) * (_check_row(t, n) // int(lib.ggml_blck_size(t)))
 
 
 def _check_ne(sizes: Sequence[int] | int) -> tuple[int, ...]:
@@ -113,7 +115,10 @@ def nbytes(t: TypeLike, ne: Sequence[int]) -> int:
     """Bytes of a contiguous tensor of type ``t`` and shape ``ne`` (ggml order, 1-4 dims):
     ``row_size(t, ne[0]) * ne[1] * ne[2] * ne[3]``. Raises ValueError for a bad ``ne``."""
     t, ne = ggml_type(t), _check_ne(ne)
-    return row_size(t, ne[0]) * int(np.prod(ne[1:], dtype=np.int64))
+    out = row_size(t, ne[0])
+    for n in ne[1:]:  # Python integers: no int64 wrap-around
+        out *= int(n)
+    return out
 
 
 def numpy_dtype(t: TypeLike) -> np.dtype | None:

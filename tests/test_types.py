@@ -276,3 +276,11 @@ def test_grid_quantizers_refuse_magnitudes_that_abort_ggml():
         T.quantize(x, "IQ2_XXS", imatrix=np.full(256, 1e31, np.float32))
     # the same magnitudes are fine for non-grid quantizers (inf scales, but no abort)
     T.quantize(x * 1e30, "Q4_K")
+
+
+def test_row_size_does_not_wrap_around_for_rows_beyond_size_t():
+    """ggml_row_size's size_t product wraps (I32 x 2**62 = 2**64 -> 0): a huge tensor looked
+    empty and got no data (found by tests/fuzz_state_worker.py)."""
+    assert T.row_size(lib.GGML_TYPE_I32, 2**62) == 2**64
+    assert T.nbytes(lib.GGML_TYPE_F32, [2**31, 2**31, 2**31, 2]) == 2**96
+    assert T.row_size(lib.GGML_TYPE_Q4_0, 64) == int(lib.ggml_row_size(lib.GGML_TYPE_Q4_0, 64))
