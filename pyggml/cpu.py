@@ -153,6 +153,12 @@ _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     lib.GGML_OP_REPEAT: _src0_unit,
     lib.GGML_OP_SUM_ROWS: _src0_unit,
     lib.GGML_OP_RMS_NORM: _src0_unit,
+    lib.GGML_OP_GROUP_NORM: lambda p: p.src[0].type == _F32 and _unit_stride(p.src[0]),
+    lib.GGML_OP_RMS_NORM_BACK: lambda p: all(s.type == _F32 and _unit_stride(s) for s in (p.src[0], p.src[1])),
+    # no GGML_ASSERT: a plain assert (compiled out), then rows read as unit-stride arrays, so a
+    # strided source gives wrong values silently
+    lib.GGML_OP_SUM: _src0_unit, lib.GGML_OP_MEAN: _src0_unit, lib.GGML_OP_ARGMAX: _src0_unit,
+    lib.GGML_OP_LEAKY_RELU: _src0_unit,
     lib.GGML_OP_CLAMP: _src0_unit,
     lib.GGML_OP_OUT_PROD: _src0_unit,
     lib.GGML_OP_ROPE: _src0_unit,
@@ -192,7 +198,8 @@ def _cpu_kernel_supports_raw(p: Any) -> bool:
 def _layout_hint(p: Any) -> str:
     """Why the kernel table refuses node ``p`` (for error messages): a source that is a
     transposed, permuted or strided view, else its types."""
-    strided = [i for i, s in enumerate(p.src) if s != ffi.NULL and not lib.ggml_is_contiguous(s)]
+    strided = [i for i, s in enumerate(p.src)
+               if s != ffi.NULL and not (lib.ggml_is_contiguous(s) and _unit_stride(s))]
     if strided:
         return (f"ggml's CPU kernel for it needs other source layouts (source {strided[0]} is a "
                 "transposed, permuted or strided view): make it contiguous with Context.cont first")

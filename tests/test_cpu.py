@@ -57,3 +57,31 @@ def test_cpu_kernel_check_of_cross_entropy_loss():
         assert be.supports_op(loss)
         half = ctx.new_tensor(GGMLType.F16, [10, 4])
         assert not cpu_kernel_supports(ctx.cross_entropy_loss(half, labels))  # the kernel is F32 only
+
+
+@pytest.mark.parametrize("op", ["mean", "sum", "sum_rows", "argmax", "leaky_relu"])
+def test_reductions_of_a_transposed_tensor_are_refused_not_computed_wrong(op):
+    """MEAN, SUM, ARGMAX and LEAKY_RELU read source rows as unit-stride arrays (their checks are
+    plain asserts, compiled out in release builds): a transposed source gave wrong values with no
+    error (scripts/fuzz.sh, seed 6: mean of transpose(norm(x)) read back 0.29, NumPy 0.10).
+    CPUBackend now refuses them, naming cont() as the fix; the contiguous copy computes right."""
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) ** 1.5  # ggml ne [3, 4]
+    make = {"mean": lambda c, t: c.mean(t), "sum": lambda c, t: c.sum(t),
+            "sum_rows": lambda c, t: c.sum_rows(t), "argmax": lambda c, t: c.argmax(t),
+            "leaky_relu": lambda c, t: c.leaky_relu(t, 0.1)}[op]
+    ref = {"mean": lambda a: a.mean(-1, keepdims=True), "sum": lambda a: a.sum().reshape(1),
+           "sum_rows": lambda a: a.sum(-1, keepdims=True), "argmax": lambda a: a.argmax(-1),
+           "leaky_relu": lambda a: np.where(a > 0, a, 0.1 * a)}[op]
+    with Context(1 << 20) as ctx, CPUBackend(1) as cpu:
+        a = ctx.new_tensor(GGMLType.F32, [3, 4])
+        a.set(x)
+        t = ctx.transpose(a)  # ne [4, 3], nb[0] = 12
+        out = make(ctx, t)
+        assert not cpu_kernel_supports(out)
+        g = ctx.new_graph().build_forward(out)
+        with pytest.raises(ValueError, match="cont"):
+            cpu.graph_compute(g)
+        fixed = make(ctx, ctx.cont(t))
+        assert cpu_kernel_supports(fixed)
+        cpu.graph_compute(ctx.new_graph().build_forward(fixed))
+        np.testing.assert_allclose(fixed.numpy().reshape(-1), ref(x.T.astype(np.float64)).reshape(-1), rtol=1e-5)
