@@ -910,7 +910,9 @@ class PyggmlMachine(RuleBasedStateMachine):
         nb1 = a.nb[1] if not stride else size * max(n0, 1)
         return self._op(ctx, "view", ctx.obj.view, (a.obj, [n0, n1], [nb1], offset), [a],
                         lambda t: TM(t, ctx, a.type, (n0, n1, 1, 1), "VIEW", [a], base=a.root,
-                                     offset=a.offset + offset, nb=(a.nb[0], nb1, nb1 * n1, nb1 * n1)))
+                                     # ggml_view_2d: nb[0] is the element size, whatever a's
+                                     offset=a.offset + offset, nb=(int(lib.ggml_type_size(a.type)), nb1,
+                                                                   nb1 * n1, nb1 * n1)))
 
     def _permute(self, ctx: CtxM, a: TM, b: TM, c: TM, p: list[int]) -> Any:
         axes = list(itertools.permutations(range(4)))[p[0] % 24]
