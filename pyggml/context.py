@@ -80,6 +80,8 @@ class Context(_cobject.CObject, Ops):
         self._dependents: "weakref.WeakSet[Context]" = weakref.WeakSet()  # contexts pointing at ours
         self._stale = False                # a context in _deps was reset or closed since
         self._trial_ops: set[int] = set()  # ops made by Ops.op without checks of their own
+        self._arena_lo = int(self._arena.ctypes.data)  # the tensor structs of this context lie
+        self._arena_hi = self._arena_lo + size          # in [lo, hi) (ops._give_data)
         _tensor_mod.register_arena(self, self._arena.ctypes.data, size)
 
     @classmethod

@@ -159,13 +159,19 @@ def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
 def _give_data(ctx: Any, ptr: Any) -> None:
     """Data for the new node of an allocating context and for any intermediate node the C
     function made (conv_2d makes im2col, reshapes, a mul_mat...): all reachable from the result
-    without data yet, in creation order (arena addresses grow)."""
+    without data yet, in creation order (arena addresses grow). Only tensors whose struct is in
+    ``ctx``'s own arena: a source of another context without data (a tensor of a ``no_alloc``
+    context not allocated yet) stays without data, it is not given memory of this context."""
+    lo, hi = ctx._arena_lo, ctx._arena_hi
     todo, seen = [ptr], {}
     while todo:
         p = todo.pop()
         if p == ffi.NULL or p in seen or p.data != ffi.NULL:
             continue
-        seen[p] = int(ffi.cast("uintptr_t", p))
+        addr = int(ffi.cast("uintptr_t", p))
+        if not lo <= addr < hi:
+            continue
+        seen[p] = addr
         todo.extend(p.src)
         if p.view_src != ffi.NULL:
             todo.append(p.view_src)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pyggml
-from pyggml import Context, GGMLType, lib
+from pyggml import Context, GGMLType, ffi, lib
 
 rng = np.random.default_rng(1)
 
@@ -270,3 +270,18 @@ def test_ne_and_type_known_to_the_constructors_are_the_ones_ggml_wrote():
     for t in made:
         assert t.ne == tuple(t.ptr.ne), t
         assert t.type == t.ptr.type, t
+
+
+def test_a_node_of_an_allocating_context_gives_no_data_to_another_contexts_tensors():
+    """A node made in an allocating context from a view of another context's tensor that has no
+    data yet gave that tensor memory in the node's context's arena (ops._give_data walked every
+    source without data): Tensor.set then wrote into a context that is not the tensor's, and
+    after that context was closed the tensor read its freed arena with no error
+    (scripts/fuzz.sh seed 102: t294.set was to raise ValueError, returned None)."""
+    with Context(1 << 20, no_alloc=True) as plan, Context(1 << 20) as work:
+        t = plan.new_tensor(GGMLType.I32, [5, 5, 5, 2])
+        out = work.neg(work.cast(work.permute(t, 1, 0, 2, 3), GGMLType.F32))
+        assert out._ptr.data != ffi.NULL  # the new nodes of `work` get data
+        assert t._ptr.data == ffi.NULL    # `plan`'s tensor does not
+        with pytest.raises(ValueError, match="no data"):
+            t.set(np.zeros(250, np.int32), reshape=True)
