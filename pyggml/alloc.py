@@ -178,9 +178,13 @@ class GraphAllocator(_cobject.CObject, Placer):
 
     def reserve(self, graph: "Graph") -> None:
         """``ggml_gallocr_reserve``: size the buffer for ``graph`` (a worst case) without
-        allocating its tensors. Raises MemoryError if the buffer cannot be allocated."""
+        allocating its tensors. Raises MemoryError if the buffer cannot be allocated,
+        ClosedError if a tensor of the graph is in a buffer that was closed."""
         g = self._graph_ok(graph)
         self._unplace(graph)
+        # a tensor left in a freed buffer (one of the user's, closed): ggml would skip it as
+        # placed, and init a view of it through the freed buffer
+        buffer.check_graph_memory(g, need_data=False)
         with calling():
             ok = lib.ggml_gallocr_reserve(self.ptr, g)
             self._placed(graph, placed=False)
@@ -192,9 +196,14 @@ class GraphAllocator(_cobject.CObject, Placer):
         in the allocator's buffer (growing it if needed, which frees the old one: tensors placed
         in it before become unusable). Inputs (``set_input``) come first and outputs
         (``set_output``) are kept; other intermediate memory is reused. Raises MemoryError on
-        failure."""
+        failure, ClosedError if a tensor of the graph is in a buffer that was closed (a
+        buffer of this or another allocator that was freed is not one: its tensors are placed
+        again)."""
         g = self._graph_ok(graph)
         self._unplace(graph)
+        # a tensor left in a freed buffer (one of the user's, closed): ggml would skip it as
+        # placed, and init a view of it through the freed buffer
+        buffer.check_graph_memory(g, need_data=False)
         with calling():
             ok = lib.ggml_gallocr_alloc_graph(self.ptr, g)
             self._placed(graph if ok else None, placed=bool(ok))

@@ -121,3 +121,29 @@ def test_an_allocator_placed_graph_can_move_to_another_allocator():
             a.set(np.ones(8, np.float32))
             g.compute(be)
             np.testing.assert_array_equal(y.numpy(), np.ones(8))
+
+
+def test_placing_a_graph_that_reads_a_closed_buffer_raises_closed_error(run_isolated):
+    """A graph with a view of a tensor whose buffer (Context.alloc_tensors) was closed:
+    GraphAllocator.alloc_graph returned normally after ggml_backend_view_init called
+    init_tensor through the freed buffer (use after free), and reserve sized for it
+    (scripts/fuzz.sh seed 102: 'galloc.reserve: ClosedError was due, but it returned None').
+    Both raise ClosedError now, as Scheduler does; the graph built again on live memory works."""
+    r = run_isolated("""
+        from pyggml import ClosedError, Context, GGMLType, GraphAllocator
+        from pyggml.cpu import cpu_buffer_type
+        plan, work = Context(1 << 20, no_alloc=True), Context(1 << 20, no_alloc=True)
+        t = plan.new_tensor(GGMLType.F32, [8, 8])
+        buf = plan.alloc_tensors(cpu_buffer_type())
+        out = work.cont(work.view(t, [4, 2], [t.nb[1]], 0))
+        g = work.new_graph(64).build_forward(out)
+        buf.close()
+        for name in ("reserve", "alloc_graph"):
+            try:
+                getattr(GraphAllocator(cpu_buffer_type()), name)(g)
+                print(name, "returned")
+            except ClosedError as e:
+                print(name, "ClosedError", "freed" in str(e))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["reserve ClosedError True", "alloc_graph ClosedError True"], r.stdout
