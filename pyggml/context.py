@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 
 from . import _cobject, tensor as _tensor_mod, types
-from .buffer import Buffer
+from .buffer import Buffer, check_tensor_memory
 from .buffer_type import BufferType
 from .errors import ClosedError, GGMLError
 from .graph import Graph
@@ -282,12 +282,36 @@ class Context(_cobject.CObject, Ops):
         default buffer type) or a buffer type. The context keeps the buffer alive and closes it
         when it is closed.
 
-        Raises ValueError if the context allocates its own data or holds no unallocated tensor;
-        GGMLError if the allocation fails.
+        Views in the context are placed in their source's buffer, so their sources must be this
+        context's own tensors or tensors already in a live backend buffer.
+
+        Raises ValueError if the context allocates its own data, holds no unallocated tensor,
+        or holds a view of a tensor in no backend buffer (an allocating context's memory, or
+        another context's tensor not allocated yet); ClosedError for a view of a tensor whose
+        buffer was closed; GGMLError if the allocation fails.
         """
         if not self.no_alloc:
             raise ValueError("alloc_tensors needs a no_alloc context")
-        if not any(t.ptr.data == ffi.NULL and t.ptr.view_src == ffi.NULL for t in self.tensors()):
+        need = False
+        lo, hi = self._arena_lo, self._arena_hi
+        for t in self.tensors():
+            p = t.ptr
+            v = p.view_src
+            if v == ffi.NULL:
+                need = need or p.data == ffi.NULL
+            elif p.buffer == ffi.NULL:
+                # ggml_backend_view_init asserts the source has a buffer and data: one of ours
+                # without data gets them first (it was made before the view); others must have them
+                if v.data == ffi.NULL and lo <= int(ffi.cast("uintptr_t", v)) < hi:
+                    continue
+                if v.buffer == ffi.NULL or v.data == ffi.NULL:
+                    where = ("has no data yet" if v.data == ffi.NULL else
+                             "is in an allocating context's memory, not a backend buffer")
+                    raise ValueError(f"tensor {t._label()} is a view of a tensor that {where}: "
+                                     "alloc_tensors places views in their source's buffer (allocate "
+                                     "the source first, or make the view in the source's context)")
+                check_tensor_memory(v, t._label())  # ClosedError: its buffer was freed
+        if not need:
             raise ValueError("no tensor of this context needs allocation")
         buft = where if isinstance(where, BufferType) else where.default_buffer_type
         with calling():

@@ -121,3 +121,50 @@ def test_a_size_that_wraps_size_t_is_refused_not_made_empty():
         small = ctx.new_tensor(GGMLType.F32, [4])
         with pytest.raises(ValueError, match="outside"):
             ctx.view(small, [2**62])                   # a view of 2**64 bytes over 16
+
+
+def test_alloc_tensors_refuses_views_of_tensors_outside_backend_buffers(run_isolated):
+    """ggml_backend_alloc_ctx_tensors initialises every view of the context in the view's
+    source's buffer (ggml_backend_view_init asserts it has one): a view in a no_alloc context of
+    a tensor in an allocating context's memory, or of another no_alloc context's tensor not
+    allocated yet, aborted the process (scripts/fuzz.sh seed 104: GGML_ASSERT(tensor->view_src->
+    buffer != NULL) in alloc_tensors). ValueError now; a view of a tensor of a closed buffer is a
+    ClosedError (view_init would call through the freed buffer)."""
+    r = run_isolated("""
+        from pyggml import ClosedError, Context, GGMLType
+        from pyggml.cpu import cpu_buffer_type
+        F32 = GGMLType.F32
+        def attempt(ctx, what):
+            try:
+                ctx.alloc_tensors(cpu_buffer_type())
+                print(what, "allocated")
+            except ClosedError:
+                print(what, "ClosedError")
+            except ValueError:
+                print(what, "ValueError")
+        host = Context(1 << 20)
+        plan = Context(1 << 20, no_alloc=True)
+        plan.new_tensor(F32, [4])
+        plan.permute(host.new_tensor(F32, [4, 2]), 1, 0, 2, 3)
+        attempt(plan, "view of arena memory")
+        other = Context(1 << 20, no_alloc=True)
+        plan2 = Context(1 << 20, no_alloc=True)
+        plan2.new_tensor(F32, [4])
+        plan2.transpose(other.new_tensor(F32, [4, 2]))
+        attempt(plan2, "view of an unallocated tensor")
+        buf = other.alloc_tensors(cpu_buffer_type())
+        attempt(plan2, "the same, its source allocated")
+        plan3 = Context(1 << 20, no_alloc=True)
+        plan3.new_tensor(F32, [4])
+        plan3.transpose(next(iter(other.tensors())))
+        buf.close()
+        attempt(plan3, "view of a closed buffer")
+        plan4 = Context(1 << 20, no_alloc=True)
+        plan4.view(plan4.new_tensor(F32, [8]), [4], [], 0)
+        attempt(plan4, "view of its own tensor")
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:5] == [
+        "view of arena memory ValueError", "view of an unallocated tensor ValueError",
+        "the same, its source allocated allocated", "view of a closed buffer ClosedError",
+        "view of its own tensor allocated"], r.stdout
