@@ -74,6 +74,20 @@ class Placer:
         if stale:
             lib.pyggml_graph_unplace(g, ffi.new("ggml_backend_buffer_t[]", stale), len(stale))
             graph.checked.clear()
+        for t in graph._keep:
+            # outputs that are leafs read by no node (not seen above): the same, and a zero-byte
+            # one placed at the NULL base of an empty buffer (data NULL, buffer set, which
+            # ggml_backend_tensor_alloc asserts against when it is placed again)
+            if not isinstance(t, Tensor):
+                continue
+            p = t._ptr
+            b = p.buffer
+            if b == ffi.NULL or p.view_src != ffi.NULL:
+                continue
+            if (p.data == ffi.NULL or buffer.retired_by_placer(b)
+                    or getattr(buffer.lookup(b), "owner", None) is self):
+                p.data = ffi.NULL
+                p.buffer = ffi.NULL
 
     def _placed(self, graph: "Graph | None", *, placed: bool = True) -> None:
         """After ggml allocated (or reserved for) ``graph``: notice reallocated buffers, and
@@ -169,12 +183,30 @@ class GraphAllocator(_cobject.CObject, Placer):
 
     def _graph_ok(self, graph: "Graph") -> Any:
         """The graph's pointer, after checking it may be placed: its contexts open and not
-        reset since (ClosedError), its sources as built."""
+        reset since (ClosedError), its sources as built; the allocator renewed if its buffer
+        is empty (:meth:`_renew_if_empty`)."""
         g = graph.ptr
         graph.check_contexts()
         if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
             graph.restore_sources()
+        self._renew_if_empty()
         return g
+
+    def _renew_if_empty(self) -> None:
+        """After a placement that allocated nothing (every tensor had data), ggml-alloc keeps a
+        buffer without any chunk; a later graph whose only tensors to place have 0 bytes needs
+        no bigger buffer, so none is allocated, and ggml_vbuffer_tensor_alloc reads the missing
+        chunk (GGML_ASSERT(buffer) in ggml_backend_buffer_get_base). An allocator whose buffer
+        is empty holds nothing: a fresh ggml_gallocr replaces it (what it placed, zero-byte
+        tensors at most, is placed again)."""
+        if self._last_sizes is None or any(self._last_sizes):
+            return
+        self._retire()
+        old = self.ptr
+        with calling():
+            self._ptr = lib.ggml_gallocr_new(self._buft.ptr)
+            lib.ggml_gallocr_free(old)
+        self._last_sizes = None
 
     def reserve(self, graph: "Graph") -> None:
         """``ggml_gallocr_reserve``: size the buffer for ``graph`` (a worst case) without

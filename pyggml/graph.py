@@ -301,7 +301,9 @@ class Graph(_cobject.CObject):
         """Every node and leaf struct of the graph (cached until the graph changes)."""
         if self._node_set is None:
             nodes = self.raw_nodes()
-            self._node_set = frozenset(nodes) | frozenset(self._raw_leafs(nodes))
+            # and the outputs built that are leafs read by no node
+            self._node_set = (frozenset(nodes) | frozenset(self._raw_leafs(nodes))
+                              | frozenset(t._ptr for t in self._keep if isinstance(t, Tensor)))
         return self._node_set
 
     def _wrap(self, p: Any) -> Tensor:

@@ -147,3 +147,60 @@ def test_placing_a_graph_that_reads_a_closed_buffer_raises_closed_error(run_isol
     """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["reserve ClosedError True", "alloc_graph ClosedError True"], r.stdout
+
+
+def test_an_empty_tensor_after_a_placement_that_allocated_nothing(run_isolated):
+    """A GraphAllocator whose first graph had every tensor allocated already (its buffer has no
+    chunk), then the same graph with a zero-element tensor added: ggml-alloc needed no bigger
+    buffer, allocated none, and aborted placing the 0-byte tensor in the missing chunk
+    (GGML_ASSERT(buffer), ggml-backend.cpp; scripts/fuzz.sh seed 104). The allocator is renewed
+    when its buffer is empty; the graph computes."""
+    r = run_isolated("""
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
+        be = CPUBackend(1)
+        ctx = Context(1 << 20, no_alloc=True)
+        a = ctx.new_tensor(GGMLType.F32, [2, 3])
+        b = ctx.new_tensor(GGMLType.F32, [2, 3])
+        out = ctx.concat(a, b, 0).set_output()
+        g = ctx.new_graph(64).build_forward(out)
+        ctx.alloc_tensors(be)
+        ga = GraphAllocator(be)
+        ga.alloc_graph(g)
+        g.build_forward(ctx.new_tensor(GGMLType.F32, [5, 0]))
+        for _ in range(2):
+            ga.alloc_graph(g)
+            a.set(np.ones((3, 2), np.float32)); b.set(np.zeros((3, 2), np.float32))
+            g.compute(be)
+            print(out.numpy().sum())
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["6.0", "6.0"], r.stdout
+
+
+def test_a_leaf_output_read_by_no_node_is_placed_again_when_its_allocator_is_gone(run_isolated):
+    """A leaf built as an output (read by no node): placed by allocator A, A closed, placed by
+    B: it stayed in A's freed buffer (pyggml re-placed only nodes and their sources), so reading
+    it raised ClosedError however often the graph was allocated again; a zero-byte one kept a
+    buffer without data, which ggml_backend_tensor_alloc asserts against."""
+    r = run_isolated("""
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
+        be = CPUBackend(1)
+        ctx = Context(1 << 20, no_alloc=True)
+        a = ctx.new_tensor(GGMLType.F32, [2, 3]).set_input()
+        out = ctx.sqr(a).set_output()
+        leaf = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+        empty = ctx.new_tensor(GGMLType.F32, [5, 0])
+        g = ctx.new_graph(64).build_forward(out).build_forward(leaf).build_forward(empty)
+        A = GraphAllocator(be)
+        A.alloc_graph(g)
+        B = GraphAllocator(be)
+        A.close()
+        B.alloc_graph(g)
+        leaf.set(np.arange(4, dtype=np.float32)); a.set(np.ones((3, 2), np.float32))
+        g.compute(be)
+        print(out.numpy().sum(), leaf.numpy().sum(), empty.numpy().shape)
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["6.0", "6.0", "(0,", "5)"], r.stdout
