@@ -111,7 +111,8 @@ class Placer:
     def _track_buffers(self, graph: "Graph") -> None:
         """Record the buffers ggml allocated for this placer that ``graph``'s tensors are in."""
         bufts = set(self._buffer_types())
-        for buf in buffer.graph_buffers(graph.ptr):
+        outs = [t._ptr.buffer for t in graph._keep if isinstance(t, Tensor) and t._ptr.buffer != ffi.NULL]
+        for buf in buffer.graph_buffers(graph.ptr) + outs:  # outputs: leafs read by no node too
             if buffer.lookup(buf) is not None:
                 continue  # a buffer pyggml knows already (weights, inputs, ours)
             if lib.ggml_backend_buffer_get_usage(buf) == _COMPUTE and (

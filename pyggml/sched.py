@@ -197,12 +197,27 @@ class Scheduler(_cobject.CObject, Placer):
         return self._check_graph(graph)
 
     # ------------------------------------------------------------------ allocation
+    def _pin_loose_leafs(self, graph: Graph) -> None:
+        """Leafs built as outputs but read by no node, not in a backend buffer: the split gives
+        them no backend and ggml-alloc asserts (buffer_id >= 0). They are pinned to the last
+        backend (the CPU one), which places them as a graph allocator would."""
+        loose = [t._ptr for t in graph._keep if isinstance(t, Tensor)
+                 and t._ptr.op == lib.GGML_OP_NONE and t._ptr.buffer == ffi.NULL]
+        if not loose:
+            return
+        read = set(graph._raw_leafs(graph.raw_nodes()))
+        host = self._backends[-1]._ptr
+        for p in loose:
+            if p not in read:
+                lib.ggml_backend_sched_set_tensor_backend(self.ptr, p, host)
+
     def reserve(self, graph: Graph) -> None:
         """``ggml_backend_sched_reserve``: size the compute buffers for a worst-case graph
         (its sources are put back afterwards). Raises MemoryError if they cannot be allocated."""
         g = self._take(graph)
         saved = graph._save_sources(None)
         try:
+            self._pin_loose_leafs(graph)
             with calling():
                 ok = lib.ggml_backend_sched_reserve(self.ptr, g)
                 self._is_alloc = False
@@ -223,6 +238,7 @@ class Scheduler(_cobject.CObject, Placer):
         state = graph.checked.get(self._ptr)
         if self._is_alloc or self._graph is not None:
             self.reset()
+        self._pin_loose_leafs(graph)
         graph._save_sources(self)
         with calling():
             ok = lib.ggml_backend_sched_alloc_graph(self.ptr, g)

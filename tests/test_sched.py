@@ -130,3 +130,29 @@ def test_a_scheduler_whose_backend_was_closed_raises_closed_error():
         for fn in (s.alloc_graph, s.reserve, s.compute, placed.compute):
             with pytest.raises(ClosedError):
                 fn(g)
+
+
+def test_a_leaf_output_read_by_no_node_is_placed_by_the_scheduler(run_isolated):
+    """A leaf built as an output but read by no node gets no backend from the split, and
+    ggml-alloc aborted (GGML_ASSERT(buffer_id >= 0), ggml-alloc.c; found while triaging
+    scripts/fuzz.sh seed 104). The scheduler pins such leafs to its CPU backend, places and
+    tracks them like the other tensors."""
+    r = run_isolated("""
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, Scheduler
+        be = CPUBackend(1)
+        ctx = Context(1 << 20, no_alloc=True)
+        a = ctx.new_tensor(GGMLType.F32, [2, 3]).set_input()
+        out = ctx.sqr(a).set_output()
+        leaf = ctx.new_tensor(GGMLType.F32, [5, 2])
+        g = ctx.new_graph(64).build_forward(out).build_forward(leaf)
+        s = Scheduler([be], graph_size=64)
+        s.reserve(g)
+        for _ in range(2):
+            s.alloc_graph(g)
+            a.set(np.ones((3, 2), np.float32)); leaf.set(np.ones((2, 5), np.float32))
+            s.compute(g)
+            print(out.numpy().sum(), leaf.numpy().sum())
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["6.0", "10.0", "6.0", "10.0"], r.stdout
