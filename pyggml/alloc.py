@@ -64,13 +64,15 @@ class Placer:
         return []
 
     def _unplace(self, graph: "Graph") -> None:
-        """Before ggml places ``graph``: forget the places of its tensors that sit in this
-        placer's buffers or in buffers a placer has freed (ggml keeps a tensor that has data
-        where it is, which would leave it in memory about to be freed, or already freed), so
-        that they are placed again. Tensors in the user's buffers (weights) stay."""
+        """Before ggml places ``graph``: forget the places of its tensors that sit in a
+        placer's buffers (this one's, another allocator's or scheduler's, whose memory may
+        hold another graph by now) or in buffers a placer has freed (ggml keeps a tensor that
+        has data where it is, which would leave it in memory about to be freed, already freed,
+        or given to another graph), so that they are placed again: the placer that placed a
+        graph last holds all of it. Tensors in the user's buffers (weights) stay."""
         g = graph.ptr
         stale = [b for b in buffer.graph_buffers(g)
-                 if buffer.retired_by_placer(b) or getattr(buffer.lookup(b), "owner", None) is self]
+                 if buffer.retired_by_placer(b) or isinstance(getattr(buffer.lookup(b), "owner", None), Placer)]
         if stale:
             lib.pyggml_graph_unplace(g, ffi.new("ggml_backend_buffer_t[]", stale), len(stale))
             graph.checked.clear()
@@ -85,9 +87,18 @@ class Placer:
             if b == ffi.NULL or p.view_src != ffi.NULL:
                 continue
             if (p.data == ffi.NULL or buffer.retired_by_placer(b)
-                    or getattr(buffer.lookup(b), "owner", None) is self):
+                    or isinstance(getattr(buffer.lookup(b), "owner", None), Placer)):
                 p.data = ffi.NULL
                 p.buffer = ffi.NULL
+
+    @staticmethod
+    def _check_outputs_memory(graph: "Graph") -> None:
+        """ClosedError for an output of ``graph`` in a buffer that was closed: a leaf read by
+        no node is not seen by :func:`pyggml.buffer.check_graph_memory`, and placing it would
+        ask its freed buffer for its type (scheduler) or leave it there."""
+        for t in graph._keep:
+            if isinstance(t, Tensor):
+                buffer.check_tensor_memory(t._ptr, t._label())
 
     def _placed(self, graph: "Graph | None", *, placed: bool = True) -> None:
         """After ggml allocated (or reserved for) ``graph``: notice reallocated buffers, and
@@ -218,6 +229,7 @@ class GraphAllocator(_cobject.CObject, Placer):
         # a tensor left in a freed buffer (one of the user's, closed): ggml would skip it as
         # placed, and init a view of it through the freed buffer
         buffer.check_graph_memory(g, need_data=False)
+        self._check_outputs_memory(graph)
         with calling():
             ok = lib.ggml_gallocr_reserve(self.ptr, g)
             self._placed(graph, placed=False)
@@ -237,6 +249,7 @@ class GraphAllocator(_cobject.CObject, Placer):
         # a tensor left in a freed buffer (one of the user's, closed): ggml would skip it as
         # placed, and init a view of it through the freed buffer
         buffer.check_graph_memory(g, need_data=False)
+        self._check_outputs_memory(graph)
         with calling():
             ok = lib.ggml_gallocr_alloc_graph(self.ptr, g)
             self._placed(graph if ok else None, placed=bool(ok))

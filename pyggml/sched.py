@@ -194,6 +194,7 @@ class Scheduler(_cobject.CObject, Placer):
         if graph.split_by is not None and not (graph.split_by is self and self._graph is graph):
             graph.restore_sources()
         self._unplace(graph)
+        self._check_outputs_memory(graph)
         return self._check_graph(graph)
 
     # ------------------------------------------------------------------ allocation

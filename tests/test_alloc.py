@@ -204,3 +204,29 @@ def test_a_leaf_output_read_by_no_node_is_placed_again_when_its_allocator_is_gon
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["6.0", "6.0", "(0,", "5)"], r.stdout
+
+
+def test_a_graph_placed_by_a_second_allocator_leaves_the_first_ones_memory():
+    """Graph g placed by A, then by B: ggml keeps tensors that have data where they are, so
+    g's tensors stayed in A's memory, which A gave to graph h next; computing g then wrote
+    into h's tensors, and B.covers(g) let it through (scripts/fuzz.sh seed 108: a compute
+    expected to raise ClosedError ran). The placer that places a graph now places again what
+    sits in any placer's memory: g lives in B, h keeps its values."""
+    with CPUBackend() as be, Context.for_tensors(32, graph_size=32) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+        mid = ctx.sqr(x)
+        y = ctx.add(mid, x).set_output()
+        g = ctx.new_graph(32).build_forward(y)
+        xh = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+        yh = ctx.neg(xh).set_output()
+        h = ctx.new_graph(32).build_forward(yh)
+        with GraphAllocator(be) as A, GraphAllocator(be) as B:
+            A.alloc_graph(g)
+            A.alloc_graph(h)
+            B.alloc_graph(g)
+            xh.set(np.full(4, 7, np.float32))
+            h.compute(be)
+            x.set(np.arange(4, dtype=np.float32))
+            g.compute(be)
+            np.testing.assert_array_equal(y.numpy(), np.arange(4) ** 2 + np.arange(4))
+            np.testing.assert_array_equal(yh.numpy(), np.full(4, -7))
