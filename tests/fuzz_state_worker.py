@@ -100,6 +100,8 @@ class Boom(Exception):
     """Raised on purpose by a flaky Python backend method (see :data:`FAIL`)."""
 
 
+#: why the model expects the refusal it expects (for failure messages)
+WHY: list[str] = []
 #: names of the flaky methods that raise now (the machine changes it between steps)
 FAIL: set[str] = set()
 #: the Booms raised during the current call, in order
@@ -249,10 +251,11 @@ def call(what: str, fn: Callable[..., Any], *args: Any, must: str | None = None,
             import traceback
             fail("MODEL", f"{what}: expected to succeed, raised {''.join(traceback.format_exception(exc))}")
         if must == "closed" and not isinstance(exc, ClosedError):
-            fail("NOT_REFUSED", f"{what}: ClosedError was due, got {exc!r}" if exc else
-                 f"{what}: ClosedError was due, but it returned {result!r}")
+            why = f"; {WHY[0]}" if WHY else ""
+            fail("NOT_REFUSED", f"{what}: ClosedError was due, got {exc!r}{why}" if exc else
+                 f"{what}: ClosedError was due, but it returned {result!r}{why}")
         if must == "value" and not isinstance(exc, ValueError):
-            fail("NOT_REFUSED", f"{what}: ValueError was due, got {exc!r}")
+            fail("NOT_REFUSED", f"{what}: ValueError was due, got {exc!r}{'; ' + WHY[0] if WHY else ''}")
         if must == "refuse" and not isinstance(exc, (ValueError, MemoryError)):
             fail("NOT_REFUSED", f"{what}: ValueError/MemoryError was due, got {exc!r} / {result!r}")
     return exc, result
@@ -663,7 +666,7 @@ class PyggmlMachine(RuleBasedStateMachine):
     def _placed(self, p: PlacerM, g: "GraphM") -> None:
         """After ``p`` placed ``g``: where its tensors are now (checked against what ggml and
         pyggml promise: tensors with data stay where they are, unless the buffer they are in
-        was freed by a placer or belongs to ``p``)."""
+        was freed by a placer or belongs to a placer: then ``p`` places them)."""
         for t in self.all_tensors:  # what it placed before is gone unless placed again
             if t.base is None and t.home is p:
                 t.known = None
@@ -674,10 +677,9 @@ class PyggmlMachine(RuleBasedStateMachine):
         for b in {t.root for t in g.tensors}:
             before = b.home
             now = self._introspect_home(b)
-            if before is None or before is p or before == "dead":
+            if before is None or before == "dead" or isinstance(before, PlacerM):
+                # a placer places again what sits in any placer's memory (pyggml.alloc)
                 allowed: tuple[Any, ...] = (p,)
-            elif isinstance(before, PlacerM) and (b not in before.placed or b.uncertain):
-                allowed = (before, p)  # stays unless its placer's buffer was freed since
             else:
                 allowed = (before,)
             if not any(now is a or now == a for a in allowed):
@@ -1307,12 +1309,17 @@ class PyggmlMachine(RuleBasedStateMachine):
                     return "closed"
             return None
         must = None
+        WHY.clear()
+        # a leaf that no node reads (built as an output) is not computed: it may have no data
+        read = {s for t in g.tensors if t.is_node for s in t.srcs}
         for t in g.tensors:
             st_ = self._access_state(t)
-            if st_ == "closed":
+            if st_ == "closed" and (t.is_node or t in read or t.is_closed or t.root.is_closed):
+                WHY[:] = [f"{t} ({t.op}) is in freed memory in the model (home {t.root.home})"]
                 return "closed"
-            if st_ == "nodata":
+            if st_ == "nodata" and (t.is_node or t in read):
                 must = "value"
+                WHY[:] = [f"{t} ({t.op}, is_node={t.is_node}) has no data in the model"]
         p = g.placed_by
         if p is not None and must is None:
             if p.closed:
