@@ -683,7 +683,8 @@ class PyggmlMachine(RuleBasedStateMachine):
             else:
                 allowed = (before,)
             if not any(now is a or now == a for a in allowed):
-                fail("MODEL", f"{b} was in {before}; after {p} placed {g} it is in {now}, not in {allowed}")
+                fail("MODEL", f"{b} ({b.op}, ne {b.ne}) was in {before}; after {p} placed {g} it is in {now}, "
+                              f"not in {allowed}")
             b.home = now
             if now is p:
                 b.known = None
@@ -989,8 +990,9 @@ class PyggmlMachine(RuleBasedStateMachine):
                                             lambda x, y: np.concatenate([x, y], axis=3 - dim), ne=ne, tol=1e-6))
 
     def _repeat(self, ctx: CtxM, a: TM, b: TM, c: TM, p: list[int]) -> Any:
+        shape = tuple(b.ne[::-1])  # ggml_repeat reads only b's shape: b is no source of the node
         return self._op(ctx, "repeat", ctx.obj.repeat, (a.obj, b.obj), [a, b],
-                        lambda t: self._new(ctx, t, "REPEAT", [a, b], lambda x, y: tile(x, y.shape),
+                        lambda t: self._new(ctx, t, "REPEAT", [a], lambda x: tile(x, shape),
                                             ne=b.ne, tol=1e-6))
 
     def _other(self, ctx: CtxM, a: TM, b: TM, c: TM, p: list[int]) -> Any:
