@@ -305,9 +305,9 @@ class Context(_cobject.CObject, Ops):
                 if v.data == ffi.NULL and lo <= int(ffi.cast("uintptr_t", v)) < hi:
                     continue
                 if v.buffer == ffi.NULL or v.data == ffi.NULL:
-                    where = ("has no data yet" if v.data == ffi.NULL else
+                    state = ("has no data yet" if v.data == ffi.NULL else
                              "is in an allocating context's memory, not a backend buffer")
-                    raise ValueError(f"tensor {t._label()} is a view of a tensor that {where}: "
+                    raise ValueError(f"tensor {t._label()} is a view of a tensor that {state}: "
                                      "alloc_tensors places views in their source's buffer (allocate "
                                      "the source first, or make the view in the source's context)")
                 check_tensor_memory(v, t._label())  # ClosedError: its buffer was freed
