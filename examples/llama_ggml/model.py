@@ -303,6 +303,23 @@ class LlamaModel:
         """Scheduler splits of the most recently used graph (1: all on one backend)."""
         return next(reversed(self._steps.values())).sched.n_splits if self._steps else 0
 
+    @property
+    def graph_shapes(self) -> list[tuple[int, int, bool]]:
+        """(tokens, KV cells, all_logits) of the graphs kept, least recently used first."""
+        return list(self._steps)
+
+    def placement(self) -> dict[str, set[str]]:
+        """Backend name -> the ops the scheduler gave it in the most recently used graph
+        (views and reshapes, which compute nothing, left out)."""
+        out: dict[str, set[str]] = {}
+        if self._steps:
+            step = next(reversed(self._steps.values()))
+            for node in step.graph.nodes:
+                backend = step.sched.get_tensor_backend(node)
+                if backend is not None and not node.is_empty_op():
+                    out.setdefault(backend.name, set()).add(node.op_name)
+        return out
+
     # ------------------------------------------------------------------ compute
     def _compute(self, step: _Step) -> None:
         t0 = time.perf_counter()
