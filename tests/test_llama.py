@@ -89,8 +89,12 @@ def _compare(m: Llama, case: dict, tol: float, tie: float) -> tuple[float, str]:
     for t in set(ours5) ^ set(case["top5_ids"]):   # only near-ties at the 5th place may swap
         assert t in ref10 and abs(ref10[t] - ref5[-1]) <= tol, \
             f"{case['name']}: top-5 sets differ by token {t} ({ours5} vs {case['top5_ids']})"
+    # the end-of-sequence token counts as a token of both sequences
+    eos, n = REFERENCE["eos_id"], REFERENCE["n_greedy"]
+    ours = gen.generated_ids + ([eos] if gen.stop_reason == "eos" else [])
+    ref = case["generated_ids"] + ([eos] if len(case["generated_ids"]) < n else [])
     note = "identical"
-    for step, (a, b) in enumerate(zip(gen.generated_ids, case["generated_ids"])):
+    for step, (a, b) in enumerate(zip(ours, ref)):
         if a != b:
             top2 = case["step_top2"][step]
             gap = top2["logits"][0] - top2["logits"][1]
@@ -100,7 +104,7 @@ def _compare(m: Llama, case: dict, tol: float, tie: float) -> tuple[float, str]:
             note = f"diverges at step {step}: reference top-2 gap {gap:.3f}"
             break
     else:
-        assert gen.generated_ids == case["generated_ids"], f"{case['name']}: lengths differ (EOS)"
+        assert ours == ref, f"{case['name']}: {ours} != {ref}"
     return diff, f"{case['name']:18s} max |top-5 logit diff| {diff:.4f}; greedy {note}"
 
 
@@ -182,6 +186,21 @@ def test_gpu_backend_under_the_scheduler(model_path, device, capsys):
     with Llama(model_path, backend=device, n_threads=2) as m:
         lines = [_compare(m, c, QUANT_TOL, QUANT_TOL)[1] for c in (CASES[0], CASES[4])]
     _report(capsys, f"{device} + CPU:", lines)
+
+
+def test_rpc_backend_under_the_scheduler(model_path, capsys):
+    """RPC0 (a pyggml RPC server on 127.0.0.1 serving its CPU) holds the weights and KV cache:
+    the same CPU kernels on the other side of the protocol."""
+    from pyggml import rpc
+
+    if "rpc" not in pyggml.dl.built_backends():
+        pytest.skip("built without rpc (scripts/check_variants.sh vulkan-rpc builds it)")
+    with rpc.Server(devices=["CPU"], n_threads=2) as server:
+        (dev,) = rpc.add_server(server.endpoint).devices
+        with Llama(model_path, backend=dev.name, n_threads=2) as m:
+            lines = [_compare(m, CASES[0], QUANT_TOL, QUANT_TOL)[1]]
+            assert "MUL_MAT" in m.model.placement()[dev.name]
+    _report(capsys, f"{dev.name} ({server.endpoint}) + CPU:", lines)
 
 
 # --------------------------------------------------------------------------- graphs and cache
@@ -504,3 +523,15 @@ def test_other_llama_features_match_numpy(tmp_path):
             with LlamaModel(f, n_threads=1, n_ctx=16, kv_pad=16, kv_type="f32", flash_attn=fa) as m:
                 got = m.eval(ids, all_logits=True)
             np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
+def test_streamed_text_is_the_decoded_text(llm):
+    """Emoji and CJK split over several byte-level tokens come out whole, and the pieces add up to
+    the decoded text."""
+    from llama_ggml.generate import TextStream
+
+    for case in (CASES[3], CASES[4]):
+        stream = TextStream(llm.tokenizer)
+        pieces = [stream.push(t) for t in case["prompt_ids"]] + [stream.flush()]
+        assert "".join(pieces) == llm.tokenizer.decode(case["prompt_ids"]) == case["text"]
+        assert not any("\ufffd" in p for p in pieces)

@@ -143,25 +143,37 @@ class Llama:
 
 
 class TextStream:
-    """Turns token ids, one at a time, into printable text pieces: a piece is held back while it
-    ends in an incomplete UTF-8 sequence (U+FFFD), e.g. the first byte token of an emoji."""
+    """Turns token ids, one at a time, into printable text pieces.
+
+    A byte-level BPE token can hold part of a character (an emoji is often two or three
+    tokens): a piece is held back while the text ends in an incomplete UTF-8 sequence (U+FFFD).
+    Only the last few tokens are decoded each time (incremental decoding with a prefix window, so
+    a step costs the same at token 10 and token 2000), and a token's text may depend on the
+    token before it, which the window keeps."""
 
     def __init__(self, tokenizer: GGUFTokenizer, skip_special: bool = False):
         self.tokenizer = tokenizer
         self.skip_special = skip_special
         self.ids: list[int] = []
-        self.printed = 0
+        self._prefix = 0   # ids[_prefix:_read] decode to text already printed
+        self._read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special=self.skip_special)
 
     def push(self, token: int) -> str:
         """The new text after ``token`` ("" while a character is incomplete)."""
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special=self.skip_special)
-        if text.endswith("\ufffd"):
+        done = self._decode(self.ids[self._prefix:self._read])
+        text = self._decode(self.ids[self._prefix:])
+        if text.endswith("\ufffd") or len(text) <= len(done):
             return ""
-        piece, self.printed = text[self.printed:], len(text)
-        return piece
+        self._prefix, self._read = self._read, len(self.ids)
+        return text[len(done):]
 
     def flush(self) -> str:
-        text = self.tokenizer.decode(self.ids, skip_special=self.skip_special)
-        piece, self.printed = text[self.printed:], len(text)
-        return piece
+        """What is left (an incomplete character comes out as U+FFFD)."""
+        done = self._decode(self.ids[self._prefix:self._read])
+        text = self._decode(self.ids[self._prefix:])
+        self._prefix = self._read = len(self.ids)
+        return text[len(done):]
