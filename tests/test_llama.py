@@ -492,7 +492,8 @@ def _numpy_llama(f: GGUFFile, ids: list[int]) -> np.ndarray:
 
 def test_other_llama_features_match_numpy(tmp_path):
     """A synthetic two-layer llama GGUF with what SmolLM2 lacks -- untied output.weight, Q/K/V/O
-    biases, rope_freqs.weight, linear RoPE scaling, n_rot (6) < head_dim (12) != n_embd/n_head --
+    biases, rope_freqs.weight, linear RoPE scaling, n_rot (6) < head_dim (12) != n_embd/n_head, no
+    llama.vocab_size --
     against the NumPy forward pass above, with and without flash attention."""
     rng = np.random.default_rng(1)
     E, H, Hkv, D, F, V = 32, 4, 2, 12, 64, 16
@@ -515,7 +516,8 @@ def test_other_llama_features_match_numpy(tmp_path):
     write_gguf(path, _tiny_metadata(**{"llama.block_count": 2, "llama.attention.key_length": D,
                                        "llama.attention.value_length": D, "llama.rope.dimension_count": 6,
                                        "llama.rope.freq_base": 500.0, "llama.rope.scaling.type": "linear",
-                                       "llama.rope.scaling.factor": 4.0}), tensors)
+                                       "llama.rope.scaling.factor": 4.0,
+                                       "llama.vocab_size": None}), tensors)   # n_vocab from token_embd
     ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
     with GGUFFile(path) as f:
         want = _numpy_llama(f, ids)

@@ -100,7 +100,10 @@ class HParams:
             freq_scale = 1.0 / factor
         elif scaling != "none":
             raise ModelError(f"{f.path}: rope scaling {scaling!r} is not supported (only none and linear)")
-        n_vocab = get("vocab_size", int, 0) or len(md.get("tokenizer.ggml.tokens", []))
+        n_vocab = get("vocab_size", int, 0)
+        if not n_vocab:  # older files: the embedding's rows
+            embd = next((t for t in f.tensors if t.name == "token_embd.weight"), None)
+            n_vocab = embd.ne[-1] if embd is not None and len(embd.ne) == 2 else 0
         hp = cls(
             n_vocab=n_vocab,
             n_ctx_train=get("context_length", int),
