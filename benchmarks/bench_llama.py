@@ -9,8 +9,10 @@ Tests, as llama-bench names them: ``pp64`` processes a 64-token prompt in one ba
 ``tg64`` generates 64 tokens one at a time from an empty cache, without sampling (tokens/s).
 Random token ids, F16 KV cache, with and without flash attention (``-fa off`` / ``-fa on``).
 pyggml's figure is the median of ``repeat`` timed runs after a warm-up; llama-bench is asked for
-``-r repeat`` and the median of its samples is used. The two alternate for ``rounds`` rounds and
-the median round is printed (this machine is noisy: run it when nothing else runs).
+``-r repeat`` and the median of its samples is used. The two alternate for ``rounds`` rounds;
+the table shows the median of the rounds for each, and the median of the per-round ratios (on a
+busy machine the rounds move a lot, and a ratio of two runs made one after the other moves less:
+still, run it when nothing else runs).
 
 Also printed: the Python time per decode step, i.e. the step's wall time minus the time spent
 inside ``ggml_backend_sched_graph_compute`` (setting the five inputs, reading the logits, the
@@ -106,8 +108,8 @@ def main() -> None:
         print(f"no llama-bench at {a.llama_bench} (scripts/build_llama_bench.sh builds it): pyggml only\n")
 
     print(f"{model.name}, {a.threads} threads, median of {a.repeat} runs, median of {a.rounds} rounds\n")
-    print("| attention | test | pyggml t/s | llama-bench t/s | ratio |")
-    print("|---|---|---|---|---|")
+    print("| attention | test | pyggml t/s | llama-bench t/s | ratio | median ratio of the rounds |")
+    print("|---|---|---|---|---|---|")
     notes = []
     for fa in (False, True):
         rounds = []
@@ -121,7 +123,8 @@ def main() -> None:
         for test in ("pp", "tg"):
             theirs = f"{cpp[test]:.1f}" if cpp else "-"
             ratio = f"{ours[test] / cpp[test]:.2f}x" if cpp else "-"
-            print(f"| {name} | {test}{N} | {ours[test]:.1f} | {theirs} | {ratio} |")
+            per_round = f"{statistics.median(o[test] / c[test] for o, c in rounds):.2f}x" if cpp else "-"
+            print(f"| {name} | {test}{N} | {ours[test]:.1f} | {theirs} | {ratio} | {per_round} |")
         notes.append(f"{name}: decode step {ours['step'] * 1e3:.2f} ms, of which Python outside ggml compute "
                      f"{ours['python'] * 1e3:.3f} ms ({100 * ours['python'] / ours['step']:.1f} %); with pyggml's "
                      f"per-node Python abort callback (interruptible=True) the step takes "
