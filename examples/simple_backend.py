@@ -8,7 +8,8 @@ import numpy as np
 
 import pyggml
 from pyggml import GGMLType
-from pyggml.device import device_by_type, load_all
+from pyggml.device import device_by_type
+from pyggml.registry import load_all
 
 from simple_ctx import format_result, matrix_A, matrix_B
 

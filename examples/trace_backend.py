@@ -10,12 +10,15 @@ import numpy as np
 
 import pyggml
 from pyggml import numpy_ops
+from pyggml.buffer_type import BufferType
 from pyggml.cpu import cpu_buffer_type
 from pyggml.impl import PyBackend, PyDevice, PyRegistry, register
 
 
 class TraceBackend(PyBackend):
-    def graph_compute(self, graph):
+    device: "TraceDevice"
+
+    def graph_compute(self, graph: pyggml.Graph) -> None:
         for node in graph.nodes:
             if not node.is_empty_op():
                 self.device.computed[node.op_name] += 1
@@ -23,23 +26,24 @@ class TraceBackend(PyBackend):
 
 
 class TraceDevice(PyDevice):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
-        self.offered, self.computed = Counter(), Counter()
+        self.offered: Counter[str] = Counter()
+        self.computed: Counter[str] = Counter()
 
-    def get_name(self):
+    def get_name(self) -> str:
         return "TRACE"
 
-    def get_description(self):
+    def get_description(self) -> str:
         return "records ops, computes them with NumPy"
 
-    def init_backend(self, params):
+    def init_backend(self, params: str | None) -> TraceBackend:
         return TraceBackend(self)
 
-    def get_buffer_type(self):
+    def get_buffer_type(self) -> BufferType:
         return cpu_buffer_type()          # host memory, shared with the CPU backend
 
-    def supports_op(self, op):
+    def supports_op(self, op: pyggml.Tensor) -> bool:
         self.offered[op.op_name] += 1
         return op.is_empty_op() or numpy_ops.supports(op)
 

@@ -1,57 +1,70 @@
-"""pyggml: the ggml tensor library (pinned to ggml v0.20.2) from Python.
+"""pyggml: the ggml tensor library from Python.
 
-Two layers:
+Three layers, each a folder or a set of modules (ARCHITECTURE.md draws them):
 
-* **raw** — ``from pyggml import ffi, lib``: every function, enum value and integer/string
-  constant declared in ggml.h, ggml-alloc.h, ggml-backend.h, ggml-cpu.h, gguf.h, ggml-opt.h and
-  the internal ggml-backend-impl.h (and, in builds with those backends, ggml-cuda.h,
-  ggml-vulkan.h, ggml-rpc.h) under its C name, exactly as in C (and as unchecked: a failed
-  ``GGML_ASSERT`` aborts the process). C callbacks in Python: :mod:`pyggml.callbacks`.
-* **Pythonic** — :class:`Context`, :class:`Tensor`, :class:`Graph`, :class:`Backend`,
-  :class:`Buffer`, :class:`BufferType`, :class:`Event`, :class:`Device`, :class:`Registry`,
-  :class:`Scheduler`, :class:`GraphAllocator`, :class:`CPUBackend`, :mod:`pyggml.types`,
-  :mod:`pyggml.gguf`: objects that own or borrow their C object explicitly (``close()``,
-  ``with``), check what ggml would assert on and raise Python exceptions instead.
+* **raw** (:mod:`pyggml.raw`) — ``from pyggml import ffi, lib``: every function, enum value and
+  integer/string constant of the pinned headers (ggml.h, ggml-alloc.h, ggml-backend.h,
+  ggml-cpu.h, gguf.h, ggml-opt.h, the internal ggml-backend-impl.h, and each built backend's
+  header) under its C name, exactly as in C (and as unchecked: a failed ``GGML_ASSERT`` aborts
+  the process). C callbacks in Python: :mod:`pyggml.callbacks`; the rule for their exceptions:
+  :mod:`pyggml.raw.boundary`; backend modules: :mod:`pyggml.dl`.
+* **Pythonic** — one module per ggml concept: :class:`Context`, :class:`Tensor` (and the op
+  constructors of :mod:`pyggml.ops`), :class:`Graph`, :class:`GraphAllocator`,
+  :class:`BufferType`, :class:`Buffer`, :class:`Backend` (compute), :class:`Event`,
+  :class:`Device`, :class:`Registry`, :class:`Scheduler`, :class:`CPUBackend`,
+  :class:`GraphCache` (graphs built once per shape, computed again with new inputs); plus
+  :mod:`pyggml.types`, :mod:`pyggml.enums`, :mod:`pyggml.gguf`, :mod:`pyggml.rpc`. Objects own
+  or borrow their C object explicitly (``close()``, ``with``; :mod:`pyggml._cobject`) and check
+  what ggml would assert on, raising Python exceptions instead.
+* **Python backends** (:mod:`pyggml.impl`) — ggml backends written in Python, the NumPy
+  reference backend (:mod:`pyggml.impl.numpy`) and loadable backend modules.
 
 **Shapes:** ggml's ``ne[0]`` is the fastest-varying dimension, so a NumPy shape is ``ne``
 reversed (NumPy ``(rows, cols)`` = ggml ``ne [cols, rows]``).
 
 Builds with several backends (``PYGGML_BACKENDS=cpu,cuda,vulkan,rpc``) load them as modules at
 import; :mod:`pyggml.dl` and ``python -m pyggml info`` say what loaded and why not, and
-:class:`BackendNotAvailableError` is raised for a backend that is missing. :mod:`pyggml.rpc`:
-ggml's RPC client and server.
+:class:`BackendNotAvailableError` is raised for a backend that is missing.
 
 Importing pyggml sets ``GGML_NO_BACKTRACE=1`` (unless already set), so a failed ``GGML_ASSERT``
-aborts without forking a debugger, and sends ggml's log to :mod:`logging` (:mod:`pyggml.log`).
+aborts without forking a debugger, and sends ggml's log to :mod:`logging` (:mod:`pyggml.raw.log`).
 """
 from __future__ import annotations
 
-from ._loader import INCLUDE_DIR, LIB_DIR, PACKAGE_DIR, ffi, lib
-from . import log as _log
-from ._base import ClosedError, GGMLError
-from .alloc import GraphAllocator
-from .backend import Backend, Buffer, BufferType, Event
-from .context import Context
-from .cpu import CPUBackend, Threadpool
-from .device import Device, Registry, devices, registries
-from .graph import Graph
-from .sched import Scheduler
+import sys
+
+from .raw import GGML_VERSION, INCLUDE_DIR, LIB_DIR, PACKAGE_DIR, ffi, lib
+from .raw import callbacks, dl, log as _log
+from .errors import BackendNotAvailableError, ClosedError, GGMLError
+from . import enums, types
+from .enums import GGMLType
 from .tensor import Tensor
-from .types import GGMLType
+from .graph import Graph
+from .context import Context
+from .buffer import Buffer
+from .buffer_type import BufferType
+from .alloc import GraphAllocator
+from .backend import Backend
+from .event import Event
+from .device import Device, devices
+from .registry import Registry, registries
+from .cpu import CPUBackend, Threadpool
+from .sched import Scheduler
+from .graph_cache import GraphCache
 from . import utils
+from .utils import from_dlpack
 
 __version__ = "0.1.0"
 
-#: The upstream ggml release the bindings are generated from.
-GGML_VERSION = "0.20.2"
+# the raw layer's public modules under their short names (``import pyggml.dl`` too)
+sys.modules[__name__ + ".callbacks"] = callbacks
+sys.modules[__name__ + ".dl"] = dl
 
 _log.install()
-from . import dl  # noqa: E402
 dl.load_modules()  # GGML_BACKEND_DL builds: load pyggml/lib's backend modules, report failures
-from .dl import BackendNotAvailableError  # noqa: E402
 
-__all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "__version__",
-           "GGMLError", "ClosedError", "Context", "Tensor", "Graph", "GraphAllocator", "Backend",
-           "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool", "Device", "Registry",
-           "devices", "registries", "Scheduler", "GGMLType", "PACKAGE_DIR", "utils",
-           "BackendNotAvailableError", "dl"]
+__all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR", "__version__",
+           "GGMLError", "ClosedError", "BackendNotAvailableError", "Context", "Tensor", "Graph",
+           "GraphAllocator", "Backend", "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool",
+           "Device", "Registry", "devices", "registries", "Scheduler", "GraphCache", "GGMLType", "enums", "types", "from_dlpack",
+           "utils", "callbacks", "dl"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .info import format_info, info
@@ -15,7 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--json", action="store_true", help="print the data as JSON")
     a = p.parse_args(argv)
     data = info()
-    print(json.dumps(data, indent=2) if a.json else format_info(data))
+    try:
+        print(json.dumps(data, indent=2) if a.json else format_info(data), flush=True)
+    except BrokenPipeError:  # `python -m pyggml info | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

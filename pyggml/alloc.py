@@ -1,88 +1,210 @@
 """ggml-alloc: the graph allocator (``ggml_gallocr``), which places a graph's tensors in one
-buffer per buffer type, reusing memory of tensors no longer needed."""
+buffer per buffer type, reusing memory of tensors no longer needed.
+
+**Placement.** An allocator's memory belongs to the graph it placed last. pyggml records that
+graph: its tensors may be read once it is computed; a graph the allocator placed before (unless
+the last one holds all its tensors) raises :class:`~pyggml.errors.ClosedError` when computed or
+read, since its memory now holds another graph's values. When ggml grows the allocator's buffer
+for a larger graph it frees the old one: the tensors placed in it raise too, instead of reading
+freed memory. The same bookkeeping serves the scheduler (:class:`Placer`).
+"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._base import CObject
-from ._loader import ffi, lib
+from . import _cobject, buffer
+from .buffer_type import BufferType
+from .enums import BufferUsage
+from .errors import ClosedError
+from .raw import ffi, lib
+from .raw.boundary import calling
+from .tensor import EMPTY_OPS, Tensor
 
 if TYPE_CHECKING:
-    from .backend import Backend, BufferType
+    from .backend import Backend
     from .graph import Graph
 
-__all__ = ["GraphAllocator"]
+__all__ = ["GraphAllocator", "Placer"]
+
+_COMPUTE = int(BufferUsage.COMPUTE)
+_NONE = int(lib.GGML_OP_NONE)
 
 
-class _Placements:
-    """Which contexts hold tensors placed in an allocator's buffers, and in which buffers.
-
-    The contexts keep the allocator alive; when the allocator frees a buffer (close, or a
-    reallocation that grows it) the contexts learn that tensors in it have no data any more.
-    """
-
-    def __init__(self) -> None:
-        self.contexts: list[Any] = []
-        self.buffers: set[int] = set()
-
-    def record(self, graph: "Graph", allocator: Any) -> None:
-        nodes = graph._raw_nodes()
-        bufs = set()
-        for p in nodes + graph._raw_leafs(nodes):
-            buf = p.view_src.buffer if p.view_src != ffi.NULL else p.buffer
-            if buf != ffi.NULL:
-                bufs.add(int(ffi.cast("uintptr_t", buf)))
-        self.release(keep=bufs)  # buffers not used any more were freed by a reallocation
-        self.buffers |= bufs
-        ctx = graph.ctx
-        if hasattr(ctx, "_adopt_allocator"):
-            ctx._adopt_allocator(allocator)
-            if not any(c is ctx for c in self.contexts):
-                self.contexts.append(ctx)
-
-    def release(self, keep: set[int] = frozenset()) -> None:  # type: ignore[assignment]
-        gone = self.buffers - keep
-        for ctx in self.contexts:
-            ctx._dead_buffers |= gone
-        self.buffers &= keep
+def _needs_compute(p: Any) -> bool:
+    """Whether the data of tensor struct ``p`` is written by computing its graph: a node, or a
+    view of one (views of leafs show the leaf's data)."""
+    while p.op in EMPTY_OPS and p.view_src != ffi.NULL:
+        p = p.view_src
+    return bool(p.op != _NONE)
 
 
-class GraphAllocator(CObject):
+class Placer:
+    """What graph allocators and schedulers share: which graph their memory holds, and which
+    buffers they own (see the module docstring). Subclasses give :meth:`_sizes` (their buffer
+    sizes, which change exactly when ggml reallocates, for single-chunk buffers) and
+    :meth:`_may_chunk` (whether a buffer may be split in chunks, when the sizes do not tell)."""
+
+    _graph: "Graph | None"
+    _records: list[buffer.LiveBuffer]
+    _last_sizes: tuple[int, ...] | None
+
+    if TYPE_CHECKING:
+        def _sizes(self) -> tuple[int, ...]: ...
+
+    def _init_placer(self) -> None:
+        self._graph = None
+        self._records = []
+        self._last_sizes = None
+        self._computed_too: list["Graph"] = []  # graphs within the placed one, computed since
+
+    def _may_chunk(self) -> bool:
+        return False
+
+    def _buffer_types(self) -> list[Any]:
+        return []
+
+    def _unplace(self, graph: "Graph") -> None:
+        """Before ggml places ``graph``: forget the places of its tensors that sit in this
+        placer's buffers or in buffers a placer has freed (ggml keeps a tensor that has data
+        where it is, which would leave it in memory about to be freed, or already freed), so
+        that they are placed again. Tensors in the user's buffers (weights) stay."""
+        g = graph.ptr
+        stale = [b for b in buffer.graph_buffers(g)
+                 if buffer.retired_by_placer(b) or getattr(buffer.lookup(b), "owner", None) is self]
+        if stale:
+            lib.pyggml_graph_unplace(g, ffi.new("ggml_backend_buffer_t[]", stale), len(stale))
+            graph.checked.clear()
+
+    def _placed(self, graph: "Graph | None", *, placed: bool = True) -> None:
+        """After ggml allocated (or reserved for) ``graph``: notice reallocated buffers, and
+        record the graph as the one the memory holds (unless ``placed`` is False: a reserve)."""
+        sizes = self._sizes()
+        if sizes != self._last_sizes or self._may_chunk():
+            self._retire()
+            self._last_sizes = sizes
+        if graph is not None:
+            self._track_buffers(graph)
+        if placed and graph is not None:
+            old = self._graph
+            if old is not None and old is not graph:
+                old.checked.clear()
+            self._graph = graph
+            self._computed_too.clear()
+            graph.placed_by = self
+            graph.computed = False
+            graph.checked.clear()
+
+    def _track_buffers(self, graph: "Graph") -> None:
+        """Record the buffers ggml allocated for this placer that ``graph``'s tensors are in."""
+        bufts = set(self._buffer_types())
+        for buf in buffer.graph_buffers(graph.ptr):
+            if buffer.lookup(buf) is not None:
+                continue  # a buffer pyggml knows already (weights, inputs, ours)
+            if lib.ggml_backend_buffer_get_usage(buf) == _COMPUTE and (
+                    not bufts or lib.ggml_backend_buffer_get_type(buf) in bufts):
+                self._records.append(buffer.track(buf, self))
+
+    def _retire(self) -> None:
+        for rec in self._records:
+            if rec.alive:
+                buffer.retire(rec.ptr, by_placer=True)
+        self._records.clear()
+        if self._graph is not None:
+            self._graph.checked.clear()
+
+    def covers(self, graph: "Graph") -> bool:
+        """Whether the memory holds ``graph``: it is the graph placed last, or all its tensors
+        are in that graph."""
+        g = self._graph
+        return g is not None and (g is graph or (not graph.closed and not g.closed
+                                                  and graph.node_set() <= g.node_set()))
+
+    def check_placed(self, tensor: Tensor) -> None:
+        """Raise unless ``tensor``'s data may be read: ClosedError if the memory holds another
+        graph now, ValueError if ``tensor`` is computed by a graph that has not been computed
+        since it was placed."""
+        g = self._graph
+        p = tensor._ptr
+        if g is None or g.closed or p not in g.node_set():
+            raise ClosedError(f"tensor {tensor._label()} was placed by a {self._kind_name()} that has since "
+                              "placed another graph (its memory holds that graph's values now): "
+                              "allocate this tensor's graph again")
+        if not g.computed and _needs_compute(p) and not any(
+                not h.closed and p in h.node_set() for h in self._computed_too):
+            raise ValueError(f"tensor {tensor._label()} has not been computed yet: its graph was "
+                             "allocated but not computed since (compute it first)")
+
+    def _kind_name(self) -> str:
+        return "graph allocator"
+
+
+class GraphAllocator(_cobject.CObject, Placer):
     """``ggml_gallocr_new(buft)`` / ``ggml_gallocr_free``, owned. ``where`` is a backend (its
-    default buffer type) or a buffer type."""
+    default buffer type) or a buffer type. A graph it placed keeps it alive."""
 
     _kind = "graph allocator"
-    _c_free = lib.ggml_gallocr_free
 
     def __init__(self, where: "Backend | BufferType"):
-        from .backend import Backend
-
-        buft = where.default_buffer_type if isinstance(where, Backend) else where
-        super().__init__(lib.ggml_gallocr_new(buft.ptr), owned=True)
+        buft = where if isinstance(where, BufferType) else where.default_buffer_type
+        with calling():  # asks the buffer type's alignment and maximum size
+            ptr = lib.ggml_gallocr_new(buft.ptr)
+        super().__init__(ptr, owned=True, keep=buft)
         self._buft = buft
-        self._placed = _Placements()
+        self._init_placer()
+
+    def _free(self, ptr: Any) -> None:
+        self._retire()
+        with calling():  # frees its buffers (a Python buffer's free_buffer)
+            lib.ggml_gallocr_free(ptr)
+
+    def _sizes(self) -> tuple[int, ...]:
+        return (int(lib.ggml_gallocr_get_buffer_size(self.ptr, 0)),)
+
+    def _may_chunk(self) -> bool:
+        size = self._last_sizes[0] if self._last_sizes else 0
+        return size > self._buft.max_size
+
+    def _buffer_types(self) -> list[Any]:
+        return [self._buft.ptr]
+
+    def _graph_ok(self, graph: "Graph") -> Any:
+        if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
+            graph.restore_sources()
+        return graph.ptr
 
     def reserve(self, graph: "Graph") -> None:
         """``ggml_gallocr_reserve``: size the buffer for ``graph`` (a worst case) without
         allocating its tensors. Raises MemoryError if the buffer cannot be allocated."""
-        if not lib.ggml_gallocr_reserve(self.ptr, graph.ptr):
-            raise MemoryError("ggml_gallocr_reserve could not allocate its buffer")
+        g = self._graph_ok(graph)
+        self._unplace(graph)
+        with calling():
+            ok = lib.ggml_gallocr_reserve(self.ptr, g)
+            self._placed(graph, placed=False)
+            if not ok:
+                raise MemoryError("ggml_gallocr_reserve could not allocate its buffer")
 
     def alloc_graph(self, graph: "Graph") -> None:
         """``ggml_gallocr_alloc_graph``: give every tensor of ``graph`` that has no data a place
-        in the allocator's buffer (growing it if needed). Inputs (``set_input``) come first and
-        outputs (``set_output``) are kept; other intermediate memory is reused.
-        Raises MemoryError on failure."""
-        if not lib.ggml_gallocr_alloc_graph(self.ptr, graph.ptr):
-            raise MemoryError("ggml_gallocr_alloc_graph failed")
-        self._placed.record(graph, self)
-
-    def close(self) -> None:
-        """``ggml_gallocr_free``: tensors it placed lose their data (using them raises)."""
-        super().close()
-        self._placed.release()
+        in the allocator's buffer (growing it if needed, which frees the old one: tensors placed
+        in it before become unusable). Inputs (``set_input``) come first and outputs
+        (``set_output``) are kept; other intermediate memory is reused. Raises MemoryError on
+        failure."""
+        g = self._graph_ok(graph)
+        self._unplace(graph)
+        with calling():
+            ok = lib.ggml_gallocr_alloc_graph(self.ptr, g)
+            self._placed(graph if ok else None, placed=bool(ok))
+            if not ok:
+                raise MemoryError("ggml_gallocr_alloc_graph failed")
 
     @property
     def buffer_size(self) -> int:
         """Bytes of the allocator's buffer (``ggml_gallocr_get_buffer_size``, buffer 0)."""
-        return lib.ggml_gallocr_get_buffer_size(self.ptr, 0)
+        return int(lib.ggml_gallocr_get_buffer_size(self.ptr, 0))
+
+    def close(self) -> None:
+        """``ggml_gallocr_free``: tensors it placed lose their data (using them raises)."""
+        if self._ptr is not None:
+            self._retire()
+        super().close()
+

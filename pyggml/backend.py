@@ -1,12 +1,11 @@
-"""ggml-backend objects: buffer types (buft), buffers, backends and events.
+"""Backends (``ggml_backend_t``): a stream of work on one device. Compute lives here, as in ggml.
 
-Ownership follows ggml: a :class:`BufferType` belongs to its device and is never freed; a
-:class:`Buffer` from ``alloc_buffer`` is owned (``ggml_backend_buffer_free`` on close); a
-:class:`Backend` from a device is owned (``ggml_backend_free``); an :class:`Event` is owned
-(``ggml_backend_event_free``). Each object keeps alive the objects it was made from.
-
-Every method checks what ggml would assert on (NULL vtable slots, tensors without data, sizes
-out of range) and raises a Python exception instead.
+A :class:`Backend` made from a device is owned (``ggml_backend_free`` on close) and keeps the
+device's library alive. :meth:`Backend.graph_compute` computes a graph; before the first compute
+of a graph on a backend it checks everything ggml would assert on or misuse (every tensor has
+data in live memory, the backend supports every node, the graph's memory still holds it) and
+keeps what it found on the graph: computing the unchanged graph again costs a few attribute
+reads on top of ggml's own call (see :mod:`pyggml.graph`).
 """
 from __future__ import annotations
 
@@ -14,21 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import callbacks
-from ._base import CObject, GGMLError
-from ._loader import ffi, lib
-from .tensor import Tensor
+from . import _cobject, buffer
+from .buffer import Buffer
+from .buffer_type import BufferType
+from .errors import ClosedError, GGMLError
+from .raw import dl, ffi, lib
+from .raw.boundary import calling, check_status
+from .tensor import EMPTY_OPS, Tensor, tensor_arg
 
 if TYPE_CHECKING:
     from .device import Device
     from .graph import Graph
 
-__all__ = ["BufferType", "Buffer", "Backend", "Event", "BUFFER_USAGE"]
-
-#: ``ggml_backend_buffer_usage`` by name
-BUFFER_USAGE = {"any": lib.GGML_BACKEND_BUFFER_USAGE_ANY,
-                "weights": lib.GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
-                "compute": lib.GGML_BACKEND_BUFFER_USAGE_COMPUTE}
+__all__ = ["Backend", "GraphPlan"]
 
 
 def _str(p: Any) -> str:
@@ -36,9 +33,9 @@ def _str(p: Any) -> str:
 
 
 def _tensor_with_data(t: Tensor) -> Any:
-    p = t._check_data()
-    if t.buffer_ptr == ffi.NULL:
-        raise ValueError(f"tensor {t.name!r} is not in a backend buffer")
+    p, _, in_buffer = t._memory()
+    if not in_buffer:
+        raise ValueError(f"tensor {t._label()} is not in a backend buffer")
     return p
 
 
@@ -49,205 +46,77 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
 
 def _check_range(t: Tensor, offset: int, size: int) -> None:
     if offset < 0 or size < 0 or offset + size > t.nbytes:
-        raise ValueError(f"bytes [{offset}, {offset + size}) are outside tensor {t.name!r} ({t.nbytes} bytes)")
+        raise ValueError(f"bytes [{offset}, {offset + size}) are outside tensor {t._label()} ({t.nbytes} bytes)")
 
 
-class BufferType(CObject):
-    """A buffer type (``ggml_backend_buffer_type_t``): how and where a device allocates memory.
-    Borrowed: it lives as long as its device/library."""
+class _Checked:
+    """What a backend's check of a graph found, valid while nothing it depends on changes."""
 
-    _kind = "buffer type"
+    __slots__ = ("version", "n_nodes", "records", "contexts", "placer")
 
-    def __init__(self, ptr: Any, owner: Any = None):
-        super().__init__(ptr, owned=False, owner=owner)
+    def __init__(self, graph: "Graph", n_nodes: int, records: list[buffer.LiveBuffer],
+                 contexts: list[tuple[Any, int]]):
+        self.version = graph.version
+        self.n_nodes = n_nodes
+        self.records = records
+        self.contexts = contexts
+        self.placer = graph.placed_by
 
-    @property
-    def name(self) -> str:
-        """``ggml_backend_buft_name``."""
-        return _str(lib.ggml_backend_buft_name(self.ptr))
-
-    @property
-    def alignment(self) -> int:
-        """Byte alignment of allocations (``ggml_backend_buft_get_alignment``)."""
-        return lib.ggml_backend_buft_get_alignment(self.ptr)
-
-    @property
-    def max_size(self) -> int:
-        """Largest single buffer in bytes (``ggml_backend_buft_get_max_size``)."""
-        return lib.ggml_backend_buft_get_max_size(self.ptr)
-
-    @property
-    def is_host(self) -> bool:
-        """Whether buffers of this type are in host memory (``ggml_backend_buft_is_host``)."""
-        return bool(lib.ggml_backend_buft_is_host(self.ptr))
-
-    @property
-    def device(self) -> "Device | None":
-        """``ggml_backend_buft_get_device`` (None for buffer types without a device)."""
-        from .device import Device
-
-        d = lib.ggml_backend_buft_get_device(self.ptr)
-        return None if d == ffi.NULL else Device(d)
-
-    def alloc_size(self, tensor: Tensor) -> int:
-        """Bytes a tensor needs in this buffer type (``ggml_backend_buft_get_alloc_size``)."""
-        return lib.ggml_backend_buft_get_alloc_size(self.ptr, tensor.ptr)
-
-    def alloc_buffer(self, size: int) -> "Buffer":
-        """``ggml_backend_buft_alloc_buffer``: a new buffer of ``size`` bytes.
-        Raises ValueError for a negative size or one above :attr:`max_size`, MemoryError on failure."""
-        if size < 0 or size > self.max_size:
-            raise ValueError(f"buffer size {size} is outside 0..{self.max_size}")
-        ptr = lib.ggml_backend_buft_alloc_buffer(self.ptr, size)
-        callbacks.raise_pending()  # a Python buffer type's alloc_buffer may have raised
-        if ptr == ffi.NULL:
-            raise MemoryError(f"{self.name}: could not allocate {size} bytes")
-        return Buffer(ptr, owned=True, keep=self)
-
-    def __repr__(self) -> str:
-        return "<BufferType (closed)>" if self.closed else f"<BufferType {self.name}>"
+    def still_valid(self, graph: "Graph", n_nodes: int) -> bool:
+        if self.version != graph.version or self.n_nodes != n_nodes or self.placer is not graph.placed_by:
+            return False
+        for rec in self.records:
+            if not rec.alive:
+                return False
+        for ctx, gen in self.contexts:
+            if ctx._gen != gen:
+                return False
+        return self.placer is None or self.placer.covers(graph)
 
 
-class Buffer(CObject):
-    """A backend buffer (``ggml_backend_buffer_t``): one block of memory of a buffer type.
-
-    Owned buffers are freed with ``ggml_backend_buffer_free`` on :meth:`close`. ``keep`` is an
-    object kept alive with the buffer (e.g. the NumPy array a host-pointer buffer wraps).
-    """
-
-    _kind = "buffer"
-    _c_free = lib.ggml_backend_buffer_free
-
-    def __init__(self, ptr: Any, *, owned: bool, keep: Any = None, owner: Any = None):
-        super().__init__(ptr, owned=owned, owner=owner)
-        self._keep = keep
-        self._c_addr = ptr  # lets contexts recognise tensors of a closed buffer
-
-    @property
-    def name(self) -> str:
-        return _str(lib.ggml_backend_buffer_name(self.ptr))
-
-    @property
-    def size(self) -> int:
-        """Bytes (``ggml_backend_buffer_get_size``)."""
-        return lib.ggml_backend_buffer_get_size(self.ptr)
-
-    @property
-    def base(self) -> int:
-        """Address of the first byte (``ggml_backend_buffer_get_base``; 0 for empty buffers)."""
-        if self.size == 0:
-            return 0
-        return int(ffi.cast("uintptr_t", lib.ggml_backend_buffer_get_base(self.ptr)))
-
-    @property
-    def alignment(self) -> int:
-        return lib.ggml_backend_buffer_get_alignment(self.ptr)
-
-    @property
-    def max_size(self) -> int:
-        return lib.ggml_backend_buffer_get_max_size(self.ptr)
-
-    @property
-    def is_host(self) -> bool:
-        return bool(lib.ggml_backend_buffer_is_host(self.ptr))
-
-    @property
-    def buffer_type(self) -> BufferType:
-        return BufferType(lib.ggml_backend_buffer_get_type(self.ptr), owner=self)
-
-    @property
-    def usage(self) -> str:
-        """``"any"``, ``"weights"`` or ``"compute"`` (``ggml_backend_buffer_get/set_usage``)."""
-        u = lib.ggml_backend_buffer_get_usage(self.ptr)
-        return next(k for k, v in BUFFER_USAGE.items() if v == u)
-
-    @usage.setter
-    def usage(self, value: str) -> None:
-        if value not in BUFFER_USAGE:
-            raise ValueError(f"usage must be one of {sorted(BUFFER_USAGE)}")
-        lib.ggml_backend_buffer_set_usage(self.ptr, BUFFER_USAGE[value])
-
-    def alloc_size(self, tensor: Tensor) -> int:
-        return lib.ggml_backend_buffer_get_alloc_size(self.ptr, tensor.ptr)
-
-    def clear(self, value: int = 0) -> None:
-        """Set every byte to ``value`` (0..255; ``ggml_backend_buffer_clear``)."""
-        if not 0 <= value <= 255:
-            raise ValueError("clear value is a byte: 0..255")
-        if self.size:
-            lib.ggml_backend_buffer_clear(self.ptr, value)
-
-    def reset(self) -> None:
-        """``ggml_backend_buffer_reset`` (backend-specific tensor state)."""
-        lib.ggml_backend_buffer_reset(self.ptr)
-
-    @property
-    def is_multi_buffer(self) -> bool:
-        return bool(lib.ggml_backend_buffer_is_multi_buffer(self.ptr))
-
-    @staticmethod
-    def multi(buffers: list["Buffer"]) -> "Buffer":
-        """``ggml_backend_multi_buffer_alloc_buffer``: one buffer made of ``buffers``, which it
-        takes over (they are freed with it and must not be closed separately)."""
-        if not buffers:
-            raise ValueError("a multi-buffer needs at least one buffer")
-        arr = ffi.new("ggml_backend_buffer_t[]", [b.ptr for b in buffers])
-        ptr = lib.ggml_backend_multi_buffer_alloc_buffer(arr, len(buffers))
-        for b in buffers:
-            b._owned = False  # freed by the multi-buffer now
-        return Buffer(ptr, owned=True, keep=buffers)
-
-    def numpy(self) -> np.ndarray:
-        """Zero-copy uint8 view of a host buffer's bytes; keeps the buffer alive.
-        Raises ValueError for a device (non-host) buffer."""
-        from .tensor import _ArrayOwner
-
-        if not self.is_host:
-            raise ValueError(f"buffer {self.name} is not in host memory")
-        return np.asarray(_ArrayOwner(self.base, (self.size,), (1,), np.dtype(np.uint8), self))
-
-    def __repr__(self) -> str:
-        return "<Buffer (closed)>" if self.closed else f"<Buffer {self.name} {self.size} bytes {self.usage}>"
-
-
-class Backend(CObject):
-    """A backend (``ggml_backend_t``): a stream of work on one device. Owned."""
+class Backend(_cobject.CObject):
+    """A backend (``ggml_backend_t``), owned by default. ``keep``: objects kept alive with it."""
 
     _kind = "backend"
     _c_free = lib.ggml_backend_free
 
     def __init__(self, ptr: Any, *, owned: bool = True, keep: Any = None):
-        super().__init__(ptr, owned=owned)
-        self._keep = keep
+        super().__init__(ptr, owned=owned, keep=keep)
         self._async_keep: list[Any] = []
+        self._pending: list["Graph"] = []  # computed asynchronously, done at synchronize()
+
+    def _free(self, ptr: Any) -> None:
+        with calling():
+            lib.ggml_backend_free(ptr)
 
     # --- construction helpers
     @classmethod
     def by_name(cls, name: str, params: str | None = None) -> "Backend":
-        """``ggml_backend_init_by_name``; KeyError if no device has that name."""
-        from .device import device_by_name
-
-        return device_by_name(name).init(params)
+        """``ggml_backend_init_by_name``: a backend on the device called ``name``. Raises
+        :class:`~pyggml.errors.BackendNotAvailableError` (a KeyError) saying why there is none."""
+        return _cobject.wrap("device_by_name", name).init(params)  # type: ignore[no-any-return]
 
     @classmethod
-    def by_type(cls, type: int, params: str | None = None) -> "Backend":
-        """``ggml_backend_init_by_type`` (``GGML_BACKEND_DEVICE_TYPE_*``); KeyError if none."""
-        from .device import device_by_type
-
-        return device_by_type(type).init(params)
+    def by_type(cls, type: Any, params: str | None = None) -> "Backend":
+        """``ggml_backend_init_by_type``: a backend on the first device of ``type`` (a
+        :class:`~pyggml.enums.DeviceType` or its name); BackendNotAvailableError if none."""
+        return _cobject.wrap("device_by_type", type).init(params)  # type: ignore[no-any-return]
 
     @classmethod
     def best(cls) -> "Backend":
         """``ggml_backend_init_best``: the first GPU, else integrated GPU, else the CPU."""
-        ptr = lib.ggml_backend_init_best()
+        with calling():
+            ptr = lib.ggml_backend_init_best()
         if ptr == ffi.NULL:
             raise GGMLError("no backend could be initialised")
-        return cls(ptr)
+        return _cobject.wrap("backend", ptr)  # type: ignore[no-any-return]
 
     # --- description
     @property
     def name(self) -> str:
-        return _str(lib.ggml_backend_name(self.ptr))
+        """``ggml_backend_name``."""
+        with calling():
+            return _str(lib.ggml_backend_name(self.ptr))
 
     @property
     def guid(self) -> bytes:
@@ -256,21 +125,25 @@ class Backend(CObject):
 
     @property
     def device(self) -> "Device":
-        from .device import Device
-
-        return Device(lib.ggml_backend_get_device(self.ptr))
+        """``ggml_backend_get_device``."""
+        return _cobject.wrap("device", lib.ggml_backend_get_device(self.ptr))  # type: ignore[no-any-return]
 
     @property
     def default_buffer_type(self) -> BufferType:
-        return BufferType(lib.ggml_backend_get_default_buffer_type(self.ptr), owner=self)
+        """``ggml_backend_get_default_buffer_type``."""
+        return BufferType(lib.ggml_backend_get_default_buffer_type(self.ptr))
 
     @property
     def alignment(self) -> int:
-        return lib.ggml_backend_get_alignment(self.ptr)
+        """``ggml_backend_get_alignment``, bytes."""
+        with calling():
+            return int(lib.ggml_backend_get_alignment(self.ptr))
 
     @property
     def max_size(self) -> int:
-        return lib.ggml_backend_get_max_size(self.ptr)
+        """``ggml_backend_get_max_size``, bytes."""
+        with calling():
+            return int(lib.ggml_backend_get_max_size(self.ptr))
 
     def alloc_buffer(self, size: int) -> Buffer:
         """A buffer of the default buffer type (``ggml_backend_alloc_buffer``)."""
@@ -278,19 +151,25 @@ class Backend(CObject):
 
     # --- capabilities
     def supports_op(self, op: Tensor) -> bool:
-        """``ggml_backend_supports_op``: can this backend compute node ``op``?"""
-        return self._supports_raw(op.ptr)
+        """``ggml_backend_supports_op``: can this backend compute node ``op``? Raises what a
+        Python device's ``supports_op`` raised."""
+        p = tensor_arg(op, "op")._ptr
+        with calling():
+            return self._supports_raw(p)
 
     def _supports_raw(self, p: Any) -> bool:
-        return bool(lib.ggml_backend_supports_op(self.ptr, p))
+        return bool(lib.ggml_backend_supports_op(self._ptr, p))
 
     def supports_buft(self, buft: BufferType) -> bool:
         """``ggml_backend_supports_buft``: can it use tensors in buffers of ``buft``?"""
-        return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))
+        with calling():
+            return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))
 
     def offload_op(self, op: Tensor) -> bool:
         """``ggml_backend_offload_op``: worth moving this op's weights here?"""
-        return bool(lib.ggml_backend_offload_op(self.ptr, op.ptr))
+        p = tensor_arg(op, "op")._ptr
+        with calling():
+            return bool(lib.ggml_backend_offload_op(self.ptr, p))
 
     # --- tensor data
     def tensor_set_async(self, tensor: Tensor, array: np.ndarray, offset: int = 0) -> None:
@@ -300,7 +179,8 @@ class Backend(CObject):
         a = np.ascontiguousarray(array)
         _check_range(tensor, offset, a.nbytes)
         self._async_keep.append(a)
-        lib.ggml_backend_tensor_set_async(self.ptr, p, ffi.from_buffer(a), offset, a.nbytes)
+        with calling():
+            lib.ggml_backend_tensor_set_async(self.ptr, p, ffi.from_buffer(a), offset, a.nbytes)
 
     def tensor_get_async(self, tensor: Tensor, out: np.ndarray, offset: int = 0) -> None:
         """``ggml_backend_tensor_get_async``: copy bytes from ``tensor`` into the writable,
@@ -310,12 +190,18 @@ class Backend(CObject):
             raise ValueError("out must be a writable C-contiguous array")
         _check_range(tensor, offset, out.nbytes)
         self._async_keep.append(out)
-        lib.ggml_backend_tensor_get_async(self.ptr, p, ffi.from_buffer(out), offset, out.nbytes)
+        with calling():
+            lib.ggml_backend_tensor_get_async(self.ptr, p, ffi.from_buffer(out), offset, out.nbytes)
 
     def synchronize(self) -> None:
-        """Wait for all queued work (``ggml_backend_synchronize``)."""
-        lib.ggml_backend_synchronize(self.ptr)
+        """Wait for all queued work (``ggml_backend_synchronize``); graphs computed with
+        :meth:`graph_compute_async` are computed from now on."""
+        with calling():
+            lib.ggml_backend_synchronize(self.ptr)
         self._async_keep.clear()
+        for g in self._pending:
+            _mark_computed(g)
+        self._pending.clear()
 
     @staticmethod
     def tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
@@ -328,7 +214,8 @@ class Backend(CObject):
         buf = tensor.buffer_ptr
         if buf.iface.memset_tensor == ffi.NULL:
             raise ValueError(f"buffer {_str(lib.ggml_backend_buffer_name(buf))} does not support memset")
-        lib.ggml_backend_tensor_memset(p, value, offset, size)
+        with calling():
+            lib.ggml_backend_tensor_memset(p, value, offset, size)
 
     @staticmethod
     def tensor_copy(src: Tensor, dst: Tensor) -> None:
@@ -336,96 +223,130 @@ class Backend(CObject):
         ps, pd = _tensor_with_data(src), _tensor_with_data(dst)
         if not _same_layout(src, dst):
             raise ValueError("tensor_copy needs tensors of the same type, ne and nb")
-        lib.ggml_backend_tensor_copy(ps, pd)
+        with calling():
+            lib.ggml_backend_tensor_copy(ps, pd)
 
     def tensor_copy_async(self, dst_backend: "Backend", src: Tensor, dst: Tensor) -> None:
         """``ggml_backend_tensor_copy_async`` from this backend to ``dst_backend``."""
         ps, pd = _tensor_with_data(src), _tensor_with_data(dst)
         if not _same_layout(src, dst):
             raise ValueError("tensor_copy_async needs tensors of the same type, ne and nb")
-        lib.ggml_backend_tensor_copy_async(self.ptr, dst_backend.ptr, ps, pd)
+        with calling():
+            lib.ggml_backend_tensor_copy_async(self.ptr, dst_backend.ptr, ps, pd)
 
     # --- compute
+    def _check_graph(self, graph: "Graph", n_nodes: int) -> _Checked:
+        """Check the whole graph once: everything ggml would assert on or misuse. The memory of
+        every node and source is checked in one C call (:func:`pyggml.buffer.check_graph_memory`)."""
+        if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
+            graph.restore_sources()
+        placer = graph.placed_by
+        if placer is not None and not placer.covers(graph):
+            raise ClosedError("the graph allocator or scheduler that placed this graph has since "
+                              "placed another one: allocate this graph again")
+        g = graph.ptr
+        contexts = graph.contexts()
+        for ctx, gen in contexts:
+            if ctx._gen != gen or ctx._gen < 0:
+                raise ClosedError("a context holding tensors of this graph is closed or was reset")
+        buffer.check_graph_memory(g, need_data=True)
+        records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
+        supports = self._supports_raw
+        for i in range(n_nodes):
+            node = lib.ggml_graph_node(g, i)
+            if node.op in EMPTY_OPS or supports(node):
+                continue
+            t = Tensor._of(node)
+            raise ValueError(f"backend {self.name} cannot compute node {t._label()} "
+                             f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]})")
+        return _Checked(graph, n_nodes, records, contexts)
+
+    def _prepare(self, graph: "Graph") -> Any:
+        """The graph's C pointer, after the check (cached on the graph) of everything computing
+        it needs. Raises ValueError/ClosedError."""
+        g = graph.ptr
+        n_nodes = lib.ggml_graph_n_nodes(g)
+        key = self.ptr
+        state = graph.checked.get(key)
+        if state is None or not state.still_valid(graph, n_nodes):
+            with calling():  # supports_op of a Python device
+                state = graph.checked[key] = self._check_graph(graph, n_nodes)
+        return g
+
     def graph_compute(self, graph: "Graph") -> None:
-        """``ggml_backend_graph_compute`` (see :meth:`pyggml.graph.Graph.compute`)."""
-        graph.compute(self)
+        """Compute ``graph`` (``ggml_backend_graph_compute``).
+
+        Every tensor must have data in memory that is still alive and still holds this graph,
+        and every node must be supported by the backend (``ggml_backend_supports_op``):
+        otherwise ValueError or ClosedError before anything runs (checked once per graph and
+        backend, and again only when something changed). A failed or aborted computation raises
+        GGMLError, or the exception a Python callback raised (e.g. KeyboardInterrupt from the
+        CPU backend's abort callback, or what a Python backend's ``graph_compute`` raised).
+        """
+        g = self._prepare(graph)
+        with calling(graph._owner):
+            status = lib.ggml_backend_graph_compute(self._ptr, g)
+            check_status(status, "ggml_backend_graph_compute")
+        _mark_computed(graph)
 
     def graph_compute_async(self, graph: "Graph") -> None:
-        """``ggml_backend_graph_compute_async``; call :meth:`synchronize` before reading results."""
-        from . import callbacks
-        from .graph import status_name
-
-        graph._check_computable(self)
-        status = lib.ggml_backend_graph_compute_async(self.ptr, graph.ptr)
-        callbacks.raise_pending()
-        if status != lib.GGML_STATUS_SUCCESS:
-            raise GGMLError(f"graph compute failed: {status_name(status)}")
+        """``ggml_backend_graph_compute_async``: queue the computation; :meth:`synchronize`
+        before reading results (until then the graph's outputs raise as not computed)."""
+        g = self._prepare(graph)
+        with calling(graph._owner):
+            status = lib.ggml_backend_graph_compute_async(self._ptr, g)
+            check_status(status, "ggml_backend_graph_compute_async")
+        self._pending.append(graph)
 
     def graph_plan(self, graph: "Graph") -> "GraphPlan":
         """``ggml_backend_graph_plan_create``. Raises ValueError if the backend has no plans
         (ggml would abort)."""
         if self.ptr.iface.graph_plan_create == ffi.NULL:
             raise ValueError(f"backend {self.name} does not support graph plans")
-        graph._check_computable(self)
-        return GraphPlan(lib.ggml_backend_graph_plan_create(self.ptr, graph.ptr), self, graph)
+        g = self._prepare(graph)
+        with calling(graph._owner):
+            plan = lib.ggml_backend_graph_plan_create(self._ptr, g)
+        return GraphPlan(plan, self, graph)
 
     def __repr__(self) -> str:
         return "<Backend (closed)>" if self.closed else f"<Backend {self.name}>"
 
 
-class GraphPlan(CObject):
+def _mark_computed(graph: "Graph") -> None:
+    graph.computed = True
+    placer = graph.placed_by
+    if placer is not None and placer._graph is not graph:
+        placer._computed_too.append(graph)
+
+
+class GraphPlan(_cobject.CObject):
     """A backend's compiled plan of a graph (``ggml_backend_graph_plan_t``), owned."""
 
     _kind = "graph plan"
 
     def __init__(self, ptr: Any, backend: Backend, graph: "Graph"):
-        super().__init__(ptr, owned=True, owner=backend)
+        super().__init__(ptr, owned=True, owner=backend, keep=graph)
         self._graph = graph
 
     def _free(self, ptr: Any) -> None:
         lib.ggml_backend_graph_plan_free(self._owner.ptr, ptr)
 
     def compute(self) -> None:
-        """``ggml_backend_graph_plan_compute``; raises GGMLError on failure."""
-        from .graph import status_name
+        """``ggml_backend_graph_plan_compute`` (the graph is checked as by
+        :meth:`Backend.graph_compute`); raises GGMLError on failure, or what a callback raised."""
+        backend: Backend = self._owner
+        backend._prepare(self._graph)
+        with calling(self._graph._owner):
+            status = lib.ggml_backend_graph_plan_compute(backend._ptr, self.ptr)
+            check_status(status, "ggml_backend_graph_plan_compute")
+        _mark_computed(self._graph)
 
-        status = lib.ggml_backend_graph_plan_compute(self._owner.ptr, self.ptr)
-        if status != lib.GGML_STATUS_SUCCESS:
-            raise GGMLError(f"graph plan compute failed: {status_name(status)}")
+
+def _wrap_backend(ptr: Any) -> Backend:
+    """An owned Backend for ``ptr`` (a CPUBackend when it is ggml's CPU backend)."""
+    if dl.is_bound("ggml_backend_is_cpu") and lib.ggml_backend_is_cpu(ptr):
+        return _cobject.wrap("cpu_backend", ptr)  # type: ignore[no-any-return]
+    return Backend(ptr)
 
 
-class Event(CObject):
-    """A synchronisation event of a device (``ggml_backend_event_t``), owned.
-
-    Raises ValueError where the device or backend does not implement events (ggml would abort).
-    """
-
-    _kind = "event"
-
-    def __init__(self, device: "Device"):
-        ptr = lib.ggml_backend_event_new(device.ptr)
-        if ptr == ffi.NULL:
-            raise ValueError(f"device {device.name} does not support events")
-        super().__init__(ptr, owned=True)
-        self._device = device
-
-    def _free(self, ptr: Any) -> None:
-        lib.ggml_backend_event_free(ptr)
-
-    def record(self, backend: Backend) -> None:
-        """``ggml_backend_event_record``: mark the current point of ``backend``'s stream."""
-        if backend.ptr.iface.event_record == ffi.NULL:
-            raise ValueError(f"backend {backend.name} cannot record events")
-        lib.ggml_backend_event_record(self.ptr, backend.ptr)
-
-    def wait(self, backend: Backend) -> None:
-        """``ggml_backend_event_wait``: make ``backend`` wait for this event."""
-        if backend.ptr.iface.event_wait == ffi.NULL:
-            raise ValueError(f"backend {backend.name} cannot wait for events")
-        lib.ggml_backend_event_wait(backend.ptr, self.ptr)
-
-    def synchronize(self) -> None:
-        """``ggml_backend_event_synchronize``: block until the event has happened."""
-        if self._device.ptr.iface.event_synchronize == ffi.NULL:
-            raise ValueError(f"device {self._device.name} cannot synchronize events")
-        lib.ggml_backend_event_synchronize(self.ptr)
+_cobject.register_wrapper("backend", _wrap_backend)

@@ -1,15 +1,22 @@
 """ggml's CPU backend: threads, threadpools, Ctrl-C, and buffers over host memory."""
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
-from . import callbacks, dl
-from ._base import CObject, GGMLError
-from ._loader import ffi, lib
-from .backend import Backend, Buffer, BufferType
-from .tensor import Tensor
+from . import _cobject, _trial
+from .backend import Backend
+from .buffer import Buffer
+from .buffer_type import BufferType
+from .errors import GGMLError
+from .raw import callbacks, dl, ffi, lib
+from .tensor import Tensor, tensor_arg
+
+if TYPE_CHECKING:
+    from .graph import Graph
 
 __all__ = ["CPUBackend", "Threadpool", "cpu_buffer_type", "cpu_buffer_from_array", "cpu_kernel_supports",
            "aligned_zeros"]
@@ -62,11 +69,11 @@ _CONVERT = {lib.GGML_OP_CPY, lib.GGML_OP_DUP, lib.GGML_OP_CONT}
 
 
 def _unit_stride(t: Any) -> bool:
-    return t.nb[0] == lib.ggml_type_size(t.type)
+    return bool(t.nb[0] == lib.ggml_type_size(t.type))
 
 
 #: further conditions the CPU kernels assert on (ggml-cpu/ops.cpp), per op
-_CPU_CHECKS = {
+_CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     lib.GGML_OP_IM2COL: lambda p: _unit_stride(p.src[1]) and (
         (p.type == _F32 and p.src[1].type == _F32) or (p.type == _F16 and p.src[1].type in (_F16, _F32))),
     lib.GGML_OP_POOL_1D: lambda p: p.src[0].type in (_F32, _F16),
@@ -85,7 +92,7 @@ def cpu_kernel_supports(node: Tensor) -> bool:
     """Whether ggml's CPU kernels handle the types of ``node`` (a stricter check than
     ``ggml_backend_supports_op``, whose CPU answer is true for some type combinations whose
     kernel then aborts the process)."""
-    return _cpu_kernel_supports_raw(node.ptr)
+    return _cpu_kernel_supports_raw(tensor_arg(node, "node")._ptr)
 
 
 def _cpu_kernel_supports_raw(p: Any) -> bool:
@@ -100,8 +107,11 @@ def _cpu_kernel_supports_raw(p: Any) -> bool:
     return allowed is None or p.src[0].type in allowed
 
 
-class Threadpool(CObject):
-    """A CPU threadpool (``ggml_threadpool_new`` / ``ggml_threadpool_free``), owned."""
+class Threadpool(_cobject.CObject):
+    """A CPU threadpool (``ggml_threadpool_new`` / ``ggml_threadpool_free``), owned.
+
+    Closing it while backends use it (:meth:`CPUBackend.set_threadpool`) first gives those
+    backends ggml's own threads back, so they never use a freed pool."""
 
     _kind = "threadpool"
     _c_free = lib.ggml_threadpool_free
@@ -113,12 +123,22 @@ class Threadpool(CObject):
         params = lib.ggml_threadpool_params_default(n_threads)
         super().__init__(lib.ggml_threadpool_new(ffi.new("struct ggml_threadpool_params *", params)), owned=True)
         self.n_threads = n_threads
+        self._users: "weakref.WeakSet[CPUBackend]" = weakref.WeakSet()
 
     def pause(self) -> None:
+        """``ggml_threadpool_pause``."""
         lib.ggml_threadpool_pause(self.ptr)
 
     def resume(self) -> None:
+        """``ggml_threadpool_resume``."""
         lib.ggml_threadpool_resume(self.ptr)
+
+    def close(self) -> None:
+        """Detach from every backend using the pool, then ``ggml_threadpool_free``."""
+        for backend in list(self._users):
+            if not backend.closed:
+                backend.set_threadpool(None)
+        super().close()
 
 
 class CPUBackend(Backend):
@@ -154,12 +174,18 @@ class CPUBackend(Backend):
         self._n_threads = lib.GGML_DEFAULT_N_THREADS
         self._threadpool: Threadpool | None = None
         self.abort_callback: Any = None
-        self._abort = callbacks.Callback("ggml_abort_callback", self._should_abort)
+        self._abort = callbacks.Callback("ggml_abort_callback", self._should_abort, owner=self)
         lib.ggml_backend_cpu_set_abort_callback(self.ptr, self._abort.fn, self._abort.user_data)
 
     def _should_abort(self, data: Any) -> bool:
         # a pending SIGINT is delivered here as KeyboardInterrupt -> error value True (abort)
         return bool(self.abort_callback()) if self.abort_callback is not None else False
+
+    def _free(self, ptr: Any) -> None:
+        pool = self._threadpool
+        if pool is not None:
+            pool._users.discard(self)
+        super()._free(ptr)
 
     @property
     def n_threads(self) -> int:
@@ -174,16 +200,42 @@ class CPUBackend(Backend):
         self._n_threads = n
 
     def set_threadpool(self, pool: Threadpool | None) -> None:
-        """``ggml_backend_cpu_set_threadpool`` (None: ggml's own disposable threads)."""
+        """``ggml_backend_cpu_set_threadpool`` (None: ggml's own disposable threads). The
+        backend keeps the pool alive; closing the pool detaches it first."""
         lib.ggml_backend_cpu_set_threadpool(self.ptr, pool.ptr if pool else ffi.NULL)
+        old = self._threadpool
+        if old is not None:
+            old._users.discard(self)
         self._threadpool = pool
-
-    def supports_op(self, op: Tensor) -> bool:
-        """``ggml_backend_supports_op`` and :func:`cpu_kernel_supports`."""
-        return self._supports_raw(op.ptr)
+        if pool is not None:
+            pool._users.add(self)
 
     def _supports_raw(self, p: Any) -> bool:
-        return bool(lib.ggml_backend_supports_op(self.ptr, p)) and _cpu_kernel_supports_raw(p)
+        return bool(lib.ggml_backend_supports_op(self._ptr, p)) and _cpu_kernel_supports_raw(p)
+
+    def _check_graph(self, graph: "Graph", n_nodes: int) -> Any:
+        state = super()._check_graph(graph, n_nodes)
+        self._trial_compute(graph)
+        return state
+
+    def _trial_compute(self, graph: "Graph") -> None:
+        """Graphs with nodes made by ``Context.op`` (ops pyggml has no checks for) are computed
+        once in a forked copy of the process first, with one thread: ggml aborting there raises
+        ValueError here instead."""
+        trial_ops = getattr(graph._owner, "_trial_ops", None)
+        if not trial_ops or not any(p.op in trial_ops for p in graph.raw_nodes()):
+            return
+        g = graph.ptr
+
+        def run() -> None:
+            be = lib.ggml_backend_cpu_init()
+            # one thread: the OpenMP runtime of the parent does not survive fork()
+            lib.ggml_backend_cpu_set_n_threads(be, 1)
+            lib.ggml_backend_graph_compute(be, g)
+
+        failure = _trial.trial(run, timeout=120)
+        if failure is not None:
+            raise ValueError(f"computing this graph would abort the process: {failure}")
 
     def set_use_ref(self, use_ref: bool) -> None:
         """``ggml_backend_cpu_set_use_ref``: use the slow reference kernels (for testing)."""
@@ -195,7 +247,11 @@ def cpu_buffer_type() -> BufferType:
     return BufferType(lib.ggml_backend_cpu_buffer_type())
 
 
-def aligned_zeros(shape: int | tuple[int, ...], dtype: object = np.float32, align: int = 64) -> np.ndarray:
+def _new_cpu_backend(n_threads: int | None = None) -> CPUBackend:
+    return CPUBackend(n_threads=n_threads)
+
+
+def aligned_zeros(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32, align: int = 64) -> np.ndarray:
     """A zero-filled C-contiguous NumPy array whose data starts at a multiple of ``align`` bytes
     (NumPy itself guarantees only 16), e.g. for :func:`cpu_buffer_from_array`."""
     dt = np.dtype(dtype)
@@ -218,3 +274,7 @@ def cpu_buffer_from_array(array: np.ndarray) -> Buffer:
         raise ValueError("the array's memory must be 32-byte aligned (ggml asserts it): see aligned_zeros")
     ptr = lib.ggml_backend_cpu_buffer_from_ptr(ffi.from_buffer(array), array.nbytes)
     return Buffer(ptr, owned=True, keep=array)
+
+
+_cobject.register_wrapper("cpu_backend", CPUBackend._wrap)
+_cobject.register_wrapper("new_cpu_backend", _new_cpu_backend)

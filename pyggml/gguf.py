@@ -26,16 +26,20 @@ duplicate tensor names, ``general.alignment`` with another type...) and raises a
 """
 from __future__ import annotations
 
-import enum
 import os
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
 import numpy as np
 
-from ._loader import ffi, lib
+from . import _cobject
+from .context import Context
+from .enums import BufferUsage, GGUFValueType
+from .errors import ClosedError
+from .raw import ffi, lib
+from .raw.boundary import calling
+from .tensor import Tensor
 from .types import GGMLType, TypeLike, _as_u8, _check_ne, block_size, ggml_type, nbytes, numpy_dtype, \
     to_numpy, type_size
 
@@ -45,12 +49,6 @@ __all__ = ["GGUFValueType", "TensorInfo", "GGUFMetadata", "GGUFFile", "GGUFWrite
 #: The data alignment of files ggml writes (``GGUF_DEFAULT_ALIGNMENT``); see :class:`GGUFWriter`.
 GGUF_DEFAULT_ALIGNMENT = 32
 _MAX_NAME = lib.GGML_MAX_NAME  # tensor names hold at most GGML_MAX_NAME - 1 bytes
-
-#: ``enum gguf_type`` (the KV value types), named as in C without ``GGUF_TYPE_`` -- the same names
-#: and values as gguf-py's ``GGUFValueType``. Generated at import from the bindings.
-GGUFValueType = enum.IntEnum("GGUFValueType", sorted(  # type: ignore[misc]
-    ((n[len("GGUF_TYPE_"):], getattr(lib, n)) for n in dir(lib)
-     if n.startswith("GGUF_TYPE_") and n != "GGUF_TYPE_COUNT"), key=lambda kv: kv[1]), module=__name__)
 
 _VT = GGUFValueType
 _DTYPES = {_VT.UINT8: np.uint8, _VT.INT8: np.int8, _VT.UINT16: np.uint16, _VT.INT16: np.int16,
@@ -196,19 +194,13 @@ class GGUFMetadata(Mapping[str, Any]):
     def _numbers(ctx: Any, kid: int, n: int, dt: np.dtype) -> np.ndarray:
         if n == 0:
             return np.empty(0, dtype=dt)
-        return np.frombuffer(ffi.buffer(lib.gguf_get_arr_data(ctx, kid), n * dt.itemsize), dtype=dt).copy()
+        return np.frombuffer(ffi.buffer(lib.gguf_get_arr_data(ctx, kid), n * dt.itemsize), dtype=dt).copy()  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"<GGUFMetadata of {self._owner!r}>"
 
 
-def _free_reader(ctx: Any, gctx: Any) -> None:
-    lib.gguf_free(ctx)
-    if gctx != ffi.NULL:
-        lib.ggml_free(gctx)
-
-
-class GGUFFile:
+class GGUFFile(_cobject.CObject):
     """An open GGUF file (``gguf_init_from_file``): metadata, tensor infos and tensor data.
 
     ``ggml_context=True`` also asks ggml for a ``ggml_context`` holding one tensor header per
@@ -216,9 +208,9 @@ class GGUFFile:
     filling them from :meth:`raw`; see :meth:`ggml_tensor`.
 
     The file owns the ``gguf_context`` (and that ``ggml_context``); :meth:`close` (or leaving a
-    ``with`` block, or garbage collection, or interpreter exit, via ``weakref.finalize``) frees
-    them. After closing, every method and :attr:`metadata` raise ValueError; ``ggml_tensor``
-    pointers obtained earlier dangle. Arrays from :meth:`raw`/:meth:`array` stay valid (they keep
+    ``with`` block, or garbage collection) frees them. After closing, every method and
+    :attr:`metadata` raise :class:`~pyggml.errors.ClosedError` (a ValueError), and so do the
+    tensors :meth:`ggml_tensor` gave. Arrays from :meth:`raw`/:meth:`array` stay valid (they keep
     the read-only memory map alive).
 
     Attributes: ``path``, ``version`` (3), ``alignment`` (``general.alignment`` or 32),
@@ -231,18 +223,22 @@ class GGUFFile:
     reason is in ggml's log on stderr) or the data section is truncated.
     """
 
+    _kind = "GGUF file"
+
     def __init__(self, path: str | os.PathLike[str], *, ggml_context: bool = False) -> None:
         self.path = os.fspath(path)
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(f"{self.path!r} is a directory, not a GGUF file")
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"no such GGUF file: {self.path!r}")
         pctx = ffi.new("struct ggml_context **") if ggml_context else ffi.NULL
-        ctx = lib.gguf_init_from_file(os.fsencode(self.path), {"no_alloc": True, "ctx": pctx})
+        with calling():
+            ctx = lib.gguf_init_from_file(os.fsencode(self.path), {"no_alloc": True, "ctx": pctx})
         if ctx == ffi.NULL:
-            raise ValueError(f"ggml could not read {self.path!r} as a GGUF file (see ggml's log)")
-        gctx = pctx[0] if ggml_context else ffi.NULL
-        self._ctx: Any = ctx
-        self._ggml_ctx: Any = gctx
-        self._finalizer = weakref.finalize(self, _free_reader, ctx, gctx)
+            raise ValueError(f"ggml could not read {self.path!r} as a GGUF file (see the pyggml.ggml.gguf log)")
+        super().__init__(ctx, owned=True)
+        self._gen = 0  # tensors of the ggml context are borrowed from the file
+        self._ggml_ctx: Any = pctx[0] if ggml_context else ffi.NULL
         self.version: int = int(lib.gguf_get_version(ctx))
         self.alignment: int = int(lib.gguf_get_alignment(ctx))
         self.data_offset: int = int(lib.gguf_get_data_offset(ctx))
@@ -264,32 +260,32 @@ class GGUFFile:
                              f"the file has {file_size}")
         self._map: np.ndarray | None = np.memmap(self.path, dtype=np.uint8, mode="r") if infos else None
 
+    def _free(self, ptr: Any) -> None:
+        self._gen = -1
+        lib.gguf_free(ptr)
+        if self._ggml_ctx != ffi.NULL:
+            lib.ggml_free(self._ggml_ctx)
+        self._map = None
+
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, ggml_context: bool = False) -> GGUFFile:
         """Same as ``GGUFFile(path, ggml_context=...)``."""
         return cls(path, ggml_context=ggml_context)
 
     def _check(self) -> Any:
-        if not self._finalizer.alive:
-            raise ValueError(f"GGUF file {self.path!r} is closed")
-        return self._ctx
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
+        if self._ptr is None:
+            raise ClosedError(f"GGUF file {self.path!r} is closed")
+        return self._ptr
 
     def close(self) -> None:
         """Free the ``gguf_context`` (``gguf_free``) and ``ggml_context`` (``ggml_free``) and drop
         the memory map. Idempotent."""
-        self._finalizer()
-        self._map = None
+        self._gen = -1
+        super().close()
 
     def __enter__(self) -> GGUFFile:
         self._check()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._infos)} tensors"
@@ -332,7 +328,7 @@ class GGUFFile:
         info = self.tensor_info(name)
         return to_numpy(self.raw(name), info.type, info.ne)
 
-    def load(self, where: Any, names: Sequence[str] | None = None) -> tuple[Any, dict[str, Any]]:
+    def load(self, where: Any, names: Sequence[str] | None = None) -> tuple[Context, dict[str, Tensor]]:
         """Load tensors straight into one backend buffer: a new ``no_alloc``
         :class:`~pyggml.context.Context` with a :class:`~pyggml.tensor.Tensor` per tensor (same
         name, type and ne), allocated on ``where`` (a Backend or BufferType:
@@ -340,39 +336,39 @@ class GGUFFile:
         (``ggml_backend_tensor_set``; no dequantization). ``names`` picks tensors (default: all).
         Returns ``(context, {name: tensor})``; the context owns the buffer. KeyError for an
         unknown name."""
-        from .context import Context
-
         infos = [self.tensor_info(n) for n in names] if names is not None else list(self.tensors)
         if not infos:
             raise ValueError("no tensors to load")
         ctx = Context.for_tensors(len(infos))
         tensors = {i.name: ctx.new_tensor(i.type, list(i.ne), name=i.name) for i in infos}
         buf = ctx.alloc_tensors(where)
-        buf.usage = "weights"
-        for i in infos:
-            raw = np.ascontiguousarray(self.raw(i.name))
-            lib.ggml_backend_tensor_set(tensors[i.name].ptr, ffi.from_buffer(raw), 0, raw.nbytes)
+        buf.usage = BufferUsage.WEIGHTS
+        with calling():
+            for i in infos:
+                raw = np.ascontiguousarray(self.raw(i.name))
+                lib.ggml_backend_tensor_set(tensors[i.name]._ptr, ffi.from_buffer(raw), 0, raw.nbytes)
         return ctx, tensors
 
     @property
     def ggml_context(self) -> Any:
-        """The ``struct ggml_context *`` with the tensor headers (``ggml_context=True`` only);
-        ValueError otherwise or when closed."""
+        """The raw ``struct ggml_context *`` with the tensor headers (``ggml_context=True``
+        only), valid until :meth:`close`; ValueError otherwise, ClosedError when closed."""
         self._check()
         if self._ggml_ctx == ffi.NULL:
             raise ValueError("open the file with ggml_context=True to get its ggml context")
         return self._ggml_ctx
 
-    def ggml_tensor(self, name: str) -> Any:
-        """The ``struct ggml_tensor *`` named ``name`` in :attr:`ggml_context` (``ggml_get_tensor``;
-        ``data`` is NULL, ``ne`` padded to 4 dims). Valid until :meth:`close`. KeyError if none."""
+    def ggml_tensor(self, name: str) -> Tensor:
+        """The tensor named ``name`` in :attr:`ggml_context` (``ggml_get_tensor``: no data,
+        ``ne`` padded to 4 dims), borrowed from this file: ClosedError once it is closed.
+        KeyError if none."""
         gctx = self.ggml_context
         if not isinstance(name, str) or "\0" in name:
             raise KeyError(name)
         t = lib.ggml_get_tensor(gctx, name.encode("utf-8", "surrogateescape"))
         if t == ffi.NULL:
             raise KeyError(name)
-        return t
+        return Tensor(t, self)  # type: ignore[arg-type]
 
 
 def _int_type(lo: int, hi: int) -> GGUFValueType:
@@ -408,7 +404,7 @@ def _infer(values: Sequence[Any]) -> GGUFValueType:
 def _numbers(values: Sequence[Any] | np.ndarray, vt: GGUFValueType) -> np.ndarray:
     """Numbers/bools as a 1-D array of ``vt``'s dtype: TypeError for the wrong kind (floats or
     bools as integers, numbers as BOOL), ValueError for integers out of range."""
-    dt = np.dtype(_DTYPES[vt])
+    dt: np.dtype[Any] = np.dtype(_DTYPES[vt])
     if isinstance(values, np.ndarray):
         k = values.dtype.kind
         ok = k == "b" if vt == _VT.BOOL else (k in "iu" if dt.kind in "iu" else k in "iuf")
@@ -431,11 +427,7 @@ def _numbers(values: Sequence[Any] | np.ndarray, vt: GGUFValueType) -> np.ndarra
     return np.array(ints or vals, dtype=dt)  # Python ints straight to dt: [2**64 - 1, 0] is no float64
 
 
-def _free_writer(ctx: Any) -> None:
-    lib.gguf_free(ctx)
-
-
-class GGUFWriter:
+class GGUFWriter(_cobject.CObject):
     """Build a GGUF file in memory (``gguf_init_empty``) and save it with :meth:`write`.
 
     Keys must be unique: adding an existing key raises ValueError unless ``replace=True`` (ggml
@@ -446,22 +438,25 @@ class GGUFWriter:
     file that declares one alignment and is padded to another (unreadable).
 
     Use as a context manager or call :meth:`close` to free the ``gguf_context`` early (it is
-    freed on garbage collection too); afterwards every method raises ValueError.
+    freed on garbage collection too); afterwards every method raises
+    :class:`~pyggml.errors.ClosedError` (a ValueError).
     """
 
+    _kind = "GGUF writer"
+    _c_free = lib.gguf_free
+
     def __init__(self) -> None:
-        self._ctx: Any = lib.gguf_init_empty()
-        self._finalizer = weakref.finalize(self, _free_writer, self._ctx)
+        super().__init__(lib.gguf_init_empty(), owned=True)
         self._data: dict[str, np.ndarray] = {}
 
     def _check(self) -> Any:
-        if not self._finalizer.alive:
-            raise ValueError("GGUFWriter is closed")
-        return self._ctx
+        if self._ptr is None:
+            raise ClosedError("GGUFWriter is closed")
+        return self._ptr
 
     def close(self) -> None:
         """Free the ``gguf_context`` (``gguf_free``) and the copied tensor data. Idempotent."""
-        self._finalizer()
+        super().close()
         self._data.clear()
 
     def __enter__(self) -> GGUFWriter:
@@ -530,7 +525,7 @@ class GGUFWriter:
                 et = _VT.STRING if value.dtype.kind == "U" else _VT_OF_DTYPE.get(value.dtype)
                 if et is None:
                     raise TypeError(f"{key!r}: no GGUF type for dtype {value.dtype}; pass element_type")
-            elems: Sequence[Any] = value.tolist() if et == _VT.STRING else value
+            elems: Sequence[Any] | np.ndarray = value.tolist() if et == _VT.STRING else value
         else:
             if any(isinstance(v, (list, tuple, np.ndarray, dict, set)) for v in value):
                 raise ValueError(f"{key!r}: nested arrays are not supported by ggml")
@@ -641,7 +636,7 @@ class GGUFWriter:
             raise OSError(f"ggml could not write the GGUF file {p!r} (see ggml's log)")
 
 
-TensorData = Union[np.ndarray, tuple]
+TensorData = Union[np.ndarray, tuple[Any, ...]]
 
 
 def write_gguf(path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None,

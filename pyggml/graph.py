@@ -1,36 +1,44 @@
 """ggml compute graphs (``struct ggml_cgraph``): nodes (tensors computed by an op) and leafs
-(inputs, weights, constants), built from the result tensors and computed on a backend."""
+(inputs, weights, constants), built from the result tensors.
+
+A graph is built here and computed by a backend (:meth:`pyggml.backend.Backend.graph_compute`,
+as in ggml) or a scheduler (:meth:`pyggml.sched.Scheduler.compute`). Those check a graph once
+and keep the result on the graph object: the check is not repeated while the graph, its
+allocation and the memory its tensors live in stay unchanged (:attr:`Graph.version` counts the
+changes made through pyggml; ``ggml_graph_n_nodes`` catches raw ``ggml_build_forward_expand``
+calls).
+
+Like a tensor, a graph is borrowed from the context that holds it and is invalid once that
+context is closed or reset.
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
-from ._base import CObject, GGMLError
-from ._loader import ffi, lib
-from .tensor import _EMPTY_OPS, Tensor
+from . import _cobject
+from .enums import Op, TensorFlag
+from .errors import ClosedError
+from .raw import ffi, lib
+from .tensor import GGML_INTERNAL, BorrowScope, Tensor, context_of, tensor_arg
 
 if TYPE_CHECKING:
     from .backend import Backend
     from .context import Context
 
-__all__ = ["Graph", "status_name"]
+__all__ = ["Graph"]
 
-
-def status_name(status: int) -> str:
-    """``ggml_status_to_string``."""
-    return ffi.string(lib.ggml_status_to_string(status)).decode()
+_PARAM, _LOSS = int(TensorFlag.PARAM), int(TensorFlag.LOSS)
 
 
 def _is_node(p: Any) -> bool:  # as ggml_visit_parents decides
-    return p.op != lib.GGML_OP_NONE or bool(p.flags & lib.GGML_TENSOR_FLAG_PARAM)
+    return p.op != lib.GGML_OP_NONE or bool(p.flags & _PARAM)
 
 
 #: srcs whose gradient ggml ignores, per op (ggml_build_backward_expand)
-_IGNORED_SRC = {lib.GGML_OP_IM2COL: (0,), lib.GGML_OP_CPY: (1,), lib.GGML_OP_GET_ROWS: (1,),
-                lib.GGML_OP_ROPE: (1,)}
-_VIEW_OK = {lib.GGML_OP_CPY, lib.GGML_OP_VIEW, lib.GGML_OP_RESHAPE, lib.GGML_OP_PERMUTE,
-            lib.GGML_OP_TRANSPOSE}
+_IGNORED_SRC = {Op.IM2COL: (0,), Op.CPY: (1,), Op.GET_ROWS: (1,), Op.ROPE: (1,)}
+_VIEW_OK = {Op.CPY, Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE}
 #: the cases of ggml_compute_backward (ggml.c); anything else aborts
-_BACKWARD_OPS = {getattr(lib, f"GGML_OP_{n}") for n in (
+_BACKWARD_OPS = {Op[n] for n in (
     "DUP ADD ADD1 ACC SUB MUL DIV SQR SQRT LOG SIN COS SUM SUM_ROWS MEAN REPEAT REPEAT_BACK "
     "RMS_NORM MUL_MAT SCALE SET CPY CONT RESHAPE VIEW PERMUTE TRANSPOSE GET_ROWS DIAG_MASK_INF "
     "DIAG_MASK_ZERO SOFT_MAX ROPE IM2COL POOL_2D WIN_PART WIN_UNPART UNARY CROSS_ENTROPY_LOSS GLU NONE").split()}
@@ -48,51 +56,103 @@ def _has_backward(p: Any) -> bool:
     return True
 
 
-class Graph(CObject):
-    """A graph borrowed from the context that holds it (``ggml_new_graph_custom``)."""
+class _Sources:
+    """A graph's node sources as they were before a scheduler rewrote them (C helpers of the
+    extension copy them in one call)."""
+
+    __slots__ = ("saved", "n")
+
+    def __init__(self, g: Any):
+        n = int(lib.ggml_graph_n_nodes(g))
+        self.saved = ffi.new("struct ggml_tensor *[]", max(n * _MAX_SRC, 1))
+        self.n = lib.pyggml_graph_save_srcs(g, self.saved, n * _MAX_SRC)
+
+    def restore(self, g: Any) -> None:
+        lib.pyggml_graph_restore_srcs(g, self.saved, self.n)
+
+
+_MAX_SRC = int(lib.GGML_MAX_SRC)
+
+
+class Graph(_cobject.CObject):
+    """A graph borrowed from the context that holds it (``ggml_new_graph_custom``; make one
+    with :meth:`pyggml.context.Context.new_graph`). ``size``: the most nodes (and the most
+    leafs) it can hold."""
 
     _kind = "graph"
 
-    def __init__(self, ptr: Any, ctx: "Context", size: int, grads: bool = False):
+    def __init__(self, ptr: Any, ctx: "Context | BorrowScope", size: int, grads: bool = False):
         super().__init__(ptr, owned=False, owner=ctx)
+        self._gen = ctx._gen
         self.size = size
         self.grads = grads
+        self.version = 0              # changes made through pyggml (build_*)
         self._backward = False
-        self._trial_done = False
-        self._seen: set[int] = set()
+        self._seen: set[Any] = set()  # every node and leaf added so far
         self._n_leafs = 0
-        self._keep: list[Tensor] = []
+        self._keep: list[Any] = []
+        # set by allocators, schedulers and backends (pyggml.alloc, pyggml.sched, pyggml.backend)
+        self.placed_by: Any = None    # the allocator or scheduler that placed it last
+        self.computed = False         # computed since it was placed
+        self.split_by: Any = None     # the scheduler that split it (it rewrote node sources)
+        self._sources: _Sources | None = None  # the sources before that
+        self.checked: dict[Any, Any] = {}  # backend pointer -> what the backend's check found
+        self._node_set: frozenset[Any] | None = None
+
+    # ------------------------------------------------------------------ lifetime
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None or self._owner._gen != self._gen
+
+    @property
+    def ptr(self) -> Any:
+        """The ``struct ggml_cgraph *``; ClosedError once its context is closed or reset."""
+        if self._ptr is None or self._owner._gen != self._gen:
+            raise ClosedError("the context holding this graph is closed or was reset")
+        return self._ptr
 
     @property
     def ctx(self) -> "Context":
-        return self._owner
+        """The context that holds the graph."""
+        if isinstance(self._owner, BorrowScope):
+            raise ValueError(f"this graph belongs to no pyggml context ({self._owner.name})")
+        return self._owner  # type: ignore[no-any-return]
 
+    def _changed(self) -> None:
+        self.version += 1
+        self.checked.clear()
+        self._node_set = None
+
+    # ------------------------------------------------------------------ building
     def build_forward(self, *outputs: Tensor) -> "Graph":
         """``ggml_build_forward_expand`` for each output: add it and everything it depends on.
 
-        Raises ValueError if the graph would exceed its size (ggml would abort).
+        Raises ValueError if the graph would exceed its size (ggml would abort), TypeError for
+        something that is not a tensor, ClosedError for a tensor of a closed context.
         """
-        from .ops import _tensor
-
         g = self.ptr
         for out in outputs:
-            out = _tensor(out, "output")
-            new_nodes, new_leafs, stack = set(), set(), [out.ptr]
+            out = tensor_arg(out, "output")
+            new_nodes: set[Any] = set()
+            new_leafs: set[Any] = set()
+            stack = [out._ptr]
+            seen = self._seen
             while stack:
                 p = stack.pop()
-                key = int(ffi.cast("uintptr_t", p))
-                if key in self._seen or key in new_nodes or key in new_leafs:
+                if p in seen or p in new_nodes or p in new_leafs:
                     continue
-                (new_nodes if _is_node(p) else new_leafs).add(key)
+                (new_nodes if _is_node(p) else new_leafs).add(p)
                 stack.extend(s for s in p.src if s != ffi.NULL)
-            if lib.ggml_graph_n_nodes(g) + len(new_nodes) > self.size or self._n_leafs + len(new_leafs) > self.size:
+            n_nodes = int(lib.ggml_graph_n_nodes(g)) + len(new_nodes)
+            if n_nodes > self.size or self._n_leafs + len(new_leafs) > self.size:
                 raise ValueError(f"graph of size {self.size} is too small: it would hold "
-                                 f"{lib.ggml_graph_n_nodes(g) + len(new_nodes)} nodes and "
-                                 f"{self._n_leafs + len(new_leafs)} leafs (Context.new_graph(size=...))")
-            lib.ggml_build_forward_expand(g, out.ptr)
-            self._seen |= new_nodes | new_leafs
+                                 f"{n_nodes} nodes and {self._n_leafs + len(new_leafs)} leafs "
+                                 "(Context.new_graph(size=...))")
+            lib.ggml_build_forward_expand(g, out._ptr)
+            seen |= new_nodes | new_leafs
             self._n_leafs += len(new_leafs)
             self._keep.append(out)
+        self._changed()
         return self
 
     def build_backward(self, ctx: "Context") -> "Graph":
@@ -105,201 +165,184 @@ class Graph(CObject):
         not depend on a parameter, ops without a backward pass in ggml, in-place ops, non-float
         types on the gradient path, a graph or context too small for the gradient nodes.
         """
-        from .ops import _tensor
-
         if not self.grads:
             raise ValueError("build_backward needs a graph made with new_graph(..., grads=True)")
         if self._backward:
             raise ValueError("the backward pass is already built")
-        nodes = self.nodes
+        nodes = self.raw_nodes()
         if not nodes:
             raise ValueError("the graph is empty: build_forward first")
-        key = lambda p: int(ffi.cast("uintptr_t", p))  # noqa: E731
-        needs: set[int] = set()
+        needs: set[Any] = set()
         n_grad = 0
-        has_param = has_loss = False
-        for t in nodes:
-            p = t.ptr
-            has_param |= bool(p.flags & lib.GGML_TENSOR_FLAG_PARAM)
-            has_loss |= bool(p.flags & lib.GGML_TENSOR_FLAG_LOSS)
-        for t in nodes:  # leaf params count too: they are visited as srcs
-            for s in t.ptr.src:
-                if s != ffi.NULL and s.flags & lib.GGML_TENSOR_FLAG_PARAM:
+        has_param = any(p.flags & _PARAM for p in nodes)
+        has_loss = any(p.flags & _LOSS for p in nodes)
+        for p in nodes:  # leaf params count too: they are visited as srcs
+            for s in p.src:
+                if s != ffi.NULL and s.flags & _PARAM:
                     has_param = True
-                    needs.add(key(s))
+                    needs.add(s)
         if not has_param:
             raise ValueError("no trainable parameter in the graph: call Tensor.set_param()")
         if not has_loss:
             raise ValueError("no loss in the graph: call Tensor.set_loss()")
-        for t in nodes:
-            p = t.ptr
+        for p in nodes:
             if p.type == lib.GGML_TYPE_I32:
                 continue
             ignored = _IGNORED_SRC.get(p.op, ())
             if p.op == lib.GGML_OP_UNARY and lib.ggml_get_unary_op(p) in (lib.GGML_UNARY_OP_SGN, lib.GGML_UNARY_OP_STEP):
                 ignored = (0,)
-            grad_srcs = [s for j, s in enumerate(p.src) if s != ffi.NULL and j not in ignored and key(s) in needs]
-            if not (p.flags & lib.GGML_TENSOR_FLAG_PARAM or grad_srcs):
+            grad_srcs = [s for j, s in enumerate(p.src) if s != ffi.NULL and j not in ignored and s in needs]
+            if not (p.flags & _PARAM or grad_srcs):
                 continue
+            t = Tensor._of(p)
             for s in grad_srcs:
                 if s.type not in (lib.GGML_TYPE_F32, lib.GGML_TYPE_F16):
-                    raise ValueError(f"gradient through a {t.type_name} input of {t.op_name}: only F32/F16")
+                    raise ValueError(f"gradient through a {Tensor._of(s).type_name} input of {t.op_name}: only F32/F16")
             if p.view_src != ffi.NULL and p.op not in _VIEW_OK:
-                raise ValueError(f"{t.op_name} ({t.name!r}) works in place: no backward pass in ggml")
+                raise ValueError(f"{t.op_name} ({t._label()}) works in place: no backward pass in ggml")
             if not _has_backward(p):
-                raise ValueError(f"ggml has no backward pass for {t.op_name} ({t.name!r})")
-            needs.add(key(p))
+                raise ValueError(f"ggml has no backward pass for {t.op_name} ({t._label()})")
+            needs.add(p)
             n_grad += 1
-        loss = next(t for t in nodes if t.ptr.flags & lib.GGML_TENSOR_FLAG_LOSS)
-        if key(loss.ptr) not in needs:
+        loss = next(p for p in nodes if p.flags & _LOSS)
+        if loss not in needs:
             raise ValueError("the loss does not depend on any parameter")
         # each node's backward adds a handful of nodes (mul_mat: out_prod, transposes, adds...)
         need_size = len(nodes) + 10 * n_grad + 16
         if self.size < need_size:
             raise ValueError(f"graph size {self.size} is too small for the backward pass: use at least {need_size}")
-        _tensor(loss, "loss")
         ctx._reserve(0, n_objects=10 * n_grad + 16)
         lib.ggml_build_backward_expand(ctx.ptr, self.ptr, ffi.NULL)
         self._backward = True
-        self._keep.append(ctx)  # type: ignore[arg-type]
+        self._keep.append(ctx)
+        self._changed()
         return self
 
     def grad(self, tensor: Tensor) -> Tensor | None:
         """The gradient of the loss with respect to ``tensor`` (``ggml_graph_get_grad``), or
-        None if it has none."""
+        None if it has none. Raises ValueError before :meth:`build_backward`."""
         if not self._backward:
             raise ValueError("no backward pass: call build_backward first")
-        g = lib.ggml_graph_get_grad(self.ptr, tensor.ptr)
-        return None if g == ffi.NULL else Tensor(g, self.ctx, (self,))
+        g = lib.ggml_graph_get_grad(self.ptr, tensor_arg(tensor, "tensor")._ptr)
+        return None if g == ffi.NULL else Tensor._of(g)
 
     def reset(self) -> None:
-        """``ggml_graph_reset``: loss gradient 1, all other gradients 0 (they must be allocated)."""
+        """``ggml_graph_reset``: loss gradient 1, all other gradients 0 (they must be allocated;
+        ValueError otherwise or before :meth:`build_backward`)."""
         if not self._backward:
             raise ValueError("no backward pass: call build_backward first")
-        for t in self.nodes:
-            g = lib.ggml_graph_get_grad_acc(self.ptr, t.ptr)
-            if g != ffi.NULL and g.data == ffi.NULL:
+        g = self.ptr
+        for p in self.raw_nodes():
+            acc = lib.ggml_graph_get_grad_acc(g, p)
+            if acc != ffi.NULL and acc.data == ffi.NULL:
                 raise ValueError("the gradients have no data: allocate the graph first")
-        lib.ggml_graph_reset(self.ptr)
+        lib.ggml_graph_reset(g)
 
+    # ------------------------------------------------------------------ inspection
     @property
     def n_nodes(self) -> int:
-        return lib.ggml_graph_n_nodes(self.ptr)
+        """``ggml_graph_n_nodes``."""
+        return int(lib.ggml_graph_n_nodes(self.ptr))
 
-    def _raw_nodes(self) -> list[Any]:
+    def raw_nodes(self) -> list[Any]:
+        """The nodes in execution order as raw ``struct ggml_tensor *`` (no wrappers, no checks:
+        for code ggml calls while it owns the graph, e.g. a Python backend's ``graph_compute``)."""
         g = self.ptr
         return [lib.ggml_graph_node(g, i) for i in range(lib.ggml_graph_n_nodes(g))]
 
     def _raw_leafs(self, nodes: list[Any]) -> list[Any]:
-        node_keys = {int(ffi.cast("uintptr_t", p)) for p in nodes}
+        """The structs the nodes read that are not nodes themselves."""
+        node_set = set(nodes)
         out, seen = [], set()
         for p in nodes:
             for s in p.src:
                 if s == ffi.NULL:
-                    continue
-                key = int(ffi.cast("uintptr_t", s))
-                if key not in node_keys and key not in seen:
-                    seen.add(key)
+                    break
+                if s not in node_set and s not in seen:
+                    seen.add(s)
                     out.append(s)
         return out
+
+    def contexts(self) -> list[tuple[Any, int]]:
+        """(context, generation) of the context holding the graph and of every context its
+        tensors come from (what op constructors recorded: ``Context._deps``, transitively)."""
+        owner = self._owner
+        if isinstance(owner, BorrowScope):
+            return []
+        out: dict[Any, int] = {}
+        todo = [owner]
+        while todo:
+            ctx = todo.pop()
+            if ctx in out:
+                continue
+            out[ctx] = ctx._gen
+            todo.extend(getattr(ctx, "_deps", ()))
+        return list(out.items())
+
+    def node_set(self) -> frozenset[Any]:
+        """Every node and leaf struct of the graph (cached until the graph changes)."""
+        if self._node_set is None:
+            nodes = self.raw_nodes()
+            self._node_set = frozenset(nodes) | frozenset(self._raw_leafs(nodes))
+        return self._node_set
+
+    def _wrap(self, p: Any) -> Tensor:
+        owner = self._owner
+        return Tensor(p, context_of(p) or (owner if isinstance(owner, BorrowScope) else GGML_INTERNAL))
 
     @property
     def nodes(self) -> list[Tensor]:
         """The nodes in execution order (``ggml_graph_node``)."""
-        return [Tensor(p, self.ctx, (self,)) for p in self._raw_nodes()]
+        return [self._wrap(p) for p in self.raw_nodes()]
 
     @property
     def leafs(self) -> list[Tensor]:
         """The tensors the nodes read that are not nodes themselves (inputs, weights)."""
-        return [Tensor(p, self.ctx, (self,)) for p in self._raw_leafs(self._raw_nodes())]
+        return [self._wrap(p) for p in self._raw_leafs(self.raw_nodes())]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.nodes)
 
     def get_tensor(self, name: str) -> Tensor:
         """``ggml_graph_get_tensor``; KeyError if no node or leaf has that name."""
         t = lib.ggml_graph_get_tensor(self.ptr, name.encode())
         if t == ffi.NULL:
             raise KeyError(name)
-        return Tensor(t, self.ctx, (self,))
+        return self._wrap(t)
 
-    def _check_computable(self, backend: "Backend") -> None:
-        from ._base import ClosedError
+    # ------------------------------------------------------------------ schedulers
+    def _save_sources(self, split_by: Any) -> "_Sources":
+        """Save the node sources before a scheduler splits the graph (it rewrites them to read
+        its copies); ``split_by``: the scheduler that will hold the split, if any."""
+        saved = _Sources(self.ptr)
+        if split_by is not None:
+            self._sources = saved
+            self.split_by = split_by
+        return saved
 
-        buffer_closed = getattr(self.ctx, "_buffer_closed", lambda buf: False)
-        dead = bool(getattr(self.ctx, "_dead_buffers", None)) or any(
-            b._ptr is None for b in getattr(self.ctx, "_buffers", ()))
-        for p in self._raw_nodes():
-            for s in [p] + [s for s in p.src if s != ffi.NULL]:
-                if s.data == ffi.NULL and not (s.view_src != ffi.NULL and s.view_src.data != ffi.NULL):
-                    name = ffi.string(s.name).decode() or "(unnamed)"
-                    raise ValueError(f"tensor {name} of node {ffi.string(p.name).decode()} has no data: "
-                                     "allocate the graph first (GraphAllocator, Scheduler, alloc_tensors)")
-                if dead:
-                    buf = s.view_src.buffer if s.view_src != ffi.NULL else s.buffer
-                    if buf != ffi.NULL and buffer_closed(buf):
-                        raise ClosedError(f"the buffer holding tensor {ffi.string(s.name).decode()} was "
-                                          "freed (its allocator or buffer is closed): allocate the graph again")
-            if p.op in _EMPTY_OPS or backend._supports_raw(p):
-                continue
-            t = Tensor(p, self.ctx, (self,))
-            raise ValueError(f"backend {backend.name} cannot compute node {t.name!r} "
-                             f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]})")
+    def restore_sources(self, saved: "_Sources | None" = None) -> None:
+        """Put back the node sources a scheduler rewrote (``saved``, else those saved when it
+        split this graph); a no-op if none did."""
+        saved = saved or self._sources
+        if saved is not None and not self.closed:
+            saved.restore(self._ptr)
+        if saved is self._sources:
+            self._sources = None
+            if self.split_by is not None:
+                self.split_by = None
+                self.checked.clear()
 
-    def _trial_compute(self, backend: "Backend") -> None:
-        """Graphs with nodes made by ``Context.op`` (ops pyggml has no checks for) are computed
-        once in a forked copy of the process first, on the CPU: ggml aborting there raises
-        ValueError here instead."""
-        from ._fork import trial
-        from .cpu import CPUBackend
-
-        trial_ops = getattr(self.ctx, "_trial_ops", None)
-        if not trial_ops or not isinstance(backend, CPUBackend) or self._trial_done:
-            return
-        if not any(p.op in trial_ops for p in self._raw_nodes()):
-            return
-
-        def run() -> None:
-            be = lib.ggml_backend_cpu_init()
-            # one thread: the OpenMP runtime of the parent does not survive fork()
-            lib.ggml_backend_cpu_set_n_threads(be, 1)
-            lib.ggml_backend_graph_compute(be, self.ptr)
-
-        failure = trial(run, timeout=120)
-        if failure is not None:
-            raise ValueError(f"computing this graph would abort the process: {failure}")
-        self._trial_done = True
-
+    # ------------------------------------------------------------------ compute
     def compute(self, backend: "Backend | None" = None, n_threads: int | None = None) -> None:
-        """Compute the graph (``ggml_backend_graph_compute``) on ``backend``, by default a new CPU
-        backend with ``n_threads`` threads.
-
-        Every tensor must have data; every node must be supported by the backend
-        (``ggml_backend_supports_op``): otherwise ValueError before anything runs. A failed or
-        aborted computation raises GGMLError (or the exception a Python callback raised, e.g.
-        KeyboardInterrupt from the CPU backend's abort callback).
-        """
-        from . import callbacks
-        from .backend import Backend
-
-        own = backend is None
-        if own:
-            from .cpu import CPUBackend
-            backend = CPUBackend(n_threads=n_threads)
-        try:
-            assert isinstance(backend, Backend)
-            self._check_computable(backend)
-            self._trial_compute(backend)
-            status = lib.ggml_backend_graph_compute(backend.ptr, self.ptr)
-            custom_errors = getattr(self.ctx, "_custom_errors", [])
-            if custom_errors:  # raised by map_custom functions on CPU worker threads
-                err = custom_errors[0]
-                custom_errors.clear()
-                callbacks.take_pending()
-                raise err
-            callbacks.raise_pending()
-            if status != lib.GGML_STATUS_SUCCESS:
-                raise GGMLError(f"graph compute failed: {status_name(status)}")
-        finally:
-            if own:
-                backend.close()
+        """Compute the graph on ``backend``: :meth:`pyggml.backend.Backend.graph_compute`,
+        which says what is checked and raised. Without a backend, a new CPU backend with
+        ``n_threads`` threads computes it."""
+        if backend is None:
+            with _cobject.wrap("new_cpu_backend", n_threads) as cpu:
+                cpu.graph_compute(self)
+        else:
+            backend.graph_compute(self)
 
     def __repr__(self) -> str:
         return "<Graph (closed)>" if self.closed else f"<Graph {self.n_nodes} nodes, size {self.size}>"
+

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import dl
-from ._loader import LIB_DIR, PACKAGE_DIR, ffi, lib
+from .device import devices
+from .raw import GGML_VERSION, LIB_DIR, PACKAGE_DIR, dl
+from .registry import registries
 
 __all__ = ["info", "format_info"]
 
@@ -23,16 +24,14 @@ def info() -> dict[str, Any]:
     - ``registries``: the registered backend registries (Python backends included);
     - ``devices``: name, description, type, memory in bytes.
     """
-    from .device import devices, registries
-
     return {
-        "ggml_version": ffi.string(lib.ggml_version()).decode(),
+        "ggml_version": GGML_VERSION,
         "package_dir": str(PACKAGE_DIR),
         "build": dl.build_info(),
         "backends": {k: v.as_dict() for k, v in dl.status().items()},
         "libraries": sorted(p.name for p in LIB_DIR.glob("*.so")),
         "registries": [r.name for r in registries()],
-        "devices": [{"name": d.name, "description": d.description, "type": d.type,
+        "devices": [{"name": d.name, "description": d.description, "type": d.type.name.lower(),
                      "memory_free": d.memory[0], "memory_total": d.memory[1]} for d in devices()],
     }
 

@@ -16,7 +16,19 @@ Client::
     backend = reg.devices[0].init()                    # then use it like any other backend
 
 Needs a build with the RPC backend (``PYGGML_BACKENDS=cpu,rpc``); otherwise these raise
-:class:`~pyggml.dl.BackendNotAvailableError`.
+:class:`~pyggml.errors.BackendNotAvailableError`.
+
+**What cannot be made safe: a server that dies or misbehaves while a client uses it.** ggml's
+RPC client aborts the process (``GGML_ABORT("Remote RPC server crashed or returned malformed
+response")``, ggml-rpc.cpp's ``RPC_STATUS_ASSERT``) when a call on an established connection
+fails: allocating, setting or getting a tensor, computing a graph on an RPC device; and
+initialising a backend on an RPC device (``Device.init``) connects again and aborts ("Failed to
+connect") if the server has gone since :func:`add_server`. pyggml cannot
+check for this before the call (the server may go away at any moment) and cannot catch an abort:
+this is the one place where pyggml's no-crash guarantee does not hold. Run the client where losing
+the process is acceptable (a worker process), or keep the server's lifetime tied to the client's
+(:class:`Server` as a context manager). Connecting (:func:`add_server`) is checked first: a server
+that does not answer is a ConnectionError, not an abort.
 """
 from __future__ import annotations
 
@@ -32,9 +44,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import dl
-from ._loader import PACKAGE_DIR, ffi, lib
-from .device import Device, Registry, devices as all_devices
+from .device import Device, device_by_name, devices as all_devices
+from .errors import BackendNotAvailableError
+from .raw import PACKAGE_DIR, dl, ffi, lib
+from .raw.boundary import calling
+from .registry import Registry
 
 __all__ = ["DEFAULT_PORT", "add_server", "start_server", "Server", "main"]
 
@@ -46,7 +60,7 @@ _added: dict[str, Registry] = {}
 def _require_rpc() -> None:
     st = dl.status().get("rpc")
     if st is None or not st.loaded:
-        raise dl.BackendNotAvailableError(f"ggml's RPC backend is not available: {dl.explain('RPC')}")
+        raise BackendNotAvailableError(f"ggml's RPC backend is not available: {dl.explain('RPC')}")
 
 
 def _endpoint(endpoint: str) -> str:
@@ -72,22 +86,26 @@ def add_server(endpoint: str) -> Registry:
     same endpoint again returns the same registry.
 
     Raises ValueError for a malformed endpoint, ConnectionError if no server answers there (or it
-    offers no device), BackendNotAvailableError if this build has no RPC backend.
+    offers no device), BackendNotAvailableError if this build has no RPC backend. Once connected,
+    a server that dies aborts the process on the next call that reaches it (see the module
+    docstring: ggml's RPC client asserts, which pyggml cannot prevent).
     """
     _require_rpc()
     _endpoint(endpoint)
     if endpoint in _added:
         return _added[endpoint]
-    reg = lib.ggml_backend_rpc_add_server(endpoint.encode())
-    if reg == ffi.NULL:
-        raise ConnectionError(f"no ggml RPC server answered at {endpoint} (or it has no devices)")
-    lib.ggml_backend_register(reg)
+    with calling():
+        # ggml-rpc.h's functions are in lib (and its stub) only in builds with the RPC backend
+        reg = getattr(lib, "ggml_backend_rpc_add_server")(endpoint.encode())
+        if reg == ffi.NULL:
+            raise ConnectionError(f"no ggml RPC server answered at {endpoint} (or it has no devices)")
+        lib.ggml_backend_register(reg)
     _added[endpoint] = Registry(reg)
     return _added[endpoint]
 
 
 def start_server(endpoint: str = f"127.0.0.1:{DEFAULT_PORT}", devices: Sequence[Device] | None = None,
-                 *, n_threads: int | None = None, cache_dir: str | os.PathLike | None = None,
+                 *, n_threads: int | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  allow_remote: bool = False) -> None:
     """Serve ``devices`` (default: every device of this process except RPC ones) to RPC clients
     at ``endpoint`` (``ggml_backend_rpc_start_server``). **Never returns**: it serves one client
@@ -114,7 +132,7 @@ def start_server(endpoint: str = f"127.0.0.1:{DEFAULT_PORT}", devices: Sequence[
     if not devices:
         raise ValueError("no device to serve")
     arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in devices])
-    lib.ggml_backend_rpc_start_server(
+    getattr(lib, "ggml_backend_rpc_start_server")(
         endpoint.encode(), os.fsencode(cache_dir) if cache_dir else ffi.NULL,
         n_threads or os.cpu_count() or 1, len(devices), arr)
     # it returns only when it could not start (bad endpoint, port in use): ggml printed why
@@ -124,7 +142,7 @@ def start_server(endpoint: str = f"127.0.0.1:{DEFAULT_PORT}", devices: Sequence[
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 class Server:
@@ -199,8 +217,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host (no authentication: trusted networks only)")
     a = p.parse_args(argv)
-    from .device import device_by_name
-
     try:
         devs = [device_by_name(n) for n in a.device] if a.device else None
         if not _is_loopback(a.host):

@@ -1,26 +1,53 @@
 """The backend scheduler (``ggml_backend_sched``): splits a graph between several backends by
-what each supports, copies inputs between them, allocates and computes the splits."""
+what each supports, copies inputs between them, allocates and computes the splits.
+
+Splitting rewrites the graph: a node whose source lives where its backend cannot read it reads
+a copy the scheduler made instead. pyggml saves the sources before the scheduler splits a graph
+and puts them back before the graph is used any other way (split again after the scheduler has
+split another graph, allocated by a graph allocator, computed on a backend), so a graph can be
+computed by a scheduler, then another graph, then the first again.
+
+Computing the graph the scheduler holds (allocated, unchanged, its memory alive) goes straight
+to ``ggml_backend_sched_graph_compute``: the checks run once per graph (see :mod:`pyggml.graph`).
+"""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from . import callbacks
-from ._base import CObject, GGMLError
-from ._loader import ffi, lib
-from .alloc import _Placements
-from .backend import Backend, BufferType
-from .graph import Graph, status_name
-from .tensor import _EMPTY_OPS, Tensor
+from . import _cobject, buffer
+from .alloc import Placer
+from .backend import Backend
+from .buffer_type import BufferType
+from .enums import DeviceType
+from .errors import ClosedError
+from .graph import Graph
+from .raw import callbacks, ffi, lib
+from .raw.boundary import calling, check_status
+from .tensor import EMPTY_OPS, BorrowScope, Tensor, tensor_arg
 
-__all__ = ["Scheduler", "MAX_BACKENDS"]
+__all__ = ["Scheduler", "MAX_BACKENDS", "EvalCallback"]
 
 #: GGML_SCHED_MAX_BACKENDS of ggml-backend.cpp
 MAX_BACKENDS = 16
 
+#: ``f(tensor, ask) -> bool``, see :attr:`Scheduler.eval_callback`
 EvalCallback = Callable[[Tensor, bool], bool]
 
+_VIEW_OPS = frozenset(int(o) for o in EMPTY_OPS if o != lib.GGML_OP_NONE)
 
-class Scheduler(CObject):
+
+class _SchedChecked:
+    __slots__ = ("version", "n_nodes", "records", "contexts")
+
+    def __init__(self, graph: Graph, n_nodes: int, records: list[Any], contexts: list[tuple[Any, int]]):
+        self.version, self.n_nodes, self.records, self.contexts = graph.version, n_nodes, records, contexts
+
+    def still_valid(self, graph: Graph, n_nodes: int) -> bool:
+        return (self.version == graph.version and self.n_nodes == n_nodes
+                and all(r.alive for r in self.records) and all(c._gen == g for c, g in self.contexts))
+
+
+class Scheduler(_cobject.CObject, Placer):
     """``ggml_backend_sched_new`` / ``ggml_backend_sched_free``, owned.
 
     ``backends`` in priority order, the last one a CPU backend (ggml requires it); ``bufts``
@@ -31,7 +58,6 @@ class Scheduler(CObject):
     """
 
     _kind = "scheduler"
-    _c_free = lib.ggml_backend_sched_free
 
     def __init__(self, backends: Sequence[Backend], bufts: Sequence[BufferType] | None = None,
                  graph_size: int = lib.GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False,
@@ -39,8 +65,13 @@ class Scheduler(CObject):
         backends = list(backends)
         if not 1 <= len(backends) <= MAX_BACKENDS:
             raise ValueError(f"a scheduler takes 1 to {MAX_BACKENDS} backends")
-        if backends[-1].device.type != "cpu":
+        for b in backends:
+            if not isinstance(b, Backend):
+                raise TypeError(f"a scheduler takes pyggml Backends, not {type(b).__name__}")
+        if backends[-1].device.type != DeviceType.CPU:
             raise ValueError("the last backend of a scheduler must be a CPU backend")
+        if len({b.ptr for b in backends}) != len(backends):
+            raise ValueError("a backend appears twice")
         if bufts is not None:
             bufts = list(bufts)
             if len(bufts) != len(backends):
@@ -52,20 +83,34 @@ class Scheduler(CObject):
             raise ValueError("graph_size must be >= 1")
         c_backends = ffi.new("ggml_backend_t[]", [b.ptr for b in backends])
         c_bufts = ffi.new("ggml_backend_buffer_type_t[]", [t.ptr for t in bufts]) if bufts else ffi.NULL
-        super().__init__(lib.ggml_backend_sched_new(c_backends, c_bufts, len(backends), graph_size,
-                                                    parallel, op_offload), owned=True)
+        with calling():
+            ptr = lib.ggml_backend_sched_new(c_backends, c_bufts, len(backends), graph_size, parallel, op_offload)
+        super().__init__(ptr, owned=True, keep=(backends, bufts))
         self._backends = backends
-        self._bufts = bufts
+        self._bufts = bufts or [b.default_buffer_type for b in backends]
         self.graph_size = graph_size
         self._is_alloc = False
         self._eval: callbacks.Callback | None = None
         self._eval_func: EvalCallback | None = None
-        self._graph: Graph | None = None
         self._stopped = False
-        self._placed = _Placements()
+        self._init_placer()
+
+    def _free(self, ptr: Any) -> None:
+        self._retire()
+        if self._graph is not None:
+            self._graph.restore_sources()
+        with calling():
+            lib.ggml_backend_sched_free(ptr)
+
+    def close(self) -> None:
+        """``ggml_backend_sched_free``: tensors it placed lose their data (using them raises)."""
+        if self._ptr is not None:
+            self._retire()
+        super().close()
 
     @property
     def backends(self) -> list[Backend]:
+        """The backends, in priority order."""
         return list(self._backends)
 
     def _index(self, backend: Backend) -> int:
@@ -74,61 +119,130 @@ class Scheduler(CObject):
                 return i
         raise ValueError(f"backend {backend.name} is not one of this scheduler's")
 
-    def _check_graph(self, graph: Graph) -> None:
-        nodes = graph._raw_nodes()
+    # ------------------------------------------------------------------ placement (Placer)
+    def _sizes(self) -> tuple[int, ...]:
+        s = self.ptr
+        return tuple(int(lib.ggml_backend_sched_get_buffer_size(s, b._ptr)) for b in self._backends)
+
+    def _may_chunk(self) -> bool:
+        sizes = self._last_sizes or ()
+        return any(size > t.max_size for size, t in zip(sizes, self._bufts))
+
+    def _buffer_types(self) -> list[Any]:
+        return [t.ptr for t in self._bufts]
+
+    def _kind_name(self) -> str:
+        return "scheduler"
+
+    # ------------------------------------------------------------------ checks
+    def _check_graph(self, graph: Graph) -> Any:
+        """Everything ggml would assert on when splitting ``graph`` (cached on the graph)."""
+        g = graph.ptr
+        n_nodes = int(lib.ggml_graph_n_nodes(g))
+        state = graph.checked.get(self._ptr)
+        if state is not None and state.still_valid(graph, n_nodes):
+            return g
+        nodes = graph.raw_nodes()
         leafs = graph._raw_leafs(nodes)
         if len(nodes) + len(leafs) > self.graph_size:
             raise ValueError(f"graph has {len(nodes)} nodes and {len(leafs)} leafs, more than "
                              f"the scheduler's graph_size {self.graph_size}")
-        for p in nodes:
-            if p.op not in _EMPTY_OPS and not any(b._supports_raw(p) for b in self._backends):
-                t = Tensor(p, graph.ctx, (graph,))
-                raise ValueError(f"no backend of the scheduler can compute node {t.name!r} ({t.op_name})")
-        bufts_ok: set[int] = set()
-        for p in nodes + leafs:
-            buf = p.view_src.buffer if p.view_src != ffi.NULL else p.buffer
-            if buf == ffi.NULL:
-                continue
-            buft = lib.ggml_backend_buffer_get_type(buf)
-            key = int(ffi.cast("uintptr_t", buft))
-            if key in bufts_ok:
-                continue
-            if not any(lib.ggml_backend_supports_buft(b.ptr, buft) for b in self._backends):
-                name = ffi.string(p.name).decode()
-                raise ValueError(f"tensor {name!r} is in a buffer no backend of the scheduler can use")
-            bufts_ok.add(key)
+        if not any(p.op not in _VIEW_OPS for p in nodes):
+            raise ValueError("the graph has no node that computes anything: a scheduler cannot split it")
+        contexts = graph.contexts()
+        for ctx, gen in contexts:
+            if gen < 0:
+                raise ClosedError("a context holding tensors of this graph is closed")
+        buffer.check_graph_memory(g, need_data=False)
+        backends = [b._ptr for b in self._backends]
+        with calling():  # supports_op / supports_buft of Python devices
+            for p in nodes:
+                if p.op not in EMPTY_OPS and not any(lib.ggml_backend_supports_op(b, p) for b in backends):
+                    raise ValueError(f"no backend of the scheduler can compute node {buffer.label(p)} "
+                                     f"({ffi.string(lib.ggml_op_name(p.op)).decode()})")
+            for p in nodes + leafs:
+                v = p.view_src
+                buf = v.buffer if v != ffi.NULL else p.buffer
+                if buf == ffi.NULL:
+                    continue
+                buft = lib.ggml_backend_buffer_get_type(buf)
+                # ggml_backend_sched_backend_id_from_cur aborts for a pre-allocated tensor no
+                # backend can both read (its buffer type) and run (its op)
+                if not any(lib.ggml_backend_supports_buft(b, buft) and lib.ggml_backend_supports_op(b, p)
+                           for b in backends):
+                    raise ValueError(f"tensor {buffer.label(p)} is in a buffer ({ffi.string(lib.ggml_backend_buffer_name(buf)).decode()}) "
+                                     "that no backend of the scheduler can use for its op")
+        records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
+        graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, records, contexts)
+        return g
+
+    def _take(self, graph: Graph) -> Any:
+        """``graph``'s pointer, ready to be split: its sources restored if a scheduler rewrote
+        them (another one, or this one before it split another graph), its tensors in memory an
+        allocator freed or this scheduler owns forgotten (they are placed again), checked."""
+        if not isinstance(graph, Graph):
+            raise TypeError(f"a scheduler computes pyggml Graphs, not {type(graph).__name__}")
+        if graph.split_by is not None and not (graph.split_by is self and self._graph is graph):
+            graph.restore_sources()
+        self._unplace(graph)
+        return self._check_graph(graph)
 
     # ------------------------------------------------------------------ allocation
     def reserve(self, graph: Graph) -> None:
-        """``ggml_backend_sched_reserve``: size the compute buffers for a worst-case graph."""
-        self._check_graph(graph)
-        if not lib.ggml_backend_sched_reserve(self.ptr, graph.ptr):
-            raise MemoryError("ggml_backend_sched_reserve could not allocate the compute buffers")
-        self._is_alloc = False
+        """``ggml_backend_sched_reserve``: size the compute buffers for a worst-case graph
+        (its sources are put back afterwards). Raises MemoryError if they cannot be allocated."""
+        g = self._take(graph)
+        saved = graph._save_sources(None)
+        try:
+            with calling():
+                ok = lib.ggml_backend_sched_reserve(self.ptr, g)
+                self._is_alloc = False
+                self._placed(graph, placed=False)
+                if not ok:
+                    raise MemoryError("ggml_backend_sched_reserve could not allocate the compute buffers")
+        finally:
+            graph.restore_sources(saved)
+            if self._graph is graph:
+                self._graph = None
 
     def alloc_graph(self, graph: Graph) -> None:
         """``ggml_backend_sched_alloc_graph``: split ``graph`` and allocate its tensors (resets
-        the previous allocation first). Raises MemoryError on failure."""
-        self._check_graph(graph)
-        if self._is_alloc:
+        the previous allocation first: tensors of the graph placed before become unusable).
+        Raises MemoryError on failure."""
+        g = self._take(graph)
+        state = graph.checked.get(self._ptr)
+        if self._is_alloc or self._graph is not None:
             self.reset()
-        if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
-            raise MemoryError("ggml_backend_sched_alloc_graph failed")
-        self._is_alloc = True
-        self._graph = graph
-        self._placed.record(graph, self)
+        graph._save_sources(self)
+        with calling():
+            ok = lib.ggml_backend_sched_alloc_graph(self.ptr, g)
+            if not ok:
+                graph.restore_sources()
+                self._placed(None, placed=False)
+                raise MemoryError("ggml_backend_sched_alloc_graph failed")
+            self._is_alloc = True
+            self._placed(graph)
+        if state is not None:  # the check made before splitting still holds for the split graph
+            graph.checked[self._ptr] = state
 
     def reset(self) -> None:
-        """``ggml_backend_sched_reset``: forget the allocation (tensor data becomes invalid)."""
-        lib.ggml_backend_sched_reset(self.ptr)
+        """``ggml_backend_sched_reset``: forget the allocation (tensor data becomes invalid; the
+        graph's sources are put back)."""
+        with calling():
+            lib.ggml_backend_sched_reset(self.ptr)
         self._is_alloc = False
+        old = self._graph
+        self._graph = None
+        if old is not None:
+            old.restore_sources()
 
     # ------------------------------------------------------------------ compute
     def compute(self, graph: Graph) -> bool:
-        """``ggml_backend_sched_graph_compute`` (allocating first if needed).
+        """``ggml_backend_sched_graph_compute``, allocating ``graph`` first unless it is the
+        graph this scheduler holds.
 
         Returns True, or False if the eval callback stopped the computation. Raises GGMLError
-        on failure, or the exception the eval callback raised."""
+        on failure, or the exception a callback raised (the eval callback, a Python backend)."""
         return self._compute(graph, lib.ggml_backend_sched_graph_compute)
 
     def compute_async(self, graph: Graph) -> bool:
@@ -136,65 +250,61 @@ class Scheduler(CObject):
         return self._compute(graph, lib.ggml_backend_sched_graph_compute_async)
 
     def _compute(self, graph: Graph, fn: Any) -> bool:
-        self._check_graph(graph)
-        self._graph = graph
+        if not (self._is_alloc and self._graph is graph and graph.split_by is self):
+            self.alloc_graph(graph)
+        g = self._check_graph(graph)
         self._stopped = False
-        allocates = not self._is_alloc  # ggml allocates the graph itself then
-        status = fn(self.ptr, graph.ptr)
-        self._is_alloc = True
-        if allocates:
-            self._placed.record(graph, self)
-        callbacks.raise_pending()
-        if status != lib.GGML_STATUS_SUCCESS:
-            raise GGMLError(f"scheduler compute failed: {status_name(status)}")
+        with calling(graph._owner, self):
+            status = fn(self.ptr, g)
+            check_status(status, "ggml_backend_sched_graph_compute")
+        if not self._stopped:
+            graph.computed = True
         return not self._stopped
 
     def synchronize(self) -> None:
-        lib.ggml_backend_sched_synchronize(self.ptr)
-
-    def close(self) -> None:
-        """``ggml_backend_sched_free``: tensors it placed lose their data (using them raises)."""
-        super().close()
-        self._placed.release()
+        """``ggml_backend_sched_synchronize``: wait for every backend."""
+        with calling():
+            lib.ggml_backend_sched_synchronize(self.ptr)
 
     # ------------------------------------------------------------------ inspection
     @property
     def n_splits(self) -> int:
         """Splits of the last graph (``ggml_backend_sched_get_n_splits``)."""
-        return lib.ggml_backend_sched_get_n_splits(self.ptr)
+        return int(lib.ggml_backend_sched_get_n_splits(self.ptr))
 
     @property
     def n_copies(self) -> int:
         """``ggml_backend_sched_get_n_copies`` (pipeline-parallel copies)."""
-        return lib.ggml_backend_sched_get_n_copies(self.ptr)
+        return int(lib.ggml_backend_sched_get_n_copies(self.ptr))
 
     def buffer_size(self, backend: Backend) -> int:
         """Bytes of ``backend``'s compute buffer (``ggml_backend_sched_get_buffer_size``)."""
         self._index(backend)
-        return lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr)
+        return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
 
     def set_tensor_backend(self, tensor: Tensor, backend: Backend) -> None:
         """``ggml_backend_sched_set_tensor_backend``: pin a node to ``backend``."""
         self._index(backend)
-        lib.ggml_backend_sched_set_tensor_backend(self.ptr, tensor.ptr, backend.ptr)
+        lib.ggml_backend_sched_set_tensor_backend(self.ptr, tensor_arg(tensor, "tensor")._ptr, backend.ptr)
 
     def get_tensor_backend(self, tensor: Tensor) -> Backend | None:
         """The backend the last split put ``tensor`` on, or None."""
-        p = lib.ggml_backend_sched_get_tensor_backend(self.ptr, tensor.ptr)
+        p = lib.ggml_backend_sched_get_tensor_backend(self.ptr, tensor_arg(tensor, "tensor")._ptr)
         return next((b for b in self._backends if b._ptr == p), None)
 
     # ------------------------------------------------------------------ eval callback
     @property
     def eval_callback(self) -> EvalCallback | None:
+        """``ggml_backend_sched_set_eval_callback``: ``func(tensor, ask)`` is called with
+        ``ask=True`` for each node ("do you want to see it?") and, for those answered True, with
+        ``ask=False`` once it is computed (its data readable during the call); returning False
+        then stops the computation (ggml skips the rest of the split; :meth:`compute` returns
+        False). An exception stops it too and is re-raised by :meth:`compute`. The tensor is
+        lent for the call only."""
         return self._eval_func
 
     @eval_callback.setter
     def eval_callback(self, func: EvalCallback | None) -> None:
-        """``ggml_backend_sched_set_eval_callback``: ``func(tensor, ask)`` is called with
-        ``ask=True`` for each node ("do you want to see it?") and, for those answered True, with
-        ``ask=False`` once it is computed (its data readable); returning False then stops the
-        computation (ggml skips the rest of the split; :meth:`compute` returns False). An
-        exception stops it too and is re-raised by :meth:`compute`."""
         self._eval_func = func
         if func is None:
             lib.ggml_backend_sched_set_eval_callback(self.ptr, ffi.NULL, ffi.NULL)
@@ -202,15 +312,17 @@ class Scheduler(CObject):
             return
 
         def trampoline(t: Any, ask: bool, user_data: Any) -> bool:
-            owner = self._graph.ctx if self._graph is not None else None
+            scope = BorrowScope("an eval callback")
             try:
-                go_on = bool(func(Tensor(t, owner, ()), bool(ask)))
+                go_on = bool(func(Tensor(t, scope), bool(ask)))
             except BaseException:
                 self._stopped = True
                 raise
+            finally:
+                scope.close()
             if not ask and not go_on:
                 self._stopped = True
             return go_on
 
-        self._eval = callbacks.Callback("ggml_backend_sched_eval_callback", trampoline)
+        self._eval = callbacks.Callback("ggml_backend_sched_eval_callback", trampoline, owner=self)
         lib.ggml_backend_sched_set_eval_callback(self.ptr, self._eval.fn, self._eval.user_data)

@@ -5,25 +5,59 @@ reversed: NumPy ``(rows, cols)`` is ggml ``ne = [cols, rows, 1, 1]``. :attr:`Ten
 :attr:`Tensor.nb` are always the four ggml values; :attr:`Tensor.shape` is the NumPy order with
 ggml's trailing 1s dropped (``ggml_n_dims``), so it has 1 to 4 entries.
 
-A :class:`Tensor` borrows its C struct from the :class:`~pyggml.context.Context` that made it
-and keeps that context alive (and, for op results, the tensors it was computed from).
+**Lifetime.** A :class:`Tensor` is borrowed from the :class:`~pyggml.context.Context` whose
+memory holds its struct, and keeps that context alive. It is valid while the context is open and
+has not been ``reset()`` since the tensor was made (the context's *generation*); after that every
+use raises :class:`~pyggml.errors.ClosedError`. Its data lives in the context (an allocating
+context) or in a backend buffer; reading or writing it checks that the buffer is alive
+(:mod:`pyggml.buffer`) and, for buffers a graph allocator or scheduler manages, that the memory
+still belongs to this tensor's graph and, for a node, that the graph was computed since it was
+placed.
+
+A tensor's ``ne`` and type never change, so they are read once and kept in Python: reading them
+costs what a Python attribute costs.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+import bisect
+import weakref
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from ._base import ClosedError, CObject
-from ._loader import ffi, lib
+from . import _cobject, buffer, dlpack, types
+from .enums import GGMLType, Op, TensorFlag
+from .errors import ClosedError
+from .raw import ffi, lib, requires
+from .raw.boundary import calling
 
 if TYPE_CHECKING:
     from .context import Context
 
-__all__ = ["Tensor", "op_name"]
+__all__ = ["Tensor", "op_name", "can_repeat", "EMPTY_OPS", "BorrowScope", "context_of",
+           "register_arena", "decode_op_params", "tensor_arg", "GGML_INTERNAL"]
 
-_EMPTY_OPS = {lib.GGML_OP_NONE, lib.GGML_OP_RESHAPE, lib.GGML_OP_VIEW, lib.GGML_OP_PERMUTE,
-              lib.GGML_OP_TRANSPOSE}
+#: ops that compute nothing (ggml_op_is_empty): views and leafs
+EMPTY_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
+
+_TYPE_OF = {int(m): m for m in GGMLType}
+_new = object.__new__
+_OP_OF = {int(m): m for m in Op}
+
+
+def op_name(op: int) -> str:
+    """``ggml_op_name``: ``"ADD"``, ``"MUL_MAT"``...; raises ValueError for an unknown op."""
+    if not 0 <= op < lib.GGML_OP_COUNT:
+        raise ValueError(f"unknown ggml op {op}")
+    return ffi.string(lib.ggml_op_name(op)).decode()
+
+
+def can_repeat(small: Sequence[int], big: Sequence[int]) -> bool:
+    """``ggml_can_repeat`` on two ``ne``: ``small`` tiles ``big`` (each ``big[i]`` a multiple of
+    ``small[i]``; an empty ``small`` only tiles an empty ``big``)."""
+    if 0 in small:
+        return 0 in big
+    return big[0] % small[0] == 0 and big[1] % small[1] == 0 and big[2] % small[2] == 0 and big[3] % small[3] == 0
 
 
 def _layouts() -> dict[int, list[tuple[str, str]]]:
@@ -55,15 +89,14 @@ def _layouts() -> dict[int, list[tuple[str, str]]]:
         "UPSCALE": [("mode", i)], "MUL_MAT": [("prec", i)],
         "VIEW": [("offset_lo", i), ("offset_hi", i)],
     }
-    return {getattr(lib, f"GGML_OP_{k}"): v for k, v in L.items() if hasattr(lib, f"GGML_OP_{k}")}
+    return {int(Op[k]): v for k, v in L.items() if k in Op.__members__}
 
 
 _PARAM_LAYOUTS = _layouts()
 
 
-def decode_op_params(t: "Tensor") -> dict[str, Any]:
-    """See :attr:`Tensor.params`."""
-    p = t.ptr
+def decode_op_params(p: Any) -> dict[str, Any]:
+    """The op parameters of tensor struct ``p`` decoded for its op (see :attr:`Tensor.params`)."""
     raw = np.frombuffer(ffi.buffer(p.op_params), dtype=np.int32).copy()
     if p.op == lib.GGML_OP_UNARY:
         return {"unary_op": ffi.string(lib.ggml_unary_op_name(lib.ggml_get_unary_op(p))).decode()}
@@ -80,114 +113,224 @@ def decode_op_params(t: "Tensor") -> dict[str, Any]:
         out = {"offset": int(raw[:2].view(np.int64)[0])}
     if p.op == lib.GGML_OP_ROPE:
         out["sections"] = raw[11:15].tolist()
+        out["n_offs"] = int(raw[15])  # ggml_rope_set_offset (ggml >= 0.25; 0 before)
     return out
 
 
-def op_name(op: int) -> str:
-    """``ggml_op_name``: ``"ADD"``, ``"MUL_MAT"``...; raises ValueError for an unknown op."""
-    if not 0 <= op < lib.GGML_OP_COUNT:
-        raise ValueError(f"unknown ggml op {op}")
-    return ffi.string(lib.ggml_op_name(op)).decode()
+# --------------------------------------------------------------------------------------------
+# which context holds a tensor struct
+
+class BorrowScope:
+    """What tensors are borrowed from when no open pyggml context holds their struct: tensors
+    ggml hands to a Python callback (valid until the callback returns, when the scope closes)
+    or ggml's own internal tensors. Same protocol as a context: ``_gen`` and ``closed``."""
+
+    __slots__ = ("_gen", "name")
+
+    def __init__(self, name: str):
+        self._gen = 0
+        self.name = name
+
+    @property
+    def closed(self) -> bool:
+        return self._gen < 0
+
+    def close(self) -> None:
+        self._gen = -1
 
 
-class _ArrayOwner:
-    """Exposes host memory to NumPy through ``__array_interface__`` while holding the owner."""
-
-    def __init__(self, address: int, shape, strides, dtype: np.dtype, owner: Any):
-        self.owner = owner
-        self.__array_interface__ = {"data": (address, False), "shape": tuple(shape),
-                                    "strides": tuple(strides), "typestr": dtype.str, "version": 3}
+#: (arena start, arena end, weak reference to the context) of every context object alive,
+#: sorted by start (a closed context's arena stays mapped as long as its Python object lives)
+_ARENAS: list[tuple[int, int, "weakref.ref[Any]"]] = []
 
 
-def _host_view(t: "Tensor", dtype: np.dtype, owner: Any) -> np.ndarray:
-    """NumPy view (shape ``ne`` reversed, strides ``nb`` reversed) of ``t``'s host data that
-    keeps ``owner`` alive. No checks: callers make sure the data is in host memory."""
-    ne, nb = t.ne[:t.n_dims], t.nb[:t.n_dims]
-    return np.asarray(_ArrayOwner(int(ffi.cast("uintptr_t", t.ptr.data)), reversed(ne), reversed(nb), dtype, owner))
+def register_arena(ctx: Any, start: int, size: int) -> None:
+    """Record that tensor structs in ``[start, start + size)`` belong to ``ctx``."""
+    _ARENAS[:] = [a for a in _ARENAS if a[2]() is not None]  # drop collected contexts
+    bisect.insort(_ARENAS, (start, start + size, weakref.ref(ctx)), key=lambda a: a[0])
 
 
-class Tensor(CObject):
-    """A ggml tensor (borrowed from its context).
+def context_of(p: Any) -> Any:
+    """The context (open or closed) whose arena holds tensor struct ``p``, or None."""
+    addr = int(ffi.cast("uintptr_t", p))
+    i = bisect.bisect_right(_ARENAS, addr, key=lambda a: a[0]) - 1
+    if i >= 0 and _ARENAS[i][0] <= addr < _ARENAS[i][1]:
+        return _ARENAS[i][2]()
+    return None
 
-    ``inputs`` are the Tensor objects it was made from; they are kept alive with it.
+
+#: ggml's own tensors (a scheduler's input copies, a graph copy's tensors): borrowed from here,
+#: they are described but their data is never read through pyggml's checks
+GGML_INTERNAL = BorrowScope("ggml")
+
+
+def tensor_arg(x: Any, what: str) -> "Tensor":
+    """``x`` if it is an open :class:`Tensor`; TypeError for anything else, ClosedError if its
+    context is closed or reset. The check every op constructor makes of its tensor arguments."""
+    if x.__class__ is not Tensor and not isinstance(x, Tensor):
+        raise TypeError(f"{what} must be a pyggml Tensor, not {type(x).__name__}")
+    if x._owner._gen != x._gen:
+        raise ClosedError(f"{what}: {_closed_message(x)}")
+    return x
+
+
+def _closed_message(t: "Tensor") -> str:
+    owner = t._owner
+    if isinstance(owner, BorrowScope):
+        return "this tensor was lent to a callback that has returned"
+    if owner.closed:
+        return "the context holding this tensor is closed"
+    return "the context holding this tensor was reset since it was made"
+
+
+# --------------------------------------------------------------------------------------------
+
+class Tensor(_cobject.CBorrowed):
+    """A ggml tensor, borrowed from its context (see the module docstring).
+
+    Made by a :class:`~pyggml.context.Context` (``new_tensor``, op constructors), by a graph
+    (``nodes``, ``leafs``) or given to a Python callback. ``Tensor(ptr, ctx)`` wraps a raw
+    ``struct ggml_tensor *`` of ``ctx``.
     """
 
+    __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type")
     _kind = "tensor"
+    _ne: tuple[int, ...]  # always 4 sizes
 
-    def __init__(self, ptr: Any, ctx: "Context", inputs: tuple["Tensor", ...] = ()):
-        super().__init__(ptr, owned=False, owner=ctx)
-        self._inputs = inputs
+    def __init__(self, ptr: Any, ctx: "Context | BorrowScope"):
+        if ptr == ffi.NULL:
+            raise ValueError("NULL is not a tensor")
+        self._ptr = ptr
+        self._owner = ctx
+        self._gen = ctx._gen
+        self._ne = tuple(ptr.ne)
+        self._type = _TYPE_OF[ptr.type]
+
+    @classmethod
+    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, ...], type: GGMLType) -> "Tensor":
+        """A new node whose ``ne`` and type the caller knows already (the op constructors compute
+        them as ggml.c does), saving the read of the C struct."""
+        t = _new(cls)
+        t._ptr = ptr
+        t._owner = ctx
+        t._gen = ctx._gen
+        t._ne = ne
+        t._type = type
+        return t
+
+    @classmethod
+    def _of(cls, ptr: Any, default: Any = GGML_INTERNAL) -> "Tensor":
+        """Wrap ``ptr`` with the context that holds it (``default`` when no open context does)."""
+        return cls(ptr, context_of(ptr) or default)
+
+    # ------------------------------------------------------------------ lifetime
+    @property
+    def closed(self) -> bool:
+        """True once the context is closed or reset (or, for a tensor lent to a callback, once
+        the callback has returned)."""
+        return self._owner._gen != self._gen
+
+    @property
+    def ptr(self) -> Any:
+        """The ``struct ggml_tensor *``. Raises ClosedError once :attr:`closed`."""
+        if self._owner._gen != self._gen:
+            raise ClosedError(_closed_message(self))
+        return self._ptr
+
+    @property
+    def owned(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        """Tensors are freed with their context: this does nothing."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tensor) and self._ptr == other._ptr
+
+    def __hash__(self) -> int:
+        return hash(self._ptr)
 
     @property
     def ctx(self) -> "Context":
         """The context whose memory holds this tensor's struct."""
-        return self._owner
+        owner = self._owner
+        if isinstance(owner, BorrowScope):
+            raise ValueError(f"this tensor belongs to no pyggml context ({owner.name})")
+        return owner
 
     # ------------------------------------------------------------------ description
     @property
     def name(self) -> str:
         """``ggml_get_name`` / ``ggml_set_name`` (at most ``GGML_MAX_NAME - 1`` = 63 bytes)."""
-        return ffi.string(lib.ggml_get_name(self.ptr)).decode("utf-8", "replace")
+        return ffi.string(self.ptr.name).decode("utf-8", "replace")
 
     @name.setter
     def name(self, value: str) -> None:
         raw = value.encode()
-        if len(raw) >= lib.GGML_MAX_NAME:
-            raise ValueError(f"tensor name is {len(raw)} bytes, ggml keeps at most {lib.GGML_MAX_NAME - 1}")
+        if len(raw) >= lib.GGML_MAX_NAME or b"\0" in raw:
+            raise ValueError(f"tensor name is {len(raw)} bytes, ggml keeps at most {lib.GGML_MAX_NAME - 1} (no NUL)")
         lib.ggml_set_name(self.ptr, raw)
 
+    def _label(self) -> str:
+        """How messages name the tensor: its name, or its op and shape when it has none."""
+        return buffer.label(self._ptr)
+
     @property
-    def type(self) -> int:
-        """The ggml type (``GGML_TYPE_*``; see :class:`pyggml.types.GGMLType`)."""
-        return self.ptr.type
+    def type(self) -> GGMLType:
+        """The ggml type."""
+        return self._type
 
     @property
     def type_name(self) -> str:
-        return ffi.string(lib.ggml_type_name(self.ptr.type)).decode()
+        """ggml's name of the type (``"f32"``, ``"q4_K"``)."""
+        return ffi.string(lib.ggml_type_name(self._type)).decode()
 
     @property
     def ne(self) -> tuple[int, int, int, int]:
         """Number of elements per dimension, ggml order (``ne[0]`` fastest)."""
-        return tuple(self.ptr.ne)  # type: ignore[return-value]
+        return self._ne  # type: ignore[return-value]
 
     @property
     def nb(self) -> tuple[int, int, int, int]:
         """Stride in bytes per dimension, ggml order (quantized: ``nb[0]`` is the block size in bytes)."""
-        return tuple(self.ptr.nb)  # type: ignore[return-value]
+        return tuple(self.ptr.nb)
 
     @property
     def n_dims(self) -> int:
         """``ggml_n_dims``: 1 + index of the last dimension > 1 (1 for scalars)."""
-        return lib.ggml_n_dims(self.ptr)
+        ne = self._ne
+        return 4 if ne[3] != 1 else 3 if ne[2] != 1 else 2 if ne[1] != 1 else 1
 
     @property
     def shape(self) -> tuple[int, ...]:
         """NumPy order: ``ne[:n_dims]`` reversed."""
-        return tuple(reversed(self.ne[:self.n_dims]))
+        return self._ne[:self.n_dims][::-1]
 
     @property
     def nelements(self) -> int:
-        return lib.ggml_nelements(self.ptr)
+        """``ggml_nelements``."""
+        ne = self._ne
+        return ne[0] * ne[1] * ne[2] * ne[3]
 
     @property
     def nbytes(self) -> int:
         """``ggml_nbytes``: bytes spanned by the data (strides included)."""
-        return lib.ggml_nbytes(self.ptr)
+        return int(lib.ggml_nbytes(self.ptr))
 
     @property
-    def op(self) -> int:
-        """The op that computes this tensor (``GGML_OP_*``; ``GGML_OP_NONE`` for leaves)."""
-        return self.ptr.op
+    def op(self) -> Op:
+        """The op that computes this tensor (``Op.NONE`` for leafs)."""
+        return _OP_OF[self.ptr.op]
 
     @property
     def op_name(self) -> str:
+        """``ggml_op_name`` of :attr:`op`."""
         return op_name(self.ptr.op)
 
     @property
     def op_params(self) -> np.ndarray:
         """A copy of the op parameters as int32 (float parameters are bit-cast: ``.view(np.float32)``)."""
-        p = self.ptr
-        return np.frombuffer(ffi.buffer(p.op_params), dtype=np.int32).copy()
+        return np.frombuffer(ffi.buffer(self.ptr.op_params), dtype=np.int32).copy()  # type: ignore[no-any-return]
 
     @property
     def params(self) -> dict[str, Any]:
@@ -196,37 +339,49 @@ class Tensor(CObject):
         "attn_factor", "beta_fast", "beta_slow"}``; SOFT_MAX -> ``{"scale", "max_bias"}``;
         UNARY -> ``{"unary_op": "GELU"}``. Ops without a known layout give
         ``{"raw": int32 array}``."""
-        return decode_op_params(self)
+        return decode_op_params(self.ptr)
+
+    def _wrap_other(self, p: Any) -> "Tensor":
+        """A tensor this one points at (a source, the view source): wrapped with its own context
+        if an open one holds it, else borrowed like this one."""
+        owner = self._owner
+        return Tensor(p, context_of(p) or (owner if isinstance(owner, BorrowScope) else GGML_INTERNAL))
 
     @property
     def src(self) -> list["Tensor"]:
         """The source tensors of the op, in order (NULL entries end the list)."""
         out = []
-        known = {t._ptr: t for t in self._inputs}
         for s in self.ptr.src:
             if s == ffi.NULL:
                 break
-            out.append(known.get(s) or Tensor(s, self.ctx, (self,)))
+            out.append(self._wrap_other(s))
         return out
 
     @property
     def view_src(self) -> "Tensor | None":
+        """The tensor whose data this view shares, or None."""
         v = self.ptr.view_src
-        return None if v == ffi.NULL else Tensor(v, self.ctx, (self,))
+        return None if v == ffi.NULL else self._wrap_other(v)
 
     @property
-    def flags(self) -> int:
-        """``GGML_TENSOR_FLAG_*`` bits (input, output, param, loss, compute)."""
-        return self.ptr.flags
+    def flags(self) -> TensorFlag:
+        """:class:`~pyggml.enums.TensorFlag` bits (input, output, param, loss, compute)."""
+        return TensorFlag(self.ptr.flags)
 
     def is_contiguous(self) -> bool:
+        """``ggml_is_contiguous``."""
         return bool(lib.ggml_is_contiguous(self.ptr))
 
     def is_transposed(self) -> bool:
+        """``ggml_is_transposed``."""
         return bool(lib.ggml_is_transposed(self.ptr))
 
+    def is_empty_op(self) -> bool:
+        """True for ops that compute nothing (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE)."""
+        return self.ptr.op in EMPTY_OPS
+
     def set_input(self) -> "Tensor":
-        """``ggml_set_input``: allocate first, never overwritten by the graph allocator."""
+        """``ggml_set_input``: allocated first, never overwritten by the graph allocator."""
         lib.ggml_set_input(self.ptr)
         return self
 
@@ -236,21 +391,72 @@ class Tensor(CObject):
         return self
 
     def set_param(self) -> "Tensor":
-        """``ggml_set_param``: a trainable parameter (gets a gradient in backward graphs)."""
-        lib.ggml_set_param(self.ptr)
+        """``ggml_set_param``: a trainable parameter (gets a gradient in backward graphs).
+        Raises ValueError for a node (ggml asserts a leaf)."""
+        p = self.ptr
+        if p.op != lib.GGML_OP_NONE:
+            raise ValueError(f"only a leaf can be a parameter, not a {op_name(p.op)} node")
+        lib.ggml_set_param(p)
         return self
 
     def set_loss(self) -> "Tensor":
         """``ggml_set_loss``: the scalar F32 loss of a backward graph. Raises ValueError otherwise."""
-        if self.nelements != 1 or self.type != lib.GGML_TYPE_F32:
+        if self.nelements != 1 or self._type != GGMLType.F32:
             raise ValueError("a loss must be a scalar F32 tensor")
         lib.ggml_set_loss(self.ptr)
+        return self
+
+    # ------------------------------------------------------------------ node settings (ggml >= 0.25)
+    def set_rope_offset(self, n_offs: int) -> "Tensor":
+        """``ggml_rope_set_offset`` (ggml >= 0.25): this ROPE / ROPE_BACK node rotates dims
+        ``[n_offs, n_offs + n_dims)`` of ``ne[0]`` and copies the others. Raises ValueError for
+        another op, a vision rope, or an offset that is odd, negative or leaves the row (ggml's
+        CPU kernel asserts on those)."""
+        fn = requires("ggml_rope_set_offset")
+        p = self.ptr
+        if p.op not in (Op.ROPE, Op.ROPE_BACK):
+            raise ValueError(f"set_rope_offset needs a ROPE node, not {op_name(p.op)}")
+        params = decode_op_params(p)
+        n_dims, mode = params["n_dims"], params["mode"]
+        if mode == lib.GGML_ROPE_TYPE_VISION:
+            raise ValueError("a vision rope takes no offset")
+        if n_offs < 0 or n_offs % 2 or n_offs + n_dims > self._ne[0]:
+            raise ValueError(f"rope offset {n_offs}: must be even, >= 0, and n_offs + n_dims ({n_dims}) "
+                             f"<= ne[0] ({self._ne[0]})")
+        fn(p, int(n_offs))
+        return self
+
+    def set_flash_attn_n_kv_max(self, n_kv_max: int) -> "Tensor":
+        """``ggml_flash_attn_ext_set_n_kv_max`` (ggml >= 0.25): this FLASH_ATTN_EXT node treats
+        the finite entries of its mask as a sparse K/V set of at most ``n_kv_max`` per row (0:
+        off). Raises ValueError for another op or a negative count."""
+        fn = requires("ggml_flash_attn_ext_set_n_kv_max")
+        p = self.ptr
+        if p.op != Op.FLASH_ATTN_EXT or n_kv_max < 0:
+            raise ValueError("set_flash_attn_n_kv_max needs a FLASH_ATTN_EXT node and a count >= 0")
+        fn(p, int(n_kv_max))
+        return self
+
+    def set_prec(self, acc: int | None = None, src: dict[int, int] | None = None) -> "Tensor":
+        """``ggml_prec_set_acc`` / ``ggml_prec_set_src`` (ggml >= 0.25): the least precision this
+        node's kernels may accumulate in (``acc``) or convert source ``i`` to (``src={i: prec}``),
+        as :class:`~pyggml.enums.Prec` values. Raises ValueError where ggml refuses (other ops:
+        MUL_MAT takes both, FLASH_ATTN_EXT ``acc`` only, and ``src`` only for source 1)."""
+        p = self.ptr
+        if acc is not None and not requires("ggml_prec_set_acc")(p, int(acc)):
+            raise ValueError(f"ggml takes no accumulator precision for {op_name(p.op)}")
+        for i, prec in (src or {}).items():
+            if not 0 <= i < lib.GGML_MAX_SRC:
+                raise ValueError(f"source index {i} outside 0..{lib.GGML_MAX_SRC - 1}")
+            if not requires("ggml_prec_set_src")(p, int(prec), int(i)):
+                raise ValueError(f"ggml takes no precision for source {i} of {op_name(p.op)}")
         return self
 
     def __repr__(self) -> str:
         if self.closed:
             return "<Tensor (closed)>"
-        return f"<Tensor {self.name!r} {self.type_name} ne={list(self.ne)} op={self.op_name}>"
+        name = f" {self.name!r}" if self.name else ""
+        return f"<Tensor{name} {self.type_name} ne={list(self._ne)} op={self.op_name}>"
 
     def __iter__(self) -> Iterator[Any]:
         raise TypeError("a ggml Tensor is not iterable: use .numpy()")
@@ -258,90 +464,177 @@ class Tensor(CObject):
     # ------------------------------------------------------------------ data
     @property
     def buffer_ptr(self) -> Any:
-        """The backend buffer holding the data (``view_src``'s for views), or NULL."""
+        """The ``ggml_backend_buffer_t`` holding the data (``view_src``'s for views), or NULL.
+        Compare it, do not dereference it: it may have been freed."""
         p = self.ptr
         return p.view_src.buffer if p.view_src != ffi.NULL else p.buffer
 
-    def _check_data(self) -> Any:
+    def _memory(self) -> tuple[Any, "buffer.LiveBuffer | None", bool]:
+        """(struct, live record of its buffer, whether the data is in a backend buffer), after
+        checking that the data may be used now (see the module docstring). Tensors lent to a
+        callback are trusted: ggml guarantees their memory during the call."""
         p = self.ptr
         if p.data == ffi.NULL:
-            raise ValueError(f"tensor {self.name!r} has no data yet: allocate it in a buffer "
+            raise ValueError(f"tensor {self._label()} has no data yet: allocate it in a buffer "
                              "(Context.alloc_tensors, a graph allocator or a scheduler)")
-        buf = self.buffer_ptr
-        buffer_closed = getattr(self.ctx, "_buffer_closed", None)
-        if buf != ffi.NULL and buffer_closed is not None and buffer_closed(buf):
-            raise ClosedError(f"the buffer holding tensor {self.name!r} is closed")
-        return p
+        v = p.view_src
+        if (v.buffer if v != ffi.NULL else p.buffer) == ffi.NULL:
+            return p, None, False
+        if isinstance(self._owner, BorrowScope):
+            return p, None, True
+        rec = buffer.check_tensor_memory(p, self._label())
+        check = getattr(rec.owner, "check_placed", None) if rec is not None else None
+        if check is not None:
+            check(self)
+        return p, rec, True
 
     def _is_host(self) -> bool:
         buf = self.buffer_ptr
-        return buf == ffi.NULL or bool(lib.ggml_backend_buffer_is_host(buf))
+        if buf == ffi.NULL:
+            return True
+        with calling():  # asks the buffer type
+            return bool(lib.ggml_backend_buffer_is_host(buf))
 
     def numpy(self, copy: bool = True) -> np.ndarray:
         """The data as a NumPy array of shape :attr:`shape` (NumPy order).
 
         Plain types keep their dtype (F32 float32, F16 float16, F64, I8...I64); BF16 and quantized
         types are dequantized to float32 with ggml's own ``to_float``. ``copy=False`` returns a
-        zero-copy view of host memory instead (plain types only), writable, that keeps this
-        tensor's context alive; writes through it are seen by ggml.
+        zero-copy, writable view of host memory instead (plain types only) that keeps the memory
+        alive; writes through it are seen by ggml.
 
-        Raises ValueError if the tensor has no data or (``copy=False``) is not in host memory or
-        not a plain type; ClosedError if its context or buffer is closed. Wraps
-        ``ggml_backend_tensor_get`` for tensors in backend buffers.
+        Raises ValueError if the tensor has no data, is not contiguous (``copy=True``), or
+        (``copy=False``) is not in host memory, not a plain type, or in memory a graph allocator
+        or scheduler reuses; ClosedError if its context or buffer is closed, or its memory was
+        given to another graph; ValueError if it is a node not computed since it was placed. Wraps
+        ``ggml_backend_tensor_get`` for tensors in backend buffers (raising what a Python
+        buffer's ``get_tensor`` raised).
         """
-        from . import types
-
-        p = self._check_data()
-        dtype = types.numpy_dtype(p.type)
+        p, rec, in_buffer = self._memory()
+        dtype = types.numpy_dtype(self._type)
         if not copy:
-            if dtype is None or p.type == lib.GGML_TYPE_BF16:
+            if dtype is None or self._type == GGMLType.BF16:
                 raise ValueError(f"no zero-copy NumPy view of a {self.type_name} tensor")
             if not self._is_host():
-                raise ValueError(f"tensor {self.name!r} is not in host memory: use copy=True")
-            owners = [self.ctx]
-            if self.buffer_ptr != ffi.NULL:
-                buf = next((b for b in getattr(self.ctx, "_buffers", ()) if b._c_addr == self.buffer_ptr), None)
-                if buf is None:
-                    raise ValueError(f"tensor {self.name!r} lives in a buffer its context does not own "
-                                     "(a graph allocator or scheduler reuses it): use copy=True")
-                owners.append(buf)
-            view = _host_view(self, dtype, self)
+                raise ValueError(f"tensor {self._label()} is not in host memory: use copy=True")
+            owners = self._lenders(rec, "use copy=True")
+            ne, nb, n = self._ne, tuple(p.nb), self.n_dims
+            holder = buffer.host_array_owner(int(ffi.cast("uintptr_t", p.data)), ne[:n][::-1],
+                                             nb[:n][::-1], dtype, owners)
             for o in owners:
-                o._export(view.base)
-            return view
-        if not self.is_contiguous():
-            raise ValueError(f"tensor {self.name!r} is not contiguous: copy it with Context.cont first")
-        raw = np.empty(self.nbytes, dtype=np.uint8)
-        if self.buffer_ptr != ffi.NULL:
-            lib.ggml_backend_tensor_get(p, ffi.from_buffer(raw), 0, raw.nbytes)
+                o._export(holder)
+            return np.asarray(holder)
+        if not lib.ggml_is_contiguous(p):
+            raise ValueError(f"tensor {self._label()} is not contiguous: copy it with Context.cont first")
+        raw = np.empty(int(lib.ggml_nbytes(p)), dtype=np.uint8)
+        if in_buffer:
+            with calling():
+                lib.ggml_backend_tensor_get(p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(ffi.from_buffer(raw), p.data, raw.nbytes)
-        return types.to_numpy(raw, p.type, self.ne[:self.n_dims])
+        return types.to_numpy(raw, self._type, self._ne[:self.n_dims])
 
-    def set(self, array: Any) -> "Tensor":
-        """Copy ``array`` (NumPy order, shape :attr:`shape` or any shape with the same number of
-        elements in C order) into the tensor, converted to its type (quantized types are
-        quantized with ggml's routines).
+    def _lenders(self, rec: "buffer.LiveBuffer | None", instead: str) -> list[Any]:
+        """What must stay alive while another object uses this tensor's memory: its context and
+        the buffer's owner. ValueError for memory a graph allocator or scheduler reuses (it is
+        another tensor's on the next graph)."""
+        owners: list[Any] = [] if isinstance(self._owner, BorrowScope) else [self._owner]
+        if rec is not None:
+            if not isinstance(rec.owner, _cobject.CObject) or getattr(rec.owner, "check_placed", None):
+                raise ValueError(f"tensor {self._label()} lives in memory a graph allocator or "
+                                 f"scheduler reuses: {instead}")
+            owners.append(rec.owner)
+        return owners
 
-        Raises ValueError on a size mismatch or a non-contiguous/unallocated tensor. Wraps
+    # ------------------------------------------------------------------ DLPack
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(DLDeviceType, device index) of the memory: ``(1, 0)`` (kDLCPU) for host memory,
+        ``(2, i)`` (kDLCUDA) for a buffer of ggml's CUDA device ``CUDA<i>``. Raises BufferError
+        for other device memory (Vulkan, RPC, a Python backend's), ValueError if the tensor has
+        no data."""
+        p = self.ptr
+        if p.data == ffi.NULL:
+            raise ValueError(f"tensor {self._label()} has no data yet")
+        if self._is_host():
+            return (dlpack.DLDeviceType.CPU, 0)
+        buf = self.buffer_ptr
+        with calling():
+            dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buf))
+            reg = lib.ggml_backend_dev_backend_reg(dev) if dev != ffi.NULL else ffi.NULL
+            reg_name = ffi.string(lib.ggml_backend_reg_name(reg)).decode() if reg != ffi.NULL else ""
+            dev_name = ffi.string(lib.ggml_backend_dev_name(dev)).decode() if dev != ffi.NULL else "?"
+        if reg_name == "CUDA" and dev_name[4:].isdigit():
+            return (dlpack.DLDeviceType.CUDA, int(dev_name[4:]))
+        raise BufferError(f"tensor {self._label()} is in memory of device {dev_name}, which DLPack "
+                          "consumers cannot address: copy it to the host with numpy()")
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule of the tensor's memory, no copy (``np.from_dlpack(t)``,
+        ``torch.from_dlpack(t)``...): NumPy-order shape (ne reversed), strides from nb, dtype of
+        a plain type (F32, F16, BF16, F64, I8..I64). The consumer keeps the context and buffer
+        alive until it lets go; writes on either side are seen by the other.
+
+        The data is ready when exported (pyggml computes synchronously; the outputs of
+        ``compute_async`` raise until synchronized), so ``stream`` needs no wait and is not used.
+        A consumer that passes ``max_version`` >= (1, 0) gets a DLPack 1.0 capsule (writable
+        memory), others the DLPack 0.8 one. ``copy=True`` or a ``dl_device`` other than the tensor's raises
+        BufferError (pyggml does not copy here: use ``numpy()``). Raises BufferError for a
+        quantized tensor or memory no consumer can address; ValueError if the tensor has no data,
+        is a node not computed since placed, or lives in memory a graph allocator or scheduler
+        reuses; ClosedError as :meth:`numpy`.
+        """
+        device = self.__dlpack_device__()
+        if copy:
+            raise BufferError("pyggml exports DLPack without copying: copy=True is not supported")
+        if dl_device is not None and tuple(dl_device) != tuple(device):
+            raise BufferError(f"the tensor is on DLPack device {device}, not {tuple(dl_device)}")
+        p, rec, _ = self._memory()
+        owners = self._lenders(rec, "copy it with numpy() first")
+        n, size = self.n_dims, lib.ggml_type_size(self._type)
+        nb = tuple(p.nb)
+        if any(x % size for x in nb[:n]):
+            raise BufferError(f"tensor {self._label()}'s strides are not whole elements")
+        lent = dlpack.Lent(owners)
+        for o in owners:
+            o._export(lent)  # closing the context/buffer now frees the memory once lent is gone
+        return dlpack.capsule(int(ffi.cast("uintptr_t", p.data)), self._ne[:n][::-1],
+                              [x // size for x in nb[:n]][::-1], self._type, device, lent,
+                              versioned=max_version is not None and max_version[0] >= 1)
+
+    def set(self, array: Any, *, reshape: bool = False) -> "Tensor":
+        """Copy ``array`` into the tensor, converted to its type (quantized types are quantized
+        with ggml's routines).
+
+        ``array``'s NumPy shape must be :attr:`shape` (leading 1s aside, which ggml drops as
+        trailing 1s of ``ne``); with ``reshape=True`` any array of the same number of elements is
+        taken in C order. Raises ValueError on a shape mismatch or a non-contiguous/unallocated
+        tensor, TypeError for a dtype that cannot be stored without changing its kind. Wraps
         ``ggml_backend_tensor_set`` for tensors in backend buffers.
         """
-        from . import types
-
-        p = self._check_data()
-        if not self.is_contiguous():
-            raise ValueError(f"tensor {self.name!r} is not contiguous")
+        p, rec, in_buffer = self._memory()
+        if not lib.ggml_is_contiguous(p):
+            raise ValueError(f"tensor {self._label()} is not contiguous")
         a = np.asarray(array)
-        if a.size != self.nelements:
-            raise ValueError(f"array of {a.size} elements for tensor {self.name!r} of shape {self.shape}")
-        raw = types.from_numpy_bytes(a.reshape(self.shape), p.type)
-        if raw.nbytes != self.nbytes:
-            raise ValueError(f"{raw.nbytes} bytes for a tensor of {self.nbytes}")
-        if self.buffer_ptr != ffi.NULL:
-            lib.ggml_backend_tensor_set(p, ffi.from_buffer(raw), 0, raw.nbytes)
+        shape = self.shape
+        if reshape:
+            if a.size != self.nelements:
+                raise ValueError(f"array of {a.size} elements for tensor {self._label()} of shape {shape}")
+        else:
+            self._check_shape(a.shape)
+        raw = types.from_numpy_bytes(a.reshape(shape), self._type)
+        if in_buffer:
+            with calling():
+                lib.ggml_backend_tensor_set(p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(p.data, ffi.from_buffer(raw), raw.nbytes)
         return self
+
+    def _check_shape(self, shape: tuple[int, ...]) -> None:
+        """ValueError unless an array of NumPy ``shape`` fits this tensor (leading 1s aside)."""
+        if _squeeze_leading(tuple(shape)) != _squeeze_leading(self.shape):
+            raise ValueError(f"array of shape {tuple(shape)} for tensor {self._label()} of shape {self.shape} "
+                             "(NumPy order, ne reversed): pass reshape=True to take its elements in C order")
 
     # ------------------------------------------------------------------ operators
     def __add__(self, other: "Tensor") -> "Tensor":
@@ -368,6 +661,12 @@ class Tensor(CObject):
         """``ggml_transpose`` (swaps ``ne[0]`` and ``ne[1]``; a view)."""
         return self.ctx.transpose(self)
 
-    def is_empty_op(self) -> bool:
-        """True for ops that compute nothing (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE)."""
-        return self.op in _EMPTY_OPS
+
+def _squeeze_leading(shape: tuple[int, ...]) -> tuple[int, ...]:
+    i = 0
+    while i < len(shape) and shape[i] == 1:
+        i += 1
+    return shape[i:]
+
+
+_cobject.register_wrapper("tensor", Tensor._of)

@@ -11,40 +11,27 @@ interpreter: errors come back as :class:`ValueError` / :class:`TypeError`.
 """
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
-from ._loader import ffi, lib
+from .enums import GGMLType
+from .raw import ffi, lib
 
 __all__ = ["GGMLType", "TypeLike", "ggml_type", "type_name", "block_size", "type_size",
            "is_quantized", "row_size", "type_of_dtype", "nbytes", "numpy_dtype", "can_quantize", "can_dequantize",
            "requires_imatrix", "to_float32", "quantize", "from_numpy_bytes", "to_numpy"]
 
 
-def _members() -> list[tuple[str, int]]:
-    out = []
-    for name in dir(lib):
-        if name.startswith("GGML_TYPE_") and name != "GGML_TYPE_COUNT":
-            value = getattr(lib, name)
-            # removed types (Q4_2, Q4_0_4_4, ...) stay in ggml's table as "DEPRECATED"/"... REMOVED"
-            # with block size 0; gguf_init_from_file rejects them too
-            if lib.ggml_get_type_traits(value).blck_size > 0:
-                out.append((name[len("GGML_TYPE_"):], value))
-    return sorted(out, key=lambda kv: kv[1])
-
-
-#: Every usable ``enum ggml_type`` value, named as in C without the ``GGML_TYPE_`` prefix
-#: (``GGMLType.Q4_K == lib.GGML_TYPE_Q4_K``). Generated at import from the bindings; types ggml
-#: keeps only as removed placeholders (block size 0) are left out.
-GGMLType = enum.IntEnum("GGMLType", _members(), module=__name__)  # type: ignore[misc]
+#: The usable ``enum ggml_type`` values: :class:`pyggml.enums.GGMLType` without the types ggml
+#: keeps only as removed placeholders (block size 0; gguf_init_from_file rejects them too).
+_USABLE = frozenset(t for t in GGMLType if lib.ggml_get_type_traits(t).blck_size > 0)
 
 #: A ggml type given as :class:`GGMLType`, its int value, or its name (``"q4_k"``, any case).
 TypeLike = Union["GGMLType", int, str]
 
-_BY_NAME = {m.name.lower(): m for m in GGMLType}
+_BY_NAME = {m.name.lower(): m for m in _USABLE}
 # the quantizers that search ggml_quantize_init's lattice tables; see quantize()
 _GRID_TYPES = frozenset({"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"})
 _PLAIN_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8,
@@ -62,10 +49,15 @@ def ggml_type(t: TypeLike) -> GGMLType:
         except KeyError:
             raise ValueError(f"unknown ggml type name {t!r}") from None
     if isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)):
+        if isinstance(t, GGMLType) and t in _USABLE:
+            return t
         try:
-            return GGMLType(int(t))
+            m = GGMLType(int(t))
         except ValueError:
-            raise ValueError(f"unknown or removed ggml type {int(t)}") from None
+            m = None
+        if m is None or m not in _USABLE:
+            raise ValueError(f"unknown or removed ggml type {int(t)}")
+        return m
     raise TypeError(f"a ggml type must be a GGMLType, int or str, not {type(t).__name__}")
 
 
@@ -107,10 +99,8 @@ def row_size(t: TypeLike, n: int) -> int:
     return int(lib.ggml_row_size(t, _check_row(t, n)))
 
 
-def _check_ne(ne: Sequence[int]) -> tuple[int, ...]:
-    if isinstance(ne, (int, np.integer)):
-        ne = (ne,)
-    ne = tuple(ne)
+def _check_ne(sizes: Sequence[int] | int) -> tuple[int, ...]:
+    ne: tuple[Any, ...] = (sizes,) if isinstance(sizes, (int, np.integer)) else tuple(sizes)
     if not 1 <= len(ne) <= lib.GGML_MAX_DIMS:
         raise ValueError(f"ne must have 1..{lib.GGML_MAX_DIMS} dimensions, got {len(ne)}")
     for n in ne:
@@ -172,7 +162,7 @@ def _as_u8(raw: object) -> np.ndarray:
     if isinstance(raw, np.ndarray):
         return np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     try:
-        return np.frombuffer(raw, dtype=np.uint8)  # type: ignore[call-overload]
+        return np.frombuffer(raw, dtype=np.uint8)  # type: ignore[call-overload, no-any-return]
     except TypeError:
         raise TypeError(f"raw data must be bytes-like or an ndarray, not {type(raw).__name__}") from None
 

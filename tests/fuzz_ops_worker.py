@@ -13,9 +13,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import pyggml
-from pyggml import Context, GGMLError, GGMLType
-from pyggml import ffi
-from pyggml.ops import UNARY_OPS, _op_constructors
+from pyggml import Context, GGMLError, GGMLType, ffi
+from pyggml.ops import UNARY_OPS, op_constructors
 
 EXPECTED = (ValueError, TypeError, MemoryError, KeyError, GGMLError)
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I8, GGMLType.I64,
@@ -26,7 +25,7 @@ OPS = ["add", "sub", "mul", "div", "mul_mat", "out_prod", "scale", "norm", "rms_
        "clamp", "diag_mask_inf", "swiglu", "geglu", "leaky_relu", "unary", "pad", "interpolate",
        "im2col", "conv_1d", "conv_2d", "pool_1d", "pool_2d", "flash_attn", "top_k", "cumsum",
        "timestep_embedding", "cross_entropy_loss", "acc", "map_custom", "generic"]
-GENERIC = sorted(_op_constructors())
+GENERIC = sorted(op_constructors())
 
 
 def generic_args(name, ts, ints, floats):
@@ -45,6 +44,7 @@ def generic_args(name, ts, ints, floats):
         else:
             args.append(ints[k % 4])
     return args
+
 
 calls = 0
 
@@ -130,7 +130,7 @@ def run(op, specs, ints, floats, unary, mem, no_alloc, compute):
 
 if __name__ == "__main__":
     seed_value, n = int(sys.argv[1]), int(sys.argv[2])
-    pyggml.log.uninstall()
+    pyggml.raw.log.uninstall()
     test = settings(max_examples=n, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))(seed(seed_value)(run))
     test()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import weakref
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pyggml import ClosedError
 from pyggml import types as T
 from pyggml.gguf import GGUFFile, GGUFValueType, GGUFWriter, write_gguf
 
@@ -276,11 +278,13 @@ def test_ggml_context_holds_tensor_headers(tmp_path):
                                              "q": (T.quantize(np.ones((2, 64)), "Q4_0"), "Q4_0")})
     with GGUFFile(tmp_path / "c.gguf", ggml_context=True) as f:
         q = f.ggml_tensor("q")
-        assert q.type == lib.GGML_TYPE_Q4_0 and list(q.ne) == [64, 2, 1, 1] and q.data == ffi.NULL
-        assert lib.ggml_nbytes(q) == f.tensor_info("q").size
+        assert q.type == lib.GGML_TYPE_Q4_0 and list(q.ne) == [64, 2, 1, 1] and q.ptr.data == ffi.NULL
+        assert q.nbytes == f.tensor_info("q").size
         assert lib.ggml_get_first_tensor(f.ggml_context) != ffi.NULL
         with pytest.raises(KeyError):
             f.ggml_tensor("nope")
+    with pytest.raises(ClosedError):  # borrowed from the file
+        q.nbytes
     with GGUFFile(tmp_path / "c.gguf") as f, pytest.raises(ValueError, match="ggml_context=True"):
         f.ggml_tensor("q")
 
@@ -398,11 +402,11 @@ def test_reader_errors(gguf, tmp_path):
 def test_unclosed_files_are_freed_by_the_garbage_collector(tmp_path):
     write_gguf(tmp_path / "g.gguf", {"a": 1}, {"t": np.zeros(4, np.float32)})
     f = GGUFFile(tmp_path / "g.gguf", ggml_context=True)
-    md, fin = f.metadata, f._finalizer
+    md, ref = f.metadata, weakref.ref(f)
     del f
-    assert fin.alive and md["a"] == 1     # the view keeps its file open
+    assert ref() is not None and md["a"] == 1   # the view keeps its file open
     del md
-    assert not fin.alive                  # no reference cycle: freed at once
+    assert ref() is None                        # no reference cycle: freed (CObject.__del__) at once
     gc.collect()
 
 

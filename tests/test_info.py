@@ -25,3 +25,28 @@ def test_info_command_prints_json(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pyggml", "info", "--json"], env=env, check=True,
                          capture_output=True, text=True, cwd=tmp_path).stdout
     assert json.loads(out)["ggml_version"] == pyggml.GGML_VERSION
+
+
+def test_nothing_of_the_building_machine_is_left_in_the_package():
+    """The extension finds its libraries through ``$ORIGIN/lib`` only (no rpath into the
+    building Python's prefix), and the recorded build has no absolute path of the build host
+    (pip's temporary ninja, the source folder)."""
+    ext = next(pyggml.PACKAGE_DIR.glob("_ggml*.so"))
+    dynamic = subprocess.run(["readelf", "-d", str(ext)], check=True, capture_output=True,
+                             text=True).stdout
+    paths = [line.split("[", 1)[1].rstrip("]") for line in dynamic.splitlines()
+             if "(RPATH)" in line or "(RUNPATH)" in line]
+    assert paths == ["$ORIGIN/lib"]
+    build = info()["build"]
+    recorded = [build["source"], *build["cmake_args"]]
+    assert [a for a in recorded if "=/" in a or a.startswith("/")] == []
+
+
+def test_the_package_ships_ggmls_license_and_notices():
+    """The libraries are ggml's (MIT): its LICENSE and the notices of code compiled into them
+    (llamafile's sgemm, MIT, Mozilla Foundation) travel with every install and wheel."""
+    licenses = pyggml.PACKAGE_DIR / "licenses"
+    assert "The ggml authors" in (licenses / "ggml-LICENSE").read_text()
+    notices = (licenses / "NOTICES").read_text()
+    assert "sgemm.cpp" in notices and "Copyright 2024 Mozilla Foundation" in notices
+    assert "Permission is hereby granted" in notices

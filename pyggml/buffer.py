@@ -1,0 +1,355 @@
+"""Backend buffers (``ggml_backend_buffer_t``): one block of memory of a buffer type, and the
+record of which buffers are alive.
+
+A :class:`Buffer` from ``alloc_buffer``/``alloc_tensors`` is owned (``ggml_backend_buffer_free``
+on close). Graph allocators and schedulers own buffers ggml allocates for them, and free or
+replace them when they grow.
+
+**Live buffers.** Tensors point into buffers (``tensor->buffer``, ``tensor->data``); a freed
+buffer leaves them pointing at freed memory. pyggml therefore keeps one record per buffer it
+made or that an allocator of its made (:func:`track`), retired when the buffer is freed
+(:func:`retire`). Data access (``Tensor.numpy``, ``Tensor.set``) and computing a graph check
+that every tensor's buffer has a live record and that its data lies inside it; a tensor in a
+freed or replaced buffer raises :class:`~pyggml.errors.ClosedError` instead of reading freed
+memory.
+"""
+from __future__ import annotations
+
+import re
+
+import weakref
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _cobject
+from .enums import BufferUsage, member
+from .errors import ClosedError
+from .raw import ffi, lib
+from .raw.boundary import calling
+
+if TYPE_CHECKING:
+    from .buffer_type import BufferType
+    from .tensor import Tensor
+
+__all__ = ["Buffer", "LiveBuffer", "track", "retire", "lookup", "live_table", "graph_buffers",
+           "retired_by_placer", "check_graph_memory", "host_array_owner"]
+
+
+def _str(p: Any) -> str:
+    return "" if p == ffi.NULL else ffi.string(p).decode("utf-8", "replace")
+
+
+class LiveBuffer:
+    """The record of one live buffer: its address range and the object that owns it (a
+    :class:`Buffer`, a graph allocator or a scheduler; held weakly, so that the record does
+    not keep it alive). ``alive`` turns False when it is freed."""
+
+    __slots__ = ("ptr", "base", "size", "_owner", "alive")
+
+    def __init__(self, ptr: Any, owner: Any):
+        self.ptr = ptr
+        self.size = int(lib.ggml_backend_buffer_get_size(ptr))
+        self.base = int(ffi.cast("uintptr_t", lib.ggml_backend_buffer_get_base(ptr))) if self.size else 0
+        self._owner = weakref.ref(owner)
+        self.alive = True
+
+    @property
+    def owner(self) -> Any:
+        """The owning object (None if it was collected, which frees the buffer)."""
+        return self._owner()
+
+    @owner.setter
+    def owner(self, value: Any) -> None:
+        self._owner = weakref.ref(value)
+
+    def holds(self, data: Any, nbytes: int) -> bool:
+        """Whether ``nbytes`` at address ``data`` (cdata) lie inside this buffer."""
+        addr = int(ffi.cast("uintptr_t", data))
+        return self.base <= addr and addr + nbytes <= self.base + self.size
+
+
+#: ggml_backend_buffer_t -> LiveBuffer, for every live buffer pyggml knows (cdata pointers hash
+#: and compare by address)
+_LIVE: dict[Any, LiveBuffer] = {}
+#: buffers graph allocators and schedulers freed (the latest few thousand): tensors still placed
+#: in them may be placed again by an allocator, unlike those of a closed Buffer of the user's
+_RETIRED_BY_PLACERS: "OrderedDict[Any, None]" = OrderedDict()
+_MAX_RETIRED = 4096
+_table: list[Any] = [None, 0, -1]  # [C array of struct pyggml_live_buffer, length, version]
+_version = 0
+
+
+def track(ptr: Any, owner: Any) -> LiveBuffer:
+    """Record ``ptr`` as a live buffer owned by ``owner`` (idempotent for the same owner)."""
+    global _version
+    rec = _LIVE.get(ptr)
+    if rec is None or rec.owner is not owner:
+        if rec is not None:
+            rec.alive = False
+        rec = _LIVE[ptr] = LiveBuffer(ptr, owner)
+        _RETIRED_BY_PLACERS.pop(ptr, None)
+        _version += 1
+    return rec
+
+
+def retire(ptr: Any, *, by_placer: bool = False) -> None:
+    """Forget ``ptr``: it was freed (or is about to be). Tensors in it become unusable (and,
+    ``by_placer``: an allocator may place them again)."""
+    global _version
+    rec = _LIVE.pop(ptr, None)
+    if rec is not None:
+        rec.alive = False
+        _version += 1
+    if by_placer:
+        _RETIRED_BY_PLACERS[ptr] = None
+        if len(_RETIRED_BY_PLACERS) > _MAX_RETIRED:
+            _RETIRED_BY_PLACERS.popitem(last=False)
+
+
+def retired_by_placer(ptr: Any) -> bool:
+    """Whether ``ptr`` is a buffer a graph allocator or scheduler freed (and nothing live now)."""
+    return ptr in _RETIRED_BY_PLACERS and ptr not in _LIVE
+
+
+def lookup(ptr: Any) -> LiveBuffer | None:
+    """The record of buffer ``ptr``, or None if pyggml knows no live buffer there."""
+    return _LIVE.get(ptr)
+
+
+def live_table() -> tuple[Any, int]:
+    """Every live buffer as a C array of ``struct pyggml_live_buffer`` (for the C helpers that
+    check a whole graph's memory at once), and its length; rebuilt only when buffers change."""
+    if _table[2] != _version:
+        recs = list(_LIVE.values())
+        arr = ffi.new("struct pyggml_live_buffer[]", max(len(recs), 1))
+        for i, r in enumerate(recs):
+            arr[i].buffer, arr[i].base, arr[i].size = r.ptr, r.base, r.size
+        _table[:] = [arr, len(recs), _version]
+    return _table[0], _table[1]
+
+
+def graph_buffers(g: Any) -> list[Any]:
+    """The distinct buffers (``ggml_backend_buffer_t``) graph ``g``'s nodes and sources are in
+    (possibly freed ones: compare them, never dereference them)."""
+    cap = 64
+    while True:
+        out = ffi.new("ggml_backend_buffer_t[]", cap)
+        n = lib.pyggml_graph_buffers(g, out, cap)
+        if n >= 0:
+            return [out[i] for i in range(n)]
+        cap *= 4
+
+
+def check_tensor_memory(p: Any, name: str) -> LiveBuffer | None:
+    """For a tensor struct ``p`` whose data is in a backend buffer: its :class:`LiveBuffer`.
+    Raises ClosedError if the buffer is not live or the data is not inside it (the buffer was
+    freed, or replaced by a reallocation). Returns None for tensors whose data is not in a
+    backend buffer (context memory)."""
+    v = p.view_src
+    buf = v.buffer if v != ffi.NULL else p.buffer
+    if buf == ffi.NULL:
+        return None
+    rec = _LIVE.get(buf)
+    if rec is None or not rec.holds(p.data, 0):
+        raise ClosedError(f"the buffer holding tensor {name} was freed or replaced (its buffer, "
+                          "graph allocator or scheduler was closed, or reallocated for a larger "
+                          "graph): allocate it again")
+    return rec
+
+
+_AUTO_NAME = re.compile(r"(node|leaf)_\d+")
+
+
+def label(p: Any) -> str:
+    """How messages name tensor struct ``p``: the name it was given, or its op and ne (after
+    the name ggml gives unnamed graph tensors, ``node_<i>``/``leaf_<i>``)."""
+    name = ffi.string(p.name).decode("utf-8", "replace")
+    if name and not _AUTO_NAME.fullmatch(name):
+        return repr(name)
+    what = f"({ffi.string(lib.ggml_op_name(p.op)).decode()} ne={list(p.ne)})"
+    return f"{name!r} {what}" if name else what
+
+
+def check_graph_memory(g: Any, *, need_data: bool) -> None:
+    """Check every node and source of graph ``g`` in one C call (``pyggml_graph_check_memory``):
+    a tensor in a backend buffer must be in a live one, its data inside it; with
+    ``need_data``, every tensor must have data. Raises ValueError (no data) or ClosedError."""
+    table, n = live_table()
+    bad, node = ffi.new("struct ggml_tensor **"), ffi.new("struct ggml_tensor **")
+    code = lib.pyggml_graph_check_memory(g, table, n, need_data, bad, node)
+    if code == 1:
+        what = (f"node {label(node[0])}" if bad[0] == node[0]
+                else f"tensor {label(bad[0])} (a source of node {label(node[0])})")
+        raise ValueError(f"{what} has no data: allocate the graph first (GraphAllocator, "
+                         "Scheduler, Context.alloc_tensors)")
+    if code:
+        raise ClosedError(f"tensor {label(bad[0])} of this graph is in a buffer that was freed or "
+                          "replaced (its buffer, graph allocator or scheduler was closed, or "
+                          "reallocated for a larger graph): allocate the graph again")
+
+
+class Buffer(_cobject.CObject):
+    """A backend buffer (``ggml_backend_buffer_t``).
+
+    Owned buffers are freed with ``ggml_backend_buffer_free`` on :meth:`close`; tensors placed
+    in them then raise :class:`~pyggml.errors.ClosedError` when used. ``keep`` is kept alive with
+    the buffer (e.g. the NumPy array a host-pointer buffer wraps).
+    """
+
+    _kind = "buffer"
+    _c_free = lib.ggml_backend_buffer_free
+    _parts: tuple[Any, ...] = ()  # a multi-buffer's parts (their pointers)
+
+    def __init__(self, ptr: Any, *, owned: bool, keep: Any = None, owner: Any = None):
+        super().__init__(ptr, owned=owned, owner=owner, keep=keep)
+        if owned:
+            track(ptr, self)
+
+    def _free(self, ptr: Any) -> None:
+        retire(ptr)
+        for part in self._parts:  # a multi-buffer frees its parts
+            retire(part)
+        with calling():  # a Python buffer's free_buffer
+            lib.ggml_backend_buffer_free(ptr)
+
+    def close(self) -> None:
+        """``ggml_backend_buffer_free`` if owned (idempotent). Tensors in the buffer become
+        unusable at once (even while a NumPy view keeps the memory itself alive)."""
+        if self._ptr is not None and self._owned:
+            rec = _LIVE.get(self._ptr)
+            if rec is not None and rec.owner is self:
+                retire(self._ptr)
+        super().close()
+
+    @property
+    def name(self) -> str:
+        """``ggml_backend_buffer_name``."""
+        with calling():  # the name of its buffer type
+            return _str(lib.ggml_backend_buffer_name(self.ptr))
+
+    @property
+    def size(self) -> int:
+        """Bytes (``ggml_backend_buffer_get_size``)."""
+        return int(lib.ggml_backend_buffer_get_size(self.ptr))
+
+    @property
+    def base(self) -> int:
+        """Address of the first byte (``ggml_backend_buffer_get_base``; 0 for empty buffers)."""
+        if self.size == 0:
+            return 0
+        return int(ffi.cast("uintptr_t", lib.ggml_backend_buffer_get_base(self.ptr)))
+
+    @property
+    def alignment(self) -> int:
+        """Byte alignment of tensor data (``ggml_backend_buffer_get_alignment``)."""
+        with calling():
+            return int(lib.ggml_backend_buffer_get_alignment(self.ptr))
+
+    @property
+    def max_size(self) -> int:
+        """``ggml_backend_buffer_get_max_size``, bytes."""
+        with calling():
+            return int(lib.ggml_backend_buffer_get_max_size(self.ptr))
+
+    @property
+    def is_host(self) -> bool:
+        """Whether the memory is host memory (``ggml_backend_buffer_is_host``)."""
+        with calling():
+            return bool(lib.ggml_backend_buffer_is_host(self.ptr))
+
+    @property
+    def buffer_type(self) -> "BufferType":
+        """``ggml_backend_buffer_get_type``."""
+        return _cobject.wrap("buffer_type", lib.ggml_backend_buffer_get_type(self.ptr), self)  # type: ignore[no-any-return]
+
+    @property
+    def usage(self) -> BufferUsage:
+        """:class:`~pyggml.enums.BufferUsage` (``ggml_backend_buffer_get/set_usage``); set it with
+        a member or a name (``"weights"``)."""
+        return BufferUsage(lib.ggml_backend_buffer_get_usage(self.ptr))
+
+    @usage.setter
+    def usage(self, value: BufferUsage | str | int) -> None:
+        lib.ggml_backend_buffer_set_usage(self.ptr, member(BufferUsage, value))
+
+    def alloc_size(self, tensor: "Tensor") -> int:
+        """Bytes ``tensor`` takes in this buffer (``ggml_backend_buffer_get_alloc_size``)."""
+        with calling():
+            return int(lib.ggml_backend_buffer_get_alloc_size(self.ptr, tensor.ptr))
+
+    def clear(self, value: int = 0) -> None:
+        """Set every byte to ``value`` (0..255; ``ggml_backend_buffer_clear``). Raises what a
+        Python buffer's ``clear`` raised."""
+        if not 0 <= value <= 255:
+            raise ValueError("clear value is a byte: 0..255")
+        if self.size:
+            with calling():
+                lib.ggml_backend_buffer_clear(self.ptr, value)
+
+    def reset(self) -> None:
+        """``ggml_backend_buffer_reset`` (backend-specific tensor state)."""
+        with calling():
+            lib.ggml_backend_buffer_reset(self.ptr)
+
+    @property
+    def is_multi_buffer(self) -> bool:
+        """``ggml_backend_buffer_is_multi_buffer``."""
+        return bool(lib.ggml_backend_buffer_is_multi_buffer(self.ptr))
+
+    @staticmethod
+    def multi(buffers: list["Buffer"]) -> "Buffer":
+        """``ggml_backend_multi_buffer_alloc_buffer``: one buffer made of ``buffers``, which it
+        takes over: they are freed with it, and closing one of them alone raises ValueError."""
+        if not buffers:
+            raise ValueError("a multi-buffer needs at least one buffer")
+        for b in buffers:
+            if not b.owned or b.closed:
+                raise ValueError("a multi-buffer takes over open buffers pyggml owns")
+        arr = ffi.new("ggml_backend_buffer_t[]", [b.ptr for b in buffers])
+        ptr = lib.ggml_backend_multi_buffer_alloc_buffer(arr, len(buffers))
+        multi = Buffer(ptr, owned=True, keep=buffers)
+        for b in buffers:
+            b._owned = False
+            b._owner = multi  # borrowed from the multi-buffer now: closed with it
+            rec = _LIVE.get(b._ptr)
+            if rec is not None:
+                rec.owner = multi
+        multi._parts = tuple(b._ptr for b in buffers)
+        return multi
+
+    def numpy(self) -> np.ndarray:
+        """Zero-copy ``uint8`` view of a host buffer's bytes (NumPy shape ``(size,)``); keeps the
+        buffer's memory alive. Raises ValueError for a device (non-host) buffer."""
+        if not self.is_host:
+            raise ValueError(f"buffer {self.name} is not in host memory")
+        holder = host_array_owner(self.base, (self.size,), (1,), np.dtype(np.uint8), self)
+        self._export(holder)
+        return np.asarray(holder)
+
+    def __repr__(self) -> str:
+        return "<Buffer (closed)>" if self.closed else f"<Buffer {self.name} {self.size} bytes {self.usage.name.lower()}>"
+
+
+class _ArrayOwner:
+    """Exposes host memory to NumPy through ``__array_interface__`` while holding its owner."""
+
+    def __init__(self, address: int, shape: Any, strides: Any, dtype: np.dtype, owner: Any):
+        self.owner = owner
+        self.__array_interface__ = {"data": (address, False), "shape": tuple(shape),
+                                    "strides": tuple(strides), "typestr": dtype.str, "version": 3}
+
+
+def host_array_owner(address: int, shape: Any, strides: Any, dtype: np.dtype, owner: Any) -> Any:
+    """An object NumPy makes a view of (``np.asarray``) for host memory at ``address``, keeping
+    ``owner`` alive as long as the view. No checks: callers make sure the memory is host memory
+    and large enough."""
+    return _ArrayOwner(address, shape, strides, dtype, owner)
+
+
+def _borrow(ptr: Any, owner: Any = None) -> Buffer:
+    return Buffer(ptr, owned=False, owner=owner)
+
+
+_cobject.register_wrapper("buffer", _borrow)

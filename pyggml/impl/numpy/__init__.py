@@ -1,0 +1,122 @@
+"""The NumPy reference backend: a complete ggml backend, written in Python, computed by NumPy.
+
+Its device ``NUMPY`` (type ``accel``) computes the ops of the kernel table
+(:mod:`pyggml.impl.numpy.table`: :func:`supports`, :func:`compute`, :data:`OPS`; the kernels are
+in ``ops_*`` modules by op family, over :mod:`.memory` and :mod:`.math`) and claims an (op,
+types, params) combination only when it computes it correctly. It works on host memory: its
+buffer type is ggml's CPU buffer type, and it accepts any host buffer, so beside the CPU backend
+in a :class:`~pyggml.sched.Scheduler` no tensor is copied::
+
+    from pyggml.impl import numpy as numpy_backend
+    numpy_backend.register()                        # once per process
+    sched = Scheduler([numpy_backend.init(), CPUBackend()])
+
+As a loadable ggml module (for upstream's test-backend-ops or any ggml program)::
+
+    python -m pyggml.module build pyggml.impl.numpy:make_registry -o libggml-numpy.so
+
+(``pyggml.numpy_backend`` and ``pyggml.numpy_ops`` are the same modules under older names.)
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from ...backend import Backend
+from ...buffer_type import BufferType
+from ...cpu import cpu_buffer_type
+from ...device import device_by_name
+from ...enums import TensorFlag
+from ...graph import Graph
+from ...raw import ffi
+from ...tensor import EMPTY_OPS, Tensor
+from .. import PyBackend, PyDevice, PyRegistry
+from .. import register as _register
+
+# the kernel table, filled by the op families as they are imported
+from . import (  # noqa: F401
+    ops_copy,
+    ops_elementwise,
+    ops_matrix,
+    ops_misc,
+    ops_norm,
+    ops_reduce,
+    ops_rope,
+    ops_rows,
+    ops_softmax,
+)
+from .table import OPS, OpImpl, compute, supported_op_names, supports
+
+__all__ = ["NAME", "NumpyBackend", "NumpyDevice", "make_registry", "register", "init",
+           "supports", "compute", "OPS", "OpImpl", "supported_op_names"]
+
+NAME = "NUMPY"
+_COMPUTE = int(TensorFlag.COMPUTE)
+
+
+class NumpyBackend(PyBackend):
+    """Computes each node with :func:`compute`, in graph order."""
+
+    def graph_compute(self, graph: Graph) -> None:
+        for p in graph.raw_nodes():
+            if p.op in EMPTY_OPS or not p.flags & _COMPUTE:
+                continue
+            compute(p)
+
+
+def _support_key(p: Any) -> tuple[Any, ...]:
+    srcs = tuple((s.type, tuple(s.ne), tuple(s.nb), s.view_src != ffi.NULL)
+                 for s in p.src if s != ffi.NULL)
+    return (p.op, p.type, tuple(p.ne), tuple(p.nb), bytes(ffi.buffer(p.op_params)), srcs)
+
+
+class NumpyDevice(PyDevice):
+    """The ``NUMPY`` device. ``supports_op`` answers are cached per (op, types, shapes, params)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, ...], bool] = {}
+        super().__init__()
+
+    def get_name(self) -> str:
+        return NAME
+
+    def get_description(self) -> str:
+        return "NumPy reference backend (pyggml)"
+
+    def init_backend(self, params: str | None) -> NumpyBackend:
+        return NumpyBackend(self)
+
+    def get_buffer_type(self) -> BufferType:
+        return cpu_buffer_type()
+
+    def supports_op(self, op: Tensor) -> bool:
+        p = op.ptr
+        if p.op in EMPTY_OPS:
+            return True
+        key = _support_key(p)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = bool(supports(p))
+        return hit
+
+    def supports_buft(self, buft: BufferType) -> bool:
+        return buft.is_host
+
+
+def make_registry() -> PyRegistry:
+    """A new (unregistered) registry holding one :class:`NumpyDevice`."""
+    return PyRegistry(NAME, [NumpyDevice()])
+
+
+@lru_cache(maxsize=None)
+def register() -> PyRegistry:
+    """Register the NumPy backend in this process (idempotent) and return its registry."""
+    reg = make_registry()
+    _register(reg)
+    return reg
+
+
+def init() -> Backend:
+    """A new NumPy backend (registering it first if needed)."""
+    register()
+    return device_by_name(NAME).init()

@@ -1,0 +1,141 @@
+"""The call boundary: how an exception raised by Python code that C called reaches the Python
+code that called C.
+
+**The rule.** Every pyggml call into C that may call back into Python (a Python backend's vtable
+slot, the log callback, the CPU backend's abort callback, a custom op, an eval or optimizer
+callback) runs inside :class:`calling`. When the C call returns, ``calling`` raises the exception
+that a callback raised during it, chained to the failure the C side reported (``raise exc from
+GGMLError(...)``), or alone where C reported none (void slots such as ``clear``,
+``memset_tensor``, ``synchronize``, ``get_tensor``: ggml ignores their failure, pyggml does not).
+Nothing stays pending for a later call and nothing is printed at exit.
+
+Meanwhile C sees each callback type's failure value (``GGML_STATUS_FAILED``, ``NULL``, ``false``,
+``true`` for abort callbacks: :func:`pyggml.raw.callbacks.error_value`), so it stops or fails
+where it can.
+
+Which call an exception belongs to:
+
+* a callback on a thread where a :class:`calling` block is open belongs to the innermost one
+  (nested blocks happen when a Python backend calls pyggml, which calls C again);
+* a callback on a thread ggml started itself (CPU worker threads running a custom op) belongs to
+  the open block that declared the callback's *owner* (``calling(owner)``: e.g. a graph's
+  context, which owns its custom ops);
+* otherwise (a raw ``lib`` call outside any block, a C++ thread of another program) there is no
+  Python caller to raise it to: it goes to :func:`sys.unraisablehook`, as exceptions in
+  ``__del__`` do, and C still sees the failure value.
+
+Raw-API users who want the same behaviour wrap their ``lib`` calls: ``with calling(): ...``.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from types import TracebackType
+from typing import Any
+
+from ..errors import GGMLError
+from . import ffi, lib
+
+__all__ = ["calling", "record", "check_status", "status_name", "GGMLError"]
+
+
+class _Frame:
+    __slots__ = ("errors", "owners")
+
+    def __init__(self, owners: tuple[Any, ...]):
+        self.errors: list[BaseException] = []
+        self.owners = owners
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.frames: list[_Frame] = []
+
+
+_local = _Local()
+_lock = threading.Lock()
+_owned: list[_Frame] = []  # open frames that declared owners, on any thread
+
+
+class calling:
+    """``with calling(*owners):`` around C calls that may call back into Python; see the module
+    docstring. ``owners`` are the objects whose callbacks may run on threads ggml starts (e.g. the
+    context of a graph with custom ops). Usable as a decorator-free context manager only; cheap
+    (a list push and pop) when no callback fails."""
+
+    __slots__ = ("_frame",)
+
+    def __init__(self, *owners: Any):
+        self._frame = _Frame(owners)
+
+    def __enter__(self) -> "calling":
+        frame = self._frame
+        _local.frames.append(frame)
+        if frame.owners:
+            with _lock:
+                _owned.append(frame)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        frame = self._frame
+        frames = _local.frames
+        frames.pop()
+        if frame.owners:
+            with _lock:
+                _owned.remove(frame)
+        errors = frame.errors
+        if not errors:
+            return
+        first = errors[0]
+        if len(errors) > 1 and hasattr(first, "add_note"):
+            first.add_note(f"({len(errors) - 1} more exception(s) raised by callbacks during the "
+                           f"same call: {', '.join(repr(e) for e in errors[1:4])})")
+        if exc is not None and exc is not first:
+            raise first from exc
+        raise first
+
+
+def record(exc: BaseException, owner: Any = None) -> None:
+    """Called by the trampolines of :mod:`pyggml.raw.callbacks` with the exception a Python
+    callback raised: hand it to the call it belongs to (see the module docstring)."""
+    frames = _local.frames
+    if frames:
+        frames[-1].errors.append(exc)
+        return
+    if owner is not None:
+        with _lock:
+            for frame in reversed(_owned):
+                if any(o is owner for o in frame.owners):
+                    frame.errors.append(exc)
+                    return
+    sys.unraisablehook(_Unraisable(exc, "a pyggml callback raised outside any pyggml call into C"))
+
+
+class _Unraisable:
+    """The argument of :func:`sys.unraisablehook` (``UnraisableHookArgs``)."""
+
+    exc_type: type[BaseException]
+    exc_value: BaseException | None
+    exc_traceback: TracebackType | None
+    err_msg: str | None
+    object: Any
+
+    def __init__(self, exc: BaseException, message: str):
+        self.exc_type = type(exc)
+        self.exc_value = exc
+        self.exc_traceback = exc.__traceback__
+        self.err_msg = message
+        self.object = None
+
+
+def status_name(status: int) -> str:
+    """``ggml_status_to_string``: ``"GGML status: error (operation failed)"``..."""
+    return ffi.string(lib.ggml_status_to_string(status)).decode()
+
+
+def check_status(status: int, what: str) -> None:
+    """Raise :class:`~pyggml.errors.GGMLError` unless ``status`` is ``GGML_STATUS_SUCCESS``;
+    ``what`` names the C call (inside :class:`calling`, a callback's exception then wins and is
+    chained to this one)."""
+    if status != lib.GGML_STATUS_SUCCESS:
+        raise GGMLError(f"{what} failed: {status_name(status)}", status)

@@ -1,0 +1,110 @@
+"""The ggml versions pyggml builds, and the headers its bindings are generated from.
+
+This is the one place that names upstream versions. A ggml version is built from a
+hash-pinned source archive on PyPI; ``PINS`` maps each supported version to it. Moving to a
+new ggml is a new row here (see "How to move to a new ggml" in the README), then a rebuild and
+the test suite.
+
+Each row also says where the few upstream files that pyggml's tests and examples compile come
+from (``extras``): ``tests/test-backend-ops.cpp`` (upstream's oracle, run against the NumPy
+backend), ``examples/simple`` (ported to Python; the test compiles the C originals) and
+``examples/mnist`` (the training benchmark's C anchor), and any file a standalone build needs
+that the tree lacks (``ggml.pc.in``, the pkg-config template). They are unpacked into the same
+``vendor/ggml-<version>/`` tree, at those paths. llama.cpp's copy of ggml has no ``tests/`` or
+``examples/``: its ``test-backend-ops.cpp`` is llama.cpp's own (the same file, kept in sync by
+upstream), and the examples come from the ggml 0.20.2 archive, whose C API they use is unchanged.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["Archive", "Pin", "PINS", "DEFAULT_VERSION", "HEADERS", "BACKEND_HEADERS",
+           "OTHER_BACKENDS", "selected_version"]
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A source archive on the package index: ``project``'s file ``filename`` with ``sha256``."""
+    project: str
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Pin:
+    """How to get ggml ``version``: the ``ggml`` folder at ``folder`` inside ``archive`` (a path
+    relative to the archive's top folder), plus ``extras``: {path in the tree: (archive,
+    path inside that archive relative to its top folder)}. ``undefined_functions``: declared in
+    the headers but defined in no library of this version (binding them would make the
+    extension's import fail), with the reason."""
+    version: str
+    archive: Archive
+    folder: str
+    extras: dict[str, tuple[Archive, str]] = field(default_factory=dict)
+    undefined_functions: dict[str, str] = field(default_factory=dict)
+
+
+#: ggml v0.20.2, the upstream ggml repository's tree as packaged by ggml-python's sdist.
+_LIBGGML_0_20_2 = Archive("libggml-python", "libggml_python-0.20.2.post1.tar.gz",
+                          "e47ff53506342959ffb3ce15380b82828fea10ec5f208f9ef6915895f1a7a176")
+#: ggml 0.25.3, the ggml folder of the llama.cpp that llama-cpp-python 0.3.36 vendors.
+_LLAMA_CPP_PYTHON_0_3_36 = Archive("llama-cpp-python", "llama_cpp_python-0.3.36.tar.gz",
+                                   "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
+
+_THREADPOOL_N_THREADS = "declared in ggml-cpu.h but defined in no ggml library"
+_CUDA_ALLREDUCE = ("declared in ggml-cuda.h but defined in no ggml library (the CUDA module offers "
+                   "ggml_backend_comm_allreduce_tensor through ggml_backend_reg_get_proc_address)")
+_UNDEFINED = {"ggml_threadpool_get_n_threads": _THREADPOOL_N_THREADS,
+              "ggml_backend_cuda_allreduce_tensor": _CUDA_ALLREDUCE}
+
+#: examples/simple and examples/mnist exist only in the ggml repository's own tree; their C API
+#: (ggml.h, ggml-backend.h, ggml-opt.h) is the same in both versions.
+_EXAMPLES = {f"examples/{p}": (_LIBGGML_0_20_2, f"ggml/examples/{p}") for p in (
+    "simple/simple-ctx.cpp", "simple/simple-backend.cpp",
+    "mnist/mnist-common.cpp", "mnist/mnist-common.h", "mnist/mnist-train.cpp", "mnist/mnist-eval.cpp")}
+
+PINS: dict[str, Pin] = {
+    "0.20.2": Pin("0.20.2", _LIBGGML_0_20_2, "ggml",
+                  extras={},  # the ggml repository's tree has tests/ and examples/ itself
+                  undefined_functions=_UNDEFINED),
+    "0.25.3": Pin("0.25.3", _LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/ggml",
+                  # llama.cpp keeps upstream's test-backend-ops.cpp in its own tests/ folder;
+                  # its ggml folder lacks ggml.pc.in, which a standalone CMake build configures
+                  extras={"tests/test-backend-ops.cpp": (_LLAMA_CPP_PYTHON_0_3_36,
+                                                         "vendor/llama.cpp/tests/test-backend-ops.cpp"),
+                          "ggml.pc.in": (_LIBGGML_0_20_2, "ggml/ggml.pc.in"),
+                          # llama.cpp's license is ggml's (MIT, "The ggml authors")
+                          "LICENSE": (_LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/LICENSE"),
+                          **_EXAMPLES},
+                  undefined_functions=_UNDEFINED),
+}
+
+#: The version a plain build gets; ``PYGGML_GGML_VERSION`` picks another row of :data:`PINS`.
+DEFAULT_VERSION = "0.25.3"
+
+#: Headers the bindings are generated from (paths in the ggml tree). The last one is internal:
+#: upstream's CMake does not install it, but Python backends need its vtables.
+HEADERS = ["include/ggml.h", "include/ggml-alloc.h", "include/ggml-backend.h", "include/ggml-cpu.h",
+           "include/gguf.h", "include/ggml-opt.h", "src/ggml-backend-impl.h"]
+
+#: ``PYGGML_BACKENDS`` names pyggml builds, checks and binds, with each one's public header.
+BACKEND_HEADERS = {"cpu": "include/ggml-cpu.h", "cuda": "include/ggml-cuda.h",
+                   "vulkan": "include/ggml-vulkan.h", "rpc": "include/ggml-rpc.h",
+                   "blas": "include/ggml-blas.h"}
+
+#: Other ggml backends: accepted from ``CMAKE_ARGS`` (``-DGGML_HIP=ON``...) and built as modules,
+#: but pyggml neither checks their prerequisites nor binds their headers.
+OTHER_BACKENDS = ["cann", "hip", "metal", "musa", "opencl", "sycl", "webgpu", "zdnn", "zendnn",
+                  "openvino", "virtgpu", "hexagon"]
+
+
+def selected_version(value: str | None = None) -> Pin:
+    """The :class:`Pin` for ``value`` (default: ``$PYGGML_GGML_VERSION``, else
+    :data:`DEFAULT_VERSION`). Raises ValueError for a version without a row in :data:`PINS`."""
+    version = value or os.environ.get("PYGGML_GGML_VERSION") or DEFAULT_VERSION
+    try:
+        return PINS[version]
+    except KeyError:
+        raise ValueError(f"ggml {version} is not one pyggml pins (known: {', '.join(sorted(PINS))}); "
+                         "add a row to pyggml_build/pins.py to build it") from None

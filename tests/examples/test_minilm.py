@@ -1,0 +1,131 @@
+"""examples/minilm.py against sentence-transformers (torch) embeddings made by
+tests/data/make_minilm_reference.py."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, load_example
+
+pytest.importorskip("safetensors")
+pytest.importorskip("tokenizers")
+
+REFERENCE = ROOT / "tests" / "data" / "minilm_reference.npz"
+EXAMPLE = ROOT / "examples" / "minilm.py"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    ref = np.load(REFERENCE)
+    return [str(s) for s in ref["sentences"]], ref["embeddings"], ref["n_tokens"]
+
+
+@pytest.fixture(scope="module")
+def model(minilm_dir):
+    minilm = load_example("minilm")
+    with minilm.MiniLM(minilm_dir, n_threads=2) as m:
+        yield m
+
+
+def _cosine(a, b):
+    return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_reference_covers_what_the_issue_asks(reference):
+    sentences, emb, n_tokens = reference
+    assert len(sentences) >= 16 and emb.shape == (len(sentences), 384)
+    assert min(n_tokens) <= 3 and max(n_tokens) == 256   # one word ... truncated at 256
+    assert any(ord(c) > 127 for s in sentences for c in s)
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, 64])
+def test_embeddings_match_sentence_transformers(model, reference, batch_size):
+    sentences, expected, _ = reference
+    got = model.embed(sentences, batch_size=batch_size)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    cos = _cosine(got, expected)
+    worst = int(np.argmin(cos))
+    assert cos.min() >= 0.9999, f"{sentences[worst]!r}: cosine {cos[worst]}"
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
+
+
+def test_cli_in_out_keeps_input_order(tmp_path, reference, minilm_dir):
+    sentences, expected, _ = reference
+    picked = [sentences[i] for i in (21, 0, 10, 3)]  # long, short, non-ASCII, plain
+    (tmp_path / "in.txt").write_text("\n".join(picked) + "\n", encoding="utf-8")
+    subprocess.run([sys.executable, str(EXAMPLE), "--in", str(tmp_path / "in.txt"),
+                    "--out", str(tmp_path / "emb.npy"), "--threads", "2",
+                    "--model-dir", str(minilm_dir)], check=True)
+    emb = np.load(tmp_path / "emb.npy")
+    assert emb.shape == (4, 384) and emb.dtype == np.float32
+    assert _cosine(emb, expected[[21, 0, 10, 3]]).min() >= 0.9999
+
+
+def test_cli_prints_first_values_and_norm(reference, minilm_dir):
+    sentences, expected, _ = reference
+    out = subprocess.run([sys.executable, str(EXAMPLE), sentences[2], "--model-dir", str(minilm_dir)],
+                         check=True, capture_output=True, text=True).stdout
+    assert "norm=1.000000" in out
+    assert f"{expected[2][0]:+.4f}" in out
+
+
+def test_cli_rejects_bad_threads(minilm_dir):
+    r = subprocess.run([sys.executable, str(EXAMPLE), "x", "--threads", "0"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--threads" in r.stderr
+
+
+def test_minilm_through_the_scheduler_with_the_numpy_backend(reference, minilm_dir):
+    """[NumPy backend, CPU] under ggml's scheduler: same embeddings."""
+    minilm = load_example("minilm")
+    sentences, expected, _ = reference
+    with minilm.MiniLM(minilm_dir, n_threads=2, backend="numpy") as m:
+        got = m.embed(sentences, batch_size=8)
+        assert m.n_splits >= 1
+    assert _cosine(got, expected).min() >= 0.9999
+
+
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True,
+                          text=True, **kw)
+
+
+@pytest.mark.parametrize("setup, args, message", [
+    (None, ["--in", "{tmp}/missing.txt"], "No such file or directory"),
+    ("latin1", ["--in", "{tmp}/in.txt"], "not UTF-8 text"),
+    ("blank", ["--in", "{tmp}/in.txt"], "the file has no sentences"),
+    (None, ["x", "--threads", "1000"], "--threads must be 1..512"),
+    (None, ["x", "--out", "{tmp}/no/such/folder/emb.npy"], "does not exist"),
+    (None, ["x", "--model-dir", "{tmp}/nothing"], "not a folder"),
+    (None, ["x", "  "], "blank"),
+    (None, ["x", "--backend", "Vulkan7"], "no ggml device named 'Vulkan7'"),
+])
+def test_cli_says_what_is_wrong_before_computing(tmp_path, setup, args, message):
+    """Each bad invocation is an argparse-style error (exit 2, or 1 for a missing backend) naming
+    the problem, not a traceback."""
+    if setup == "latin1":
+        (tmp_path / "in.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    elif setup == "blank":
+        (tmp_path / "in.txt").write_text("\n  \n\n")
+    r = _cli(*(a.format(tmp=tmp_path) for a in args))
+    assert r.returncode in (1, 2), r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_cli_skips_blank_lines(tmp_path, reference, minilm_dir):
+    sentences, expected, _ = reference
+    (tmp_path / "in.txt").write_text(f"\n{sentences[3]}\n   \n{sentences[0]}\n", encoding="utf-8")
+    r = _cli("--in", tmp_path / "in.txt", "--out", tmp_path / "e.npy", "--model-dir", minilm_dir,
+             "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert _cosine(np.load(tmp_path / "e.npy"), expected[[3, 0]]).min() >= 0.9999
+
+
+def test_without_the_examples_extra_the_message_says_what_to_install(tmp_path, minilm_dir):
+    """safetensors hidden from the import system: the error names the extra to install."""
+    (tmp_path / "safetensors").mkdir()
+    (tmp_path / "safetensors" / "__init__.py").write_text("raise ImportError('hidden', name='safetensors')\n")
+    env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}:{ROOT}")
+    r = _cli("x", "--model-dir", minilm_dir, env=env)
+    assert r.returncode == 1 and "pip install 'pyggml[examples]'" in r.stderr, r.stderr

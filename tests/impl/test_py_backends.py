@@ -1,0 +1,461 @@
+"""pyggml.impl: backends written in Python — registration, scheduling beside the CPU, errors, events, threads."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Context, CPUBackend, GGMLType, Scheduler
+from pyggml.cpu import cpu_buffer_type
+from pyggml.device import device_by_name
+from pyggml.enums import DeviceType
+from pyggml.impl import (
+    HostBuffer,
+    PyBackend,
+    PyBufferType,
+    PyDevice,
+    PyRegistry,
+    register,
+    unregister,
+)
+from pyggml.impl._vtable import slot_arity
+from pyggml.ops import host_array
+
+BINARY = {"ADD": np.add, "MUL": np.multiply}
+
+
+class ArithBackend(PyBackend):
+    def graph_compute(self, graph):
+        for node in graph.nodes:
+            if node.is_empty_op():
+                continue
+            self.device.seen.append(node.op_name)
+            if self.device.fail:
+                raise RuntimeError("backend failure")
+            a, b = (host_array(s) for s in node.src[:2])
+            host_array(node)[...] = BINARY[node.op_name](a, b)
+
+
+class HostBufferType(PyBufferType):
+    def get_name(self):
+        return "ARITH_HOST"
+
+    def alloc_buffer(self, size):
+        self.allocated.append(size)
+        return HostBuffer(size)
+
+    def is_host(self):
+        return True
+
+    allocated: list = []
+
+
+class ArithDevice(PyDevice):
+    def __init__(self, name, own_buffers=False):
+        super().__init__()
+        self.name, self.seen, self.fail = name, [], False
+        self.buft = HostBufferType() if own_buffers else None
+
+    def get_name(self):
+        return self.name
+
+    def get_description(self):
+        return "element-wise ADD and MUL with NumPy"
+
+    def init_backend(self, params):
+        return ArithBackend(self)
+
+    def get_buffer_type(self):
+        return self.buft or cpu_buffer_type()
+
+    def supports_op(self, op):
+        if op.is_empty_op():
+            return True
+        return (op.op_name in BINARY and all(s.type == GGMLType.F32 for s in op.src[:2])
+                and op.src[0].ne == op.src[1].ne)
+
+    def offload_op(self, op):
+        return True
+
+
+@pytest.fixture
+def arith():
+    dev = ArithDevice("ARITH")
+    reg = PyRegistry("ARITH", [dev])
+    register(reg)
+    yield dev
+    unregister(reg)
+
+
+def _graph(ctx):
+    a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+    b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+    ab = (a + b) * b
+    out = ctx.sqr(ab) + ab            # SQR only on the CPU
+    return a, b, out, ctx.new_graph(32).build_forward(out)
+
+
+def _expected(x, y):
+    ab = (x + y) * y
+    return ab ** 2 + ab
+
+
+ARITH_SCRIPT = '''
+import numpy as np
+from pyggml import GGMLType
+from pyggml.cpu import cpu_buffer_type
+from pyggml.impl import PyBackend, PyDevice, PyRegistry
+from pyggml.impl._vtable import slot_arity
+from pyggml.ops import host_array
+
+
+class AddBackend(PyBackend):
+    def graph_compute(self, graph):
+        for node in graph.nodes:
+            if not node.is_empty_op():
+                host_array(node)[...] = host_array(node.src[0]) + host_array(node.src[1])
+
+
+class AddDevice(PyDevice):
+    def get_name(self):
+        return "PYADD"
+
+    def get_description(self):
+        return "ADD of same-shape F32 tensors in NumPy"
+
+    def init_backend(self, params):
+        return AddBackend(self)
+
+    def get_buffer_type(self):
+        return cpu_buffer_type()
+
+    def supports_op(self, op):
+        if op.is_empty_op():
+            return True
+        return (op.op_name == "ADD" and op.type == GGMLType.F32 and op.src[0].ne == op.src[1].ne
+                and all(s.type == GGMLType.F32 for s in op.src[:2]))
+
+
+registry = PyRegistry("PYADD", [AddDevice()])
+'''
+
+CI_OPS = "ADD,MUL,SCALE,NORM,RMS_NORM,SOFT_MAX,GET_ROWS,SET_ROWS,CONT,CPY,SWIGLU,GELU,SILU,ROPE,MUL_MAT"
+
+
+def test_registered_device_appears_in_ggml_enumeration(arith):
+    assert "ARITH" in [d.name for d in pyggml.devices()]
+    dev = device_by_name("arith")
+    assert dev.type == DeviceType.ACCEL and dev.description.startswith("element-wise")
+    assert dev.registry.name == "ARITH"
+    with dev.init() as be:
+        assert be.name == "ARITH" and len(be.guid) == 16
+
+
+def test_scheduler_splits_between_python_backend_and_cpu(arith):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    y = x + 1
+    be, cpu = device_by_name("ARITH").init(), CPUBackend()
+    sched = Scheduler([be, cpu])
+    with Context.for_tensors(16, graph_size=32) as ctx:
+        a, b, out, g = _graph(ctx)
+        sched.alloc_graph(g)
+        a.set(x)
+        b.set(y)
+        sched.compute(g)
+        np.testing.assert_array_equal(out.numpy(), _expected(x, y))
+        assert sched.n_splits == 3     # ARITH (ADD, MUL) | CPU (SQR) | ARITH (ADD)
+        assert arith.seen == ["ADD", "MUL", "ADD"]
+        assert sched.get_tensor_backend(out) is be
+    sched.close()
+    be.close()
+    cpu.close()
+
+
+def test_exception_in_graph_compute_is_reraised_not_success(arith):
+    arith.fail = True
+    be, cpu = device_by_name("ARITH").init(), CPUBackend()
+    sched = Scheduler([be, cpu])
+    with Context.for_tensors(16, graph_size=32) as ctx:
+        a, b, out, g = _graph(ctx)
+        sched.alloc_graph(g)
+        with pytest.raises(RuntimeError, match="backend failure"):
+            sched.compute(g)
+    sched.close()
+    be.close()
+    cpu.close()
+
+
+def test_own_buffer_type_and_compute_from_another_thread():
+    dev = ArithDevice("ARITH_OWN", own_buffers=True)
+    reg = PyRegistry("ARITH_OWN", [dev])
+    register(reg)
+    try:
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        be = device_by_name("ARITH_OWN").init()
+        buft = be.default_buffer_type
+        assert buft.name == "ARITH_HOST" and buft.is_host and buft.device.name == "ARITH_OWN"
+        with Context.for_tensors(16, graph_size=32) as ctx:
+            a = ctx.new_tensor(GGMLType.F32, [4, 2])
+            b = ctx.new_tensor(GGMLType.F32, [4, 2])
+            out = (a + b) * a
+            buf = ctx.alloc_tensors(be)        # one HostBuffer, data in NumPy memory
+            assert buf.name == "ARITH_HOST" and HostBufferType.allocated
+            a.set(x)
+            b.set(x)
+            np.testing.assert_array_equal(a.numpy(), x)   # get_tensor of the Python buffer
+            g = ctx.new_graph(32).build_forward(out)
+            pyggml.GraphAllocator(be).alloc_graph(g)
+            errors = []
+
+            def work():
+                try:
+                    g.compute(be)
+                except BaseException as e:  # pragma: no cover - reported below
+                    errors.append(e)
+
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+            assert not errors
+            np.testing.assert_array_equal(out.numpy(), (x + x) * x)
+        be.close()
+    finally:
+        unregister(reg)
+
+
+def test_registration_is_undone_at_interpreter_exit(tmp_path):
+    code = textwrap.dedent('''
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        from test_py_backends import ArithDevice
+        from pyggml.impl import PyRegistry, register
+        from pyggml.device import device_by_name
+        register(PyRegistry("EXITTEST", [ArithDevice("EXITTEST")]))
+        be = device_by_name("EXITTEST").init()   # left open on purpose
+        print("registered")
+    ''')
+    env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
+    r = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env,
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "registered", r.stderr
+
+
+def test_python_events():
+    class Ev:
+        def __init__(self):
+            self.log = []
+
+    class EvBackend(ArithBackend):
+        def event_record(self, event):
+            event.log.append("record")
+
+        def event_wait(self, event):
+            event.log.append("wait")
+
+    class EvDevice(ArithDevice):
+        def init_backend(self, params):
+            return EvBackend(self)
+
+        def event_new(self):
+            self.events = getattr(self, "events", []) + [Ev()]
+            return self.events[-1]
+
+        def event_synchronize(self, event):
+            event.log.append("sync")
+
+        def event_free(self, event):
+            event.log.append("free")
+
+    dev = EvDevice("EVENTS")
+    reg = PyRegistry("EVENTS", [dev])
+    register(reg)
+    try:
+        d = device_by_name("EVENTS")
+        assert d.props.events
+        with d.init() as be:
+            ev = pyggml.Event(d)
+            ev.record(be)
+            ev.wait(be)
+            ev.synchronize()
+            ev.close()
+        assert dev.events[0].log == ["record", "wait", "sync", "free"]
+    finally:
+        unregister(reg)
+
+
+def test_trace_backend_example_runs():
+    from conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "trace_backend.py")], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert "computed: {'MUL_MAT': 1" in out and "split(s)" in out
+
+
+class OptimizingBackend(ArithBackend):
+    def graph_optimize(self, graph, params):
+        """Called by the scheduler on every split before it copies inputs; ggml >= 0.25 passes
+        allocation-dependency params (None before)."""
+        nodes = graph.nodes
+        self.device.optimized.append((len(nodes), type(params).__name__))
+        if params is not None and len(nodes) >= 2:
+            params.add_alloc_dep(nodes[0], nodes[-1])  # keep the first node alive to the end
+
+
+class OptimizingDevice(ArithDevice):
+    def __init__(self, name):
+        super().__init__(name)
+        self.optimized = []
+
+    def init_backend(self, params):
+        return OptimizingBackend(self)
+
+
+def test_graph_optimize_slot_gets_the_params_of_the_ggml_it_was_built_with():
+    dev = OptimizingDevice("OPTIM")
+    reg = PyRegistry("OPTIM", [dev])
+    register(reg)
+    try:
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        y = x + 1
+        with device_by_name("OPTIM").init() as be, CPUBackend() as cpu, \
+                Context.for_tensors(32, graph_size=32) as ctx:
+            sched = Scheduler([be, cpu], graph_size=64)
+            a, b, out, graph = _graph(ctx)
+            sched.alloc_graph(graph)
+            a.set(x)
+            b.set(y)
+            sched.compute(graph)
+            np.testing.assert_allclose(out.numpy(), _expected(x, y), rtol=1e-6)
+            sched.close()
+    finally:
+        unregister(reg)
+    expected = "GraphOptimizeParams" if slot_arity("ggml_backend_i", "graph_optimize") == 3 else "NoneType"
+    assert dev.optimized and {kind for _, kind in dev.optimized} == {expected}
+
+
+class Boom(Exception):
+    pass
+
+
+class FlakyBuffer(HostBuffer):
+    """A host buffer whose slots raise when told to."""
+    fail: set = set()
+
+    def get_tensor(self, tensor, out, offset):
+        if "get_tensor" in self.fail:
+            raise Boom("get_tensor")
+        super().get_tensor(tensor, out, offset)
+
+    def clear(self, value):
+        if "clear" in self.fail:
+            raise Boom("clear")
+        super().clear(value)
+
+    def memset_tensor(self, tensor, value, offset, size):
+        if "memset_tensor" in self.fail:
+            raise Boom("memset_tensor")
+        super().memset_tensor(tensor, value, offset, size)
+
+
+class FlakyBufferType(PyBufferType):
+    def get_name(self):
+        return "FLAKY"
+
+    def alloc_buffer(self, size):
+        if "alloc_buffer" in FlakyBuffer.fail:
+            raise Boom("alloc_buffer")
+        return FlakyBuffer(size)
+
+    def get_alignment(self):
+        if "get_alignment" in FlakyBuffer.fail:
+            raise Boom("get_alignment")
+        return 32
+
+
+@pytest.fixture
+def flaky():
+    FlakyBuffer.fail = set()
+    yield FlakyBuffer.fail
+    FlakyBuffer.fail = set()
+
+
+def test_a_python_buffers_failures_are_raised_by_the_call_that_caused_them(flaky):
+    buft = FlakyBufferType().as_buffer_type()     # the BufferType keeps the Python object alive
+    import gc
+    gc.collect()
+    with Context.for_tensors(4) as ctx:
+        t = ctx.new_tensor(GGMLType.F32, [4])
+        buf = ctx.alloc_tensors(buft)
+        t.set(np.arange(4, dtype=np.float32))
+        np.testing.assert_array_equal(t.numpy(), np.arange(4))
+        flaky.add("get_tensor")
+        with pytest.raises(Boom, match="get_tensor"):
+            t.numpy()                               # not uninitialised memory
+        flaky.add("clear")
+        with pytest.raises(Boom, match="clear"):
+            buf.clear(0)
+        flaky.add("memset_tensor")
+        with pytest.raises(Boom, match="memset_tensor"):
+            pyggml.Backend.tensor_memset(t, 0)
+        flaky.add("alloc_buffer")
+        with pytest.raises(Boom, match="alloc_buffer"):
+            buft.alloc_buffer(64)
+        flaky.clear()
+        flaky.add("get_alignment")
+        with pytest.raises(Boom, match="get_alignment"), CPUBackend():
+            pyggml.GraphAllocator(buft)              # ggml divided by the 0 it would have got
+    with CPUBackend():                                # nothing left over for an unrelated call
+        pass
+
+
+class RaisingSupportsDevice(ArithDevice):
+    def supports_op(self, op):
+        if op.op_name == "MUL":
+            raise Boom("supports_op")
+        return super().supports_op(op)
+
+
+class SyncFailBackend(ArithBackend):
+    def synchronize(self):
+        raise Boom("synchronize")
+
+
+class SyncFailDevice(ArithDevice):
+    def init_backend(self, params):
+        return SyncFailBackend(self)
+
+
+def test_a_python_devices_failures_surface_from_the_call_not_later():
+    dev = RaisingSupportsDevice("RAISING")
+    reg = PyRegistry("RAISING", [dev])
+    register(reg)
+    try:
+        with device_by_name("RAISING").init() as be, CPUBackend() as cpu, \
+                Context.for_tensors(16, graph_size=32) as ctx:
+            sched = Scheduler([be, cpu])
+            a, b, out, g = _graph(ctx)
+            with pytest.raises(Boom, match="supports_op"):
+                sched.alloc_graph(g)                  # not from some later compute
+            x = np.ones((2, 4), np.float32)
+            with pytest.raises(ValueError):           # unrelated, and clean
+                a.set(np.ones((3, 3), np.float32))
+            sched.close()
+            del x
+    finally:
+        unregister(reg)
+    dev2 = SyncFailDevice("SYNCFAIL")
+    reg2 = PyRegistry("SYNCFAIL", [dev2])
+    register(reg2)
+    try:
+        with device_by_name("SYNCFAIL").init() as be:
+            with pytest.raises(Boom, match="synchronize"):
+                be.synchronize()
+    finally:
+        unregister(reg2)

@@ -1,0 +1,705 @@
+"""Evidence for docs/asserts.md (issue 12, point 3).
+
+Part 1, checked: for each op constructor family and each backend / allocator / scheduler entry
+point, an input that violates a GGML_ASSERT the audit classifies as "checked", "fork-trialed" or
+"kernel table" goes through the Pythonic API and comes back as a Python exception.
+
+Part 2, gaps: each gap of docs/asserts/classification.toml (G1...G17) has a test that runs the
+violating input in a subprocess (the abort must not kill pytest) and asserts what the fix must
+achieve: the process survives and a Python exception was raised. They abort today, so they are
+strict xfails; when a fix lands they XPASS, which fails, and the marker goes with the fix.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import ClosedError, Context, CPUBackend
+from pyggml.alloc import GraphAllocator
+from pyggml.backend import Backend
+from pyggml.buffer import Buffer
+from pyggml.cpu import cpu_buffer_from_array
+from pyggml.gguf import GGUFWriter
+from pyggml.sched import Scheduler
+from pyggml.utils import compare_graph_backend, tensor_alloc, view_init
+
+
+@pytest.fixture
+def ctx():
+    with Context(16 << 20) as c:
+        yield c
+
+
+@pytest.fixture
+def cpu():
+    with CPUBackend(1) as b:
+        yield b
+
+
+def f32(ctx, *shape):
+    """An F32 tensor of NumPy shape ``shape`` holding 0, 1, 2..."""
+    return ctx.from_numpy(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))
+
+
+# ==============================================================================================
+# Part 1: checked (one violating input per family / entry point)
+# ==============================================================================================
+
+class TestOpConstructors:
+    """ggml.c op constructors: the checked method raises before ggml_<op> asserts."""
+
+    def test_elementwise_unary_needs_contiguous_rows(self, ctx):  # ggml_unary_impl
+        with pytest.raises(ValueError, match="contiguous rows"):
+            ctx.relu(ctx.transpose(f32(ctx, 3, 4)))
+
+    def test_binary_needs_tiling(self, ctx):  # ggml_add_impl ... ggml_div_impl
+        for op in (ctx.add, ctx.sub, ctx.mul, ctx.div):
+            with pytest.raises(ValueError, match="does not tile"):
+                op(f32(ctx, 2, 4), f32(ctx, 3, 4))
+
+    def test_scale_needs_packed_rows(self, ctx):  # ggml_scale_impl
+        with pytest.raises(ValueError, match="packed"):
+            ctx.scale(ctx.transpose(f32(ctx, 3, 4)), 2.0)
+
+    def test_reductions(self, ctx):  # ggml_argmax, ggml_cumsum
+        with pytest.raises(ValueError, match="matrix"):
+            ctx.argmax(f32(ctx, 2, 3, 4))
+        with pytest.raises(TypeError, match="F32"):
+            ctx.cumsum(ctx.from_numpy(np.zeros(4, np.float16)))
+
+    def test_repeat(self, ctx):  # ggml_repeat
+        with pytest.raises(ValueError, match="does not tile"):
+            ctx.repeat(f32(ctx, 3), f32(ctx, 4))
+
+    def test_soft_max(self, ctx):  # ggml_soft_max_impl
+        a = f32(ctx, 2, 4)
+        with pytest.raises(ValueError, match="contiguous"):
+            ctx.soft_max(ctx.transpose(a))
+        with pytest.raises(ValueError, match="does not fit"):
+            ctx.soft_max(a, mask=f32(ctx, 2, 5))
+        with pytest.raises(TypeError, match="F32 or F16"):
+            ctx.soft_max(a, mask=ctx.from_numpy(np.zeros((2, 4), np.int32)))
+        with pytest.raises(ValueError, match="mask"):
+            ctx.soft_max(a, max_bias=1.0)
+
+    def test_matrix(self, ctx):  # ggml_mul_mat, ggml_out_prod
+        with pytest.raises(ValueError, match="cannot mul_mat"):
+            ctx.mul_mat(f32(ctx, 3, 4), f32(ctx, 3, 5))
+        with pytest.raises(ValueError, match="transposed"):
+            ctx.mul_mat(ctx.transpose(f32(ctx, 4, 4)), f32(ctx, 3, 4))
+        with pytest.raises(ValueError, match="cannot out_prod"):
+            ctx.out_prod(f32(ctx, 3, 4), f32(ctx, 2, 4))
+
+    def test_copies_and_views(self, ctx):  # ggml_cpy_impl, ggml_reshape_Nd, ggml_new_tensor_impl (views)
+        a = f32(ctx, 3, 4)
+        with pytest.raises(ValueError, match="elements"):
+            ctx.cpy(a, f32(ctx, 5))
+        with pytest.raises(ValueError, match="contiguous"):
+            ctx.reshape(ctx.transpose(a), 12)
+        with pytest.raises(ValueError, match="cannot reshape"):
+            ctx.reshape(a, 5, 2)
+        with pytest.raises(ValueError, match="outside"):
+            ctx.view(a, [4, 4])
+        with pytest.raises(ValueError, match="block size"):
+            ctx.cast(f32(ctx, 1, 3), "q8_0")
+
+    def test_permute_and_concat(self, ctx):  # ggml_permute, ggml_concat
+        a = f32(ctx, 2, 3)
+        with pytest.raises(ValueError, match="permutation"):
+            ctx.permute(a, 0, 0, 1, 2)
+        with pytest.raises(ValueError, match="dim"):
+            ctx.concat(a, a, 4)
+        with pytest.raises(ValueError, match="differ"):
+            ctx.concat(a, f32(ctx, 3, 3), 0)
+
+    def test_rows(self, ctx):  # ggml_get_rows, ggml_set_rows
+        a = f32(ctx, 3, 4)
+        with pytest.raises(TypeError, match="I32"):
+            ctx.get_rows(a, ctx.from_numpy(np.zeros(2, np.int64)))
+        with pytest.raises(TypeError, match="F32 or F16"):
+            ctx.set_rows(a, ctx.from_numpy(np.zeros((2, 4), np.int32)), ctx.from_numpy(np.zeros(2, np.int64)))
+        with pytest.raises(ValueError, match="do not fit"):
+            ctx.set_rows(a, f32(ctx, 2, 5), ctx.from_numpy(np.zeros(2, np.int64)))
+
+    def test_rope(self, ctx):  # ggml_rope_impl
+        a, pos = f32(ctx, 3, 2, 4), ctx.from_numpy(np.arange(3, dtype=np.int32))
+        with pytest.raises(ValueError, match="mode & 1"):
+            ctx.rope(a, pos, 4, mode=1)
+        with pytest.raises(ValueError, match="positions"):
+            ctx.rope(a, ctx.from_numpy(np.arange(2, dtype=np.int32)), 4)
+        with pytest.raises(ValueError, match="freq_factors"):
+            ctx.rope(a, pos, 4, freq_factors=f32(ctx, 1))
+
+    def test_glu(self, ctx):  # ggml_glu_impl
+        with pytest.raises(ValueError, match="same ne and type"):
+            ctx.swiglu(f32(ctx, 2, 4), f32(ctx, 2, 6))
+        with pytest.raises(ValueError, match="contiguous"):
+            ctx.geglu(ctx.transpose(f32(ctx, 4, 4)))
+
+    def test_sorting(self, ctx):  # ggml_top_k (argsort has only the INT32_MAX row limit)
+        with pytest.raises(ValueError, match="top_k"):
+            ctx.top_k(f32(ctx, 2, 4), 5)
+
+    def test_resampling(self, ctx):  # ggml_interpolate_impl, pad
+        with pytest.raises(TypeError, match="F32"):
+            ctx.interpolate(ctx.from_numpy(np.zeros((2, 2), np.float16)), [4, 4, 1, 1])
+        with pytest.raises(ValueError, match="mode"):
+            ctx.interpolate(f32(ctx, 2, 2), [4, 4, 1, 1], mode=0x7F)
+        with pytest.raises(ValueError, match=">= 0"):
+            ctx.pad(f32(ctx, 2, 2), -1)
+
+    def test_convolution_and_pooling(self, ctx):  # ggml_im2col, ggml_pool_1d, ggml_pool_2d
+        x = f32(ctx, 1, 2, 8)                                       # ne [8, 2, 1]
+        kernel = ctx.from_numpy(np.zeros((4, 3, 3), np.float16))   # ne [3, 3, 4]: 3 channels
+        with pytest.raises(ValueError, match="channels"):
+            ctx.conv_1d(kernel, x)
+        with pytest.raises(ValueError, match="strides"):
+            ctx.im2col(ctx.from_numpy(np.zeros((4, 2, 3), np.float16)), x, 0, 0, 0, 0, 1, 1, False)
+        with pytest.raises(ValueError, match="no output"):
+            ctx.pool_1d(f32(ctx, 2, 3), "max", 5, 1)
+        with pytest.raises(ValueError, match="no output"):
+            ctx.pool_2d(f32(ctx, 2, 3), "avg", 3, 3, 1, 1)
+
+    def test_attention(self, ctx):  # ggml_flash_attn_ext, ggml_dsv4_hc_pre_impl
+        q, k, v = f32(ctx, 1, 1, 2, 4), f32(ctx, 1, 1, 3, 4), f32(ctx, 1, 1, 3, 4)
+        with pytest.raises(TypeError, match="F16"):
+            ctx.flash_attn(q, k, v, mask=f32(ctx, 1, 1, 2, 3))
+        with pytest.raises(ValueError, match="does not fit"):
+            ctx.flash_attn(q, f32(ctx, 1, 1, 3, 5), v)
+        with pytest.raises(ValueError, match="same"):
+            ctx.dsv4_hc_pre_gated(f32(ctx, 2, 3, 4), f32(ctx, 2, 3, 5))
+
+    def test_losses_and_accumulation(self, ctx):  # ggml_cross_entropy_loss, ggml_acc_impl
+        with pytest.raises(ValueError, match="same shape"):
+            ctx.cross_entropy_loss(f32(ctx, 2, 4), f32(ctx, 2, 5))
+        with pytest.raises(ValueError, match="outside"):
+            ctx.acc(f32(ctx, 2, 4), f32(ctx, 2, 4), 16, 32, 32, 16)
+        with pytest.raises(ValueError, match="timestep"):
+            ctx.timestep_embedding(f32(ctx, 2, 2), 4)
+
+    def test_python_ops_and_arange(self, ctx):  # ggml_map_custom{1,2,3}_impl, ggml_arange
+        with pytest.raises(ValueError, match="n_tasks"):
+            ctx.map_custom(lambda *a: None, f32(ctx, 4), n_tasks=0)
+        with pytest.raises(ValueError, match="range"):
+            ctx.arange(0.0, 1.0, 0.0)
+
+    def test_context_op_is_fork_trialed(self, ctx):  # fork-trialed constructors (ggml_ssm_conv...)
+        with pytest.raises(ValueError, match="would abort the process"):
+            ctx.op("win_part", ctx.from_numpy(np.zeros((2, 2, 2), np.float16)), 2)  # F32 only
+        with pytest.raises(ValueError, match="would abort the process"):
+            ctx.conv_transpose_1d(f32(ctx, 1, 3, 4), f32(ctx, 5, 2), 1, 1, 1)  # p0 must be 0
+
+
+class TestContextTensorGraph:
+    def test_context(self):  # ggml_new_tensor_impl, ggml_new_object
+        with Context(4096, no_alloc=True) as c:
+            with pytest.raises(ValueError, match="dims"):
+                c.new_tensor("f32", [1, 1, 1, 1, 1])
+            with pytest.raises(ValueError, match="block size"):
+                c.new_tensor("q4_0", [7])
+            with pytest.raises(MemoryError, match="context full"):
+                for _ in range(1000):
+                    c.new_tensor("f32", [1])
+        with pytest.raises(ValueError, match="type"):
+            Context(4096).new_tensor(999, [1])
+
+    def test_tensor_settings(self, ctx):  # ggml_set_param/loss, rope_set_offset, prec_set_src...
+        a = f32(ctx, 2, 4)
+        node = ctx.add(a, a)
+        with pytest.raises(ValueError, match="leaf"):
+            node.set_param()
+        with pytest.raises(ValueError, match="scalar F32"):
+            a.set_loss()
+        rope = ctx.rope(f32(ctx, 3, 2, 4), ctx.from_numpy(np.arange(3, dtype=np.int32)), 2)
+        with pytest.raises(ValueError, match="rope offset"):
+            rope.set_rope_offset(1)
+        with pytest.raises(ValueError, match="FLASH_ATTN_EXT"):
+            node.set_flash_attn_n_kv_max(3)
+        mm = ctx.mul_mat(a, a)
+        with pytest.raises(ValueError, match="source index"):
+            mm.set_prec(src={11: 0})
+
+    def test_graph_building(self, ctx):  # ggml_visit_parents_graph, ggml_build_backward_expand, ggml_graph_reset
+        a = f32(ctx, 4)
+        with pytest.raises(ValueError, match="too small"):
+            ctx.new_graph(1).build_forward(ctx.add(ctx.add(a, a), a))
+        g = ctx.new_graph(64, grads=True).build_forward(ctx.sum(ctx.sqr(a)))
+        with pytest.raises(ValueError, match="parameter"):
+            g.build_backward(ctx)
+        with pytest.raises(ValueError, match="backward"):
+            g.reset()
+        with pytest.raises(ValueError, match="grads=True"):
+            ctx.new_graph(64).build_forward(a).build_backward(ctx)
+
+    def test_backward_refuses_ops_without_gradients(self, ctx):  # ggml_compute_backward defaults
+        p = f32(ctx, 4).set_param()
+        loss = ctx.sum(ctx.sin(ctx.tanh(p))).set_loss()
+        with pytest.raises(ValueError, match="no backward pass"):
+            ctx.new_graph(64, grads=True).build_forward(loss).build_backward(ctx)
+
+    def test_closed_objects(self, cpu):  # the NULL-handle asserts of ggml-backend.cpp
+        b = CPUBackend(1)
+        b.close()
+        with pytest.raises(ClosedError):
+            b.synchronize()
+        with pytest.raises(pyggml.GGMLError, match="NULL"):
+            Buffer(pyggml.ffi.NULL, owned=False)
+
+
+class TestBackendAllocSched:
+    def _allocated(self, c, backend):
+        a = c.new_tensor("f32", [4])
+        out = c.add(a, a)
+        g = c.new_graph(8).build_forward(out)
+        return a, out, g
+
+    def test_backend_tensor_io(self, cpu):  # ggml_backend_tensor_set/get(_async), _memset, _copy
+        with Context.for_tensors(4) as c:
+            a, b = c.new_tensor("f32", [4]), c.new_tensor("f32", [5])
+            c.alloc_tensors(cpu)
+            with pytest.raises(ValueError, match="outside"):
+                cpu.tensor_set_async(a, np.zeros(5, np.float32))
+            with pytest.raises(ValueError, match="outside"):
+                Backend.tensor_memset(a, 0, offset=8, size=16)
+            with pytest.raises(ValueError, match="same type, ne and nb"):
+                Backend.tensor_copy(a, b)
+            with pytest.raises(ValueError, match="shape"):
+                a.set(np.zeros(5, np.float32))
+
+    def test_backend_compute(self, cpu):  # ggml_backend_graph_compute: unallocated graph
+        with Context.for_tensors(8, graph_size=8) as c:
+            _, _, g = self._allocated(c, cpu)
+            with pytest.raises(ValueError, match="no data"):
+                cpu.graph_compute(g)
+
+    def test_kernel_table(self, cpu):  # ops.cpp type dispatch ("fatal error")
+        with Context(1 << 20) as c:
+            out = c.sum_rows(c.from_numpy(np.zeros((2, 8), np.float16)))
+            g = c.new_graph().build_forward(out)
+            with pytest.raises(ValueError, match="cannot compute"):
+                cpu.graph_compute(g)
+
+    def test_trial_compute(self, cpu):  # kernels of Context.op nodes (group_norm is F32 only)
+        with Context(1 << 20) as c:
+            out = c.op("group_norm", c.from_numpy(np.zeros((4, 2, 8), np.float16)), 2, 1e-5)
+            g = c.new_graph().build_forward(out)
+            with pytest.raises(ValueError, match="would abort the process"):
+                cpu.graph_compute(g)
+
+    def test_alloc_ctx_tensors(self, cpu):  # ggml_backend_alloc_ctx_tensors_from_buft_impl
+        with Context(1 << 20) as c:
+            c.new_tensor("f32", [4])
+            with pytest.raises(ValueError, match="no_alloc"):
+                c.alloc_tensors(cpu)
+        with Context.for_tensors(2) as c:
+            with pytest.raises(ValueError, match="needs allocation"):
+                c.alloc_tensors(cpu)
+
+    def test_graph_allocator_memory_is_checked(self, cpu):  # gallocr-placed tensors after re-placement
+        with Context.for_tensors(16, graph_size=8) as c:
+            ga = GraphAllocator(cpu)
+            a, out, g = self._allocated(c, cpu)
+            ga.alloc_graph(g)
+            with pytest.raises(ValueError, match="not been computed"):
+                out.numpy()
+            ga.close()
+            with pytest.raises(ClosedError):
+                cpu.graph_compute(g)
+
+    def test_scheduler(self, cpu):  # ggml_backend_sched_new, _reserve/_alloc_graph, _set_tensor_backend
+        with pytest.raises(ValueError, match="twice"):
+            Scheduler([cpu, cpu])
+        with pytest.raises(ValueError, match="one buffer type per backend"):
+            Scheduler([cpu], bufts=[])
+        with Context.for_tensors(16, graph_size=8) as c, CPUBackend(1) as other:
+            sched = Scheduler([cpu], graph_size=1)
+            _, out, g = self._allocated(c, cpu)
+            with pytest.raises(ValueError, match="graph_size"):
+                sched.alloc_graph(g)
+            with pytest.raises(ValueError, match="not one of this scheduler's"):
+                sched.set_tensor_backend(out, other)
+            sched.close()
+
+    def test_utils(self, cpu):  # ggml_backend_tensor_alloc, _view_init, _compare_graph_backend, cpu_buffer_from_ptr
+        with Context.for_tensors(8, graph_size=8) as c:
+            a = c.new_tensor("f32", [4])
+            buf = cpu.alloc_buffer(256)
+            with pytest.raises(ValueError, match="do not fit"):
+                tensor_alloc(buf, a, offset=1)
+            with pytest.raises(ValueError, match="unplaced view"):
+                view_init(a)
+            tensor_alloc(buf, a)
+            out = c.add(a, a)
+            g = c.new_graph(8).build_forward(out)
+            GraphAllocator(cpu).alloc_graph(g)
+            with pytest.raises(ValueError, match="not a node"):
+                compare_graph_backend(cpu, cpu, g, lambda *x: True, test_nodes=[a])
+        raw = np.zeros(100, np.uint8)
+        with pytest.raises(ValueError, match="aligned"):
+            cpu_buffer_from_array(raw[1:65])
+
+    def test_events(self, cpu):  # ggml_backend_event_* (the CPU device has no events)
+        from pyggml.event import Event
+
+        with pytest.raises(ValueError, match="events"):
+            Event(cpu.device)
+
+
+class TestGGUF:
+    def test_writer(self, tmp_path):  # gguf_add_tensor, gguf_check_reserved_keys, gguf_kv
+        with GGUFWriter() as w:
+            w.add_tensor("t", np.zeros(4, np.float32))
+            with pytest.raises(ValueError, match="duplicate"):
+                w.add_tensor("t", np.zeros(4, np.float32))
+            with pytest.raises(ValueError, match="alignment"):
+                w.add_value("general.alignment", 64)
+            with pytest.raises(ValueError, match="empty"):
+                w.add_value("", 1)
+
+    def test_reader(self, tmp_path):  # gguf_get_val_* typed getters, key ids
+        from pyggml.gguf import GGUFFile, GGUFValueType, write_gguf
+
+        path = tmp_path / "x.gguf"
+        write_gguf(path, {"a.b": 3}, {"t": np.zeros(4, np.float32)})
+        with GGUFFile(path) as f:
+            with pytest.raises(TypeError):
+                f.metadata.get_typed("a.b", GGUFValueType.STRING)
+            with pytest.raises(KeyError):
+                f.metadata["missing"]
+
+
+# ==============================================================================================
+# Part 2: gaps (strict xfail, in a subprocess)
+# ==============================================================================================
+
+PRELUDE = """
+import numpy as np, pyggml
+from pyggml import Context, CPUBackend
+ctx = Context(16 << 20)
+def T(*ne, t="f32"):
+    x = ctx.new_tensor(t, list(ne))
+    x.set(np.zeros(x.shape, np.int32 if t in ("i32", "i64") else np.float32))
+    return x
+def compute(out):
+    ctx.new_graph(256).build_forward(out).compute(CPUBackend(1))
+"""
+
+EPILOGUE = """
+try:
+    run()
+except (ValueError, TypeError, MemoryError, KeyError, pyggml.GGMLError) as e:
+    print("RAISED", type(e).__name__, e)
+else:
+    print("NO ERROR")
+"""
+
+
+def _run_case(body: str, prelude: str = PRELUDE) -> subprocess.CompletedProcess:
+    code = prelude + "\ndef run():\n" + textwrap.indent(textwrap.dedent(body).strip(), "    ") + "\n" + EPILOGUE
+    env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent), GGML_NO_BACKTRACE="1")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+ABORTED = (-6, 134)  # SIGABRT (ggml_abort -> abort())
+
+
+def assert_raised(body: str, prelude: str = PRELUDE, *, where: str) -> None:
+    """What the fix of a gap must achieve: the process survives and pyggml raised. Today the
+    process aborts in ggml source file ``where`` (AssertionError: the expected failure). Any
+    other way of dying, or an abort elsewhere, is a bug of the test itself and raises
+    RuntimeError, which the xfail markers do not accept."""
+    r = _run_case(body, prelude)
+    if r.returncode not in (0, *ABORTED):
+        raise RuntimeError(f"the case failed in another way ({r.returncode}): {r.stderr.strip()[-800:]}")
+    if r.returncode in ABORTED and f"/{where}" not in r.stderr:
+        raise RuntimeError(f"aborted outside {where}: {r.stderr.strip()[-400:]}")
+    assert r.returncode == 0, f"the interpreter died ({r.returncode}): {r.stderr.strip()[-400:]}"
+    assert "RAISED" in r.stdout, f"no exception: {r.stdout.strip()[-400:]}"
+
+
+def gap(reason: str):
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"gap: {reason}")
+
+
+@gap("G1 Backend.tensor_copy of a view made after its source was allocated "
+     "(buffer NULL): ggml-backend.cpp:205 ggml_backend_buffer_get_type")
+def test_gap_g1_tensor_copy_unplaced_view():
+    assert_raised("""
+        from pyggml.backend import Backend
+        c = Context(1 << 20, no_alloc=True)
+        a, b = c.new_tensor("f32", [8]), c.new_tensor("f32", [4])
+        c.alloc_tensors(CPUBackend(1))
+        Backend.tensor_copy(c.view(a, [4]), b)
+    """, where='ggml-backend.cpp')
+
+
+@gap("G2 Scheduler does not apply the CPU kernel table: ops.cpp:1506 (sum_rows of F16)")
+def test_gap_g2_scheduler_kernel_table():
+    assert_raised("""
+        c = Context(1 << 20, no_alloc=True)
+        out = c.sum_rows(c.new_tensor("f16", [8, 2]))
+        pyggml.Scheduler([CPUBackend(1)]).compute(c.new_graph().build_forward(out))
+    """, where='ggml-cpu/ops.cpp')
+
+
+@gap("G3 the forked trial compute of graphs with Context.op nodes is skipped: ops.cpp:4479")
+@pytest.mark.parametrize("case", [
+    # by the scheduler
+    """
+    c = Context(1 << 20, no_alloc=True)
+    out = c.op("group_norm", c.new_tensor("f16", [8, 2, 4]), 2, 1e-5)
+    pyggml.Scheduler([CPUBackend(1)]).compute(c.new_graph().build_forward(out))
+    """,
+    # for a graph held by another context than the node's
+    """
+    c2 = Context(1 << 20)
+    out = c2.op("group_norm", c2.new_tensor("f16", [8, 2, 4]), 2, 1e-5)
+    compute(out)
+    """,
+], ids=["scheduler", "graph-in-other-context"])
+def test_gap_g3_trial_compute_skipped(case):
+    assert_raised(case, where='ggml-cpu/ops.cpp')
+
+
+@gap("G4 Tensor.set_input on a node: ggml.c:8004 ggml_set_input")
+def test_gap_g4_set_input_on_node():
+    assert_raised("""
+        a = T(4)
+        ctx.add(a, a).set_input()
+    """, where='ggml.c')
+
+
+@gap("G5 Ops.arange with a negative step: ggml.c:5489 GGML_ASSERT(stop > start)")
+def test_gap_g5_arange_negative_step():
+    assert_raised("ctx.arange(5.0, 0.0, -1.0)", where='ggml.c')
+
+
+@gap("G6 element count above INT64_MAX: ggml.c:1787 ggml_new_tensor_impl")
+@pytest.mark.parametrize("case", [
+    'Context(1 << 20, no_alloc=True).new_tensor("iq1_s", [2**40, 2**23])',
+    """
+    c = Context(1 << 20, no_alloc=True)
+    c.mul_mat(c.new_tensor("f32", [1, 2**32]), c.new_tensor("f32", [1, 2**32]))
+    """,
+], ids=["new_tensor-quantized", "mul_mat-result"])
+def test_gap_g6_element_count_overflow(case):
+    assert_raised(case, where="ggml.c")
+
+
+BACKWARD_CASES = {
+    "swiglu-unsplit": "a = T(8, 2).set_param(); out = ctx.swiglu(a)",                   # ggml.c:7219
+    "soft_max-mask-param": "a = T(4, 2).set_param(); out = ctx.soft_max(a, T(4, 2).set_param())",  # 7102
+    "cross_entropy-labels-param": "out = ctx.cross_entropy_loss(T(4, 2).set_param(), T(4, 2).set_param())",  # 7213
+    "mul_mat-broadcast": "out = ctx.mul_mat(T(4, 3, 1, 1).set_param(), T(4, 5, 1, 2))",     # 6934
+    "get_rows-3d": 'out = ctx.get_rows(T(4, 3, 2).set_param(), T(2, 2, t="i32"))',          # 3993
+    "rope-freq_factors-param":
+        'out = ctx.rope(T(4, 2, 3).set_param(), T(3, t="i32"), 4, freq_factors=T(2).set_param())',  # 7129
+    "win_part": 'out = ctx.op("win_part", T(4, 6, 6).set_param(), 2)',                     # 1942
+    "view-of-f16": 'out = ctx.cast(ctx.view(T(4, 2, t="f16").set_param(), [4]), "f32")',    # 2197
+    "view-of-permuted": "out = ctx.cont(ctx.view(ctx.permute(T(4, 2).set_param(), 1, 0), [2]))",  # 3463
+    "cont-of-transposed-gradient": "out = ctx.cont(ctx.transpose(ctx.cont(T(4, 2).set_param())))",  # 7011
+}
+
+
+@gap("G7 Graph.build_backward reaches asserts of ggml_compute_backward and of the "
+     "constructors it calls")
+@pytest.mark.parametrize("case", list(BACKWARD_CASES.values()), ids=list(BACKWARD_CASES))
+def test_gap_g7_build_backward(case):
+    assert_raised(case + "\nloss = ctx.sum(out).set_loss()\n"
+                  "ctx.new_graph(2048, grads=True).build_forward(loss).build_backward(ctx)", where="ggml.c")
+
+
+PYBUFT_PRELUDE = PRELUDE + """
+from pyggml.impl import HostBuffer, PyBufferType
+from pyggml.alloc import GraphAllocator
+class Padded(PyBufferType):
+    def get_name(self): return "PADDED"
+    def alloc_buffer(self, size): return HostBuffer(size)
+    def is_host(self): return True
+    def get_alloc_size(self, t): return int(pyggml.lib.ggml_nbytes(t.ptr)) + 64
+"""
+
+
+@gap("G8 a Python buffer type's get_alloc_size above ggml_nbytes for an ADD node: "
+     "ggml-backend.cpp:71 ggml_backend_buft_get_alloc_size")
+def test_gap_g8_python_buffer_type_alloc_size():
+    assert_raised("""
+        c = Context(1 << 20, no_alloc=True)
+        a = c.new_tensor("f32", [4])
+        g = c.new_graph().build_forward(c.add(a, a))
+        GraphAllocator(Padded().as_buffer_type()).alloc_graph(g)
+    """, PYBUFT_PRELUDE, where='ggml-backend.cpp')
+
+
+@gap("G9 out-of-range row indices (data): ops.cpp:5363 get_rows, 5488 set_rows")
+@pytest.mark.parametrize("case", [
+    "compute(ctx.get_rows(ctx.from_numpy(np.zeros((3, 4), np.float32)), ctx.from_numpy(np.array([0, 7], np.int32))))",
+    ("compute(ctx.set_rows(ctx.from_numpy(np.zeros((3, 4), np.float32)), ctx.from_numpy(np.ones((2, 4), np.float32)), "
+     "ctx.from_numpy(np.array([0, 9], np.int64))))"),
+], ids=["get_rows", "set_rows"])
+def test_gap_g9_row_indices_out_of_range(case):
+    assert_raised(case, where='ggml-cpu/ops.cpp')
+
+
+@gap("G10 Ops.diag_mask_inf with n_past < 0: ops.cpp:5738")
+def test_gap_g10_diag_mask_negative_n_past():
+    assert_raised("compute(ctx.diag_mask_inf(T(4, 3), -1))", where='ggml-cpu/ops.cpp')
+
+
+@gap("G11 negative or NaN eps of norm / rms_norm / l2_norm: ops.cpp:4026, 4132, 4502")
+@pytest.mark.parametrize("case", [
+    "compute(ctx.norm(T(4, 3), -1.0))",
+    "compute(ctx.rms_norm(T(4, 3), -1.0))",
+    "compute(ctx.l2_norm(T(4, 3), float('nan')))",
+], ids=["norm", "rms_norm", "l2_norm-nan"])
+def test_gap_g11_negative_eps(case):
+    assert_raised(case, where="ggml-cpu/ops.cpp")
+
+
+LAYOUT_CASES = {
+    "repeat": "compute(ctx.repeat(Tt, T(12, 8)))",                 # ops.cpp:1720
+    "sum_rows": "compute(ctx.sum_rows(Tt))",                        # ops.cpp:1470
+    "cumsum": "compute(ctx.cumsum(Tt))",                            # ops.cpp:1416
+    "rms_norm": "compute(ctx.rms_norm(Tt))",                        # ops.cpp:4123
+    "clamp": "compute(ctx.clamp(Tt, 0, 1))",                        # ops.cpp:6074
+    "diag_mask_inf": "compute(ctx.diag_mask_inf(Tt, 0))",          # ops.cpp:5745
+    "acc": "compute(ctx.acc(T(6, 4), Tt, 24, 96, 96, 0))",         # ops.cpp:1206
+    "scale-row-padded": "compute(ctx.scale(ctx.view(T(8, 4), [4, 4], [32]), 2.0))",  # ops.cpp:4886
+    "rope": 'compute(ctx.rope(ctx.permute(T(4, 2, 3), 1, 0, 2), T(3, t="i32"), 2))',  # ops.cpp:6347
+    "flash_attn-q": 'compute(ctx.flash_attn(ctx.permute(T(2, 4, 1, 1), 1, 0, 2, 3), T(4, 3, 1, 1, t="f16"), '
+                    'T(4, 3, 1, 1, t="f16")))',                    # ops.cpp:9467
+    "cpy-from-quantized": 'compute(ctx.cpy(T(32, 2, t="q8_0"), ctx.transpose(T(2, 32))))',  # ops.cpp:491
+    "cpy-to-quantized-view": 'compute(ctx.cpy(T(32, 2), ctx.view(T(64, 2, t="q8_0"), [32, 2], [68])))',  # ops.cpp:321
+    "mul_mat-src1": "compute(ctx.mul_mat(T(6, 3), Tt))",            # ggml-cpu.c:1289
+    "add": "compute(ctx.add(Tt, Tt))",                              # binary-ops.cpp:59
+    "sqr": "compute(ctx.sqr(Tt))",                                  # unary-ops.cpp:114
+}
+
+
+@gap("G12 CPU kernels assert unit-stride / contiguous sources the constructors and the kernel "
+     "table accept")
+@pytest.mark.parametrize("case", list(LAYOUT_CASES.values()), ids=list(LAYOUT_CASES))
+def test_gap_g12_kernel_layouts(case):
+    assert_raised("Tt = ctx.transpose(T(4, 6))\n" + case, where='ggml-cpu/')
+
+
+@gap("G13 Ops.rope with a mode the CPU kernel does not know: ops.cpp:6447")
+def test_gap_g13_rope_mode():
+    assert_raised('compute(ctx.rope(T(4, 2, 3), T(3, t="i32"), 4, mode=4))', where='ggml-cpu/ops.cpp')
+
+
+@gap("G14 flash_attn K/V types without CPU kernels: ops.cpp:8923")
+def test_gap_g14_flash_attn_kv_types():
+    assert_raised('compute(ctx.flash_attn(T(4, 2, 1, 1), T(4, 3, 1, 1, t="i32"), T(4, 3, 1, 1, t="i32")))',
+                  where="ggml-cpu/ops.cpp")
+
+
+PYBACKEND_PRELUDE = PRELUDE + """
+from pyggml import GGMLType, Scheduler
+from pyggml.cpu import cpu_buffer_type
+from pyggml.device import device_by_name
+from pyggml.impl import HostBuffer, PyBackend, PyBufferType, PyDevice, PyRegistry, register
+from pyggml.ops import host_array
+from pyggml.alloc import GraphAllocator
+from pyggml.utils import graph_copy
+MODE = None
+
+class AddBackend(PyBackend):
+    def graph_compute(self, graph):
+        for node in graph.nodes:
+            if not node.is_empty_op():
+                host_array(node)[...] = host_array(node.src[0]) + host_array(node.src[1])
+    def graph_optimize(self, graph, params):
+        if params is not None and MODE == "dep":
+            params.add_alloc_dep(graph.nodes[0], graph.leafs[0])   # `until` is a leaf
+
+class NoViews(HostBuffer):
+    def init_tensor(self, t):
+        if t.view_src is not None:
+            raise RuntimeError("no views here")
+
+class NoViewsType(PyBufferType):
+    def get_name(self): return "NOVIEWS"
+    def alloc_buffer(self, size): return NoViews(size)
+    def is_host(self): return True
+
+class AddDevice(PyDevice):
+    def get_name(self): return "PYADD"
+    def get_description(self): return "ADD in NumPy"
+    def init_backend(self, params): return AddBackend(self)
+    def get_buffer_type(self): return NoViewsType() if MODE == "copy" else cpu_buffer_type()
+    def supports_op(self, op):
+        return op.is_empty_op() or (op.op_name == "ADD" and op.type == GGMLType.F32
+                                    and op.src[0].ne == op.src[1].ne)
+    def offload_op(self, op): return True
+
+def setup(mode):
+    global MODE
+    MODE = mode
+    register(PyRegistry("PYADD", [AddDevice()]))
+    be, cpu = device_by_name("PYADD").init(), CPUBackend(1)
+    c = Context.for_tensors(16, graph_size=32)
+    a = c.new_tensor("f32", [4, 2]).set_input()
+    b = c.new_tensor("f32", [4, 2]).set_input()
+    return be, cpu, c, a, b
+"""
+
+
+@gap("G15 a Python backend's GraphOptimizeParams.add_alloc_dep with an `until` that is not a "
+     "node: ggml-backend.cpp:1561")
+def test_gap_g15_add_alloc_dep_until_not_a_node():
+    assert_raised("""
+        be, cpu, c, a, b = setup("dep")
+        g = c.new_graph(32).build_forward(c.add(c.add(a, b), b))
+        s = Scheduler([be, cpu], graph_size=64)
+        s.alloc_graph(g)
+        a.set(np.ones((2, 4), np.float32)); b.set(np.ones((2, 4), np.float32))
+        s.compute(g)
+    """, PYBACKEND_PRELUDE, where='ggml-backend.cpp')
+
+
+@gap("G16 graph copy to a Python backend whose buffer's init_tensor fails for a view: "
+     "ggml-backend.cpp:2210 graph_copy_init_tensor")
+def test_gap_g16_graph_copy_init_tensor_failure():
+    assert_raised("""
+        be, cpu, c, a, b = setup("copy")
+        g = c.new_graph(32).build_forward(c.add(c.view(a, [4, 2]), b))
+        GraphAllocator(cpu).alloc_graph(g)
+        a.set(np.ones((2, 4), np.float32)); b.set(np.ones((2, 4), np.float32))
+        graph_copy(be, g)
+    """, PYBACKEND_PRELUDE, where='ggml-backend.cpp')
+
+
+@gap("G17 Tensor.set_prec(acc=F16) on a flash-attention node: ops.cpp:9589")
+def test_gap_g17_flash_attn_accumulator_precision():
+    assert_raised("""
+        out = ctx.flash_attn(T(4, 2, 1, 1), T(4, 3, 1, 1, t="f16"), T(4, 3, 1, 1, t="f16"))
+        out.set_prec(acc=pyggml.lib.GGML_PREC_F16)
+        compute(out)
+    """, where='ggml-cpu/ops.cpp')
+
+
+@gap("G18 Scheduler graph_size equal to nodes + leafs: the scheduler's hash set is full, "
+     "ggml-impl.h:330 ggml_hash_find_or_insert")
+def test_gap_g18_scheduler_hash_set_full():
+    assert_raised("""
+        c = Context.for_tensors(8, graph_size=8)
+        a = c.new_tensor("f32", [4])
+        pyggml.Scheduler([CPUBackend(1)], graph_size=2).alloc_graph(c.new_graph(8).build_forward(c.add(a, a)))
+    """, where='ggml-impl.h')
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="side finding (no abort): pyggml.cpu._CPU_CHECKS slices a cdata array as "
+                   "p.src[:2]; cffi raises IndexError, so cross_entropy_loss cannot be computed on "
+                   "the CPU")
+def test_side_finding_cross_entropy_loss_computes():
+    r = _run_case("compute(ctx.cross_entropy_loss(T(4, 2), T(4, 2)))")
+    assert r.returncode == 1 and "IndexError" in r.stderr or r.returncode == 0, r.stderr[-800:]
+    assert "NO ERROR" in r.stdout, r.stderr.strip().splitlines()[-1]

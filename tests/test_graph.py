@@ -1,0 +1,53 @@
+"""pyggml.graph: graph size checks and backward graphs against NumPy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyggml import Context, GGMLType
+
+rng = np.random.default_rng(1)
+
+
+def test_graph_too_small_raises():
+    with Context(1 << 20) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [4])
+        for _ in range(10):
+            x = x + x
+        with pytest.raises(ValueError, match="too small"):
+            ctx.new_graph(size=5).build_forward(x)
+
+
+def test_backward_graph_gradients_match_numpy():
+    X = rng.standard_normal((8, 3)).astype(np.float32)
+    W = rng.standard_normal((2, 3)).astype(np.float32)
+    Y = rng.standard_normal((8, 2)).astype(np.float32)
+    with Context(16 << 20) as ctx:
+        x, y = ctx.from_numpy(X), ctx.from_numpy(Y)
+        w = ctx.from_numpy(W).set_param()
+        loss = ctx.sum(ctx.sqr(ctx.mul_mat(w, x) - y)).set_loss()     # ‖X Wᵀ − Y‖²
+        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
+        g.reset()
+        g.compute(n_threads=2)
+        np.testing.assert_allclose(loss.numpy(), [((X @ W.T - Y) ** 2).sum()], rtol=1e-5)
+        np.testing.assert_allclose(g.grad(w).numpy(), 2 * (X @ W.T - Y).T @ X, rtol=1e-5, atol=1e-5)
+        assert g.grad(x) is None
+
+
+def test_backward_refuses_what_ggml_aborts_on():
+    with Context(16 << 20) as ctx:
+        a = ctx.from_numpy(np.ones((2, 4), dtype=np.float32)).set_param()
+        loss = ctx.sum(ctx.unary("gelu", a)).set_loss()               # GELU has no backward
+        with pytest.raises(ValueError, match="no backward pass for UNARY"):
+            ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
+        with pytest.raises(ValueError, match="grads=True"):
+            ctx.new_graph(256).build_forward(loss).build_backward(ctx)
+        b = ctx.from_numpy(np.ones((2, 4), dtype=np.float32))
+        no_param = ctx.sum(ctx.sqr(b)).set_loss()
+        with pytest.raises(ValueError, match="parameter"):
+            ctx.new_graph(256, grads=True).build_forward(no_param).build_backward(ctx)
+        ok = ctx.sum(ctx.sqr(a)).set_loss()
+        with pytest.raises(ValueError, match="too small"):
+            ctx.new_graph(8, grads=True).build_forward(ok).build_backward(ctx)
+        with pytest.raises(ValueError, match="scalar"):
+            a.set_loss()

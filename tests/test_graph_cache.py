@@ -1,0 +1,73 @@
+"""pyggml.graph_cache: graphs built once per key, computed again with new inputs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyggml import ClosedError, CPUBackend, GraphCache, Scheduler
+
+rng = np.random.default_rng(5)
+
+
+def build(ctx, n, m):
+    x = ctx.new_tensor("f32", [n, m])
+    w = ctx.new_tensor("f32", [n, 3])
+    y = ctx.soft_max(ctx.mul_mat(w, x))          # NumPy (m, 3)
+    return {"x": x, "w": w}, {"y": y, "xx": ctx.sqr(x)}
+
+
+def reference(x, w):
+    z = x @ w.T
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("use_sched", [False, True])
+def test_a_graph_per_key_reused_with_new_inputs(use_sched):
+    with CPUBackend(n_threads=2) as cpu:
+        sched = Scheduler([cpu]) if use_sched else None
+        cache = GraphCache(build, backend=None if use_sched else cpu, scheduler=sched, max_graphs=2)
+        for round in range(3):
+            for n, m in ((4, 2), (8, 5)):
+                x = rng.standard_normal((m, n)).astype(np.float32)
+                w = rng.standard_normal((3, n)).astype(np.float32)
+                out = cache.compute((n, m), x=x, w=w)
+                np.testing.assert_allclose(out["y"], reference(x, w), rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(out["xx"], x * x, rtol=1e-6)
+        assert cache.builds == 2 and len(cache) == 2
+        cache.compute((2, 2), x=np.ones((2, 2), np.float32), w=np.ones((3, 2), np.float32))
+        assert cache.builds == 3 and len(cache) == 2     # the least recently used went
+        cache.compute((8, 5), outputs=["xx"], x=np.ones((5, 8), np.float32), w=np.ones((3, 8), np.float32))
+        assert cache.builds == 3
+        cache.close()
+        if sched is not None:
+            sched.close()
+
+
+def test_wrong_inputs_are_refused():
+    with CPUBackend() as cpu, GraphCache(build, backend=cpu) as cache:
+        with pytest.raises(ValueError, match="missing"):
+            cache.compute((4, 2), x=np.ones((2, 4), np.float32))
+        with pytest.raises(ValueError, match="unknown"):
+            cache.compute((4, 2), x=np.ones((2, 4), np.float32), w=np.ones((3, 4), np.float32), z=1)
+        with pytest.raises(ValueError, match="shape"):
+            cache.compute((4, 2), x=np.ones((4, 2), np.float32), w=np.ones((3, 4), np.float32))
+        with pytest.raises(ValueError):
+            GraphCache(build)
+
+
+def test_outputs_of_a_graph_the_cache_dropped_are_closed():
+    with CPUBackend() as cpu, GraphCache(build, backend=cpu, max_graphs=1) as cache:
+        cache.compute((4, 2), x=np.ones((2, 4), np.float32), w=np.ones((3, 4), np.float32))
+        old = cache.get((4, 2)).outputs["y"]
+        cache.compute((4, 3), x=np.ones((3, 4), np.float32), w=np.ones((3, 4), np.float32))
+        with pytest.raises(ClosedError):
+            old.numpy()
+
+
+def test_compute_async_then_result():
+    with CPUBackend() as cpu, GraphCache(build, backend=cpu) as cache:
+        x = rng.standard_normal((2, 4)).astype(np.float32)
+        w = rng.standard_normal((3, 4)).astype(np.float32)
+        pending = cache.compute_async((4, 2), x=x, w=w)
+        np.testing.assert_allclose(pending.result()["y"], reference(x, w), rtol=1e-5, atol=1e-6)
