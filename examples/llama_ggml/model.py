@@ -25,8 +25,10 @@ from typing import Sequence
 import numpy as np
 
 import pyggml
-from pyggml import Context, CPUBackend, GGMLType, Scheduler, Tensor, callbacks, ffi, lib
+from pyggml import Context, CPUBackend, GGMLType, Scheduler, Tensor, ffi, lib
+from pyggml.device import device_by_name
 from pyggml.gguf import GGUFFile
+from pyggml.impl import numpy as numpy_backend
 
 from .hparams import HParams, ModelError, check_tensors
 
@@ -39,9 +41,6 @@ def init_backend(name: str) -> pyggml.Backend:
     """A backend on the device ``name`` (``CUDA0``, ``Vulkan0``, ``RPC0``, ``NUMPY``..., case
     insensitive); ``numpy`` registers pyggml's NumPy backend first. Raises
     :class:`pyggml.BackendNotAvailableError` (a KeyError) saying why a device is missing."""
-    from pyggml import numpy_backend
-    from pyggml.device import device_by_name
-
     if name.upper() == numpy_backend.NAME:
         numpy_backend.register()
     return device_by_name(name).init()
@@ -62,7 +61,6 @@ class _Step:
     k_idx: Tensor         # I64 [T]: KV cell of each token
     v_idx: Tensor | None  # I64 [Hkv*D*T]: element index into the transposed V cache (no flash attention)
     logits: Tensor
-    checked: bool = False
 
     def close(self) -> None:
         self.sched.close()
@@ -128,7 +126,7 @@ class LlamaModel:
                 raise
         main = self.extra or self.cpu
         self.backends = [self.extra, self.cpu] if self.extra is not None else [self.cpu]
-        self._closables: list = []
+        self._closables: list[Context] = []
         try:
             # weights: the file's bytes straight into one buffer of the main device (quantized
             # tensors stay quantized)
@@ -142,7 +140,7 @@ class LlamaModel:
         except BaseException:
             self.close()
             raise
-        self._steps: OrderedDict[tuple, _Step] = OrderedDict()
+        self._steps: OrderedDict[tuple[int, int, bool], _Step] = OrderedDict()
         self.n_past = 0
         self.graphs_built = 0
         self.t_compute = 0.0   # seconds inside ggml's compute, summed
@@ -212,10 +210,12 @@ class LlamaModel:
         k = ctx.reshape(linear("attn_k", cur), D, Hkv, T)                            # [D, Hkv, T]
         v = linear("attn_v", cur)                                                    # [Hkv*D, T]
         # GGUF llama Q/K rows are permuted for ggml's normal rope (mode 0)
-        rope = dict(n_dims=hp.n_rot, mode=0, n_ctx_orig=hp.n_ctx_train, freq_base=hp.rope_freq_base,
-                    freq_scale=hp.rope_freq_scale, freq_factors=w.get("rope_freqs.weight"))
-        q = ctx.rope(q, inp["pos"], **rope)
-        k = ctx.rope(k, inp["pos"], **rope)
+        def rope(a: Tensor) -> Tensor:
+            return ctx.rope(a, inp["pos"], hp.n_rot, mode=0, n_ctx_orig=hp.n_ctx_train,
+                            freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale,
+                            freq_factors=w.get("rope_freqs.weight"))
+
+        q, k = rope(q), rope(k)
 
         # write this batch's K and V into the cache, then attend to its first K cells
         kc, vc = self.cache_k[il], self.cache_v[il]
@@ -253,15 +253,15 @@ class LlamaModel:
         n_tensors = 48 * hp.n_layer + 64
         ctx = Context.for_tensors(n_tensors, graph_size=n_tensors)
         try:
-            inp = {
+            inp: dict[str, Tensor] = {
                 "tokens": ctx.new_tensor(GGMLType.I32, [T], name="inp_tokens").set_input(),
                 "pos": ctx.new_tensor(GGMLType.I32, [T], name="inp_pos").set_input(),
                 "kq_mask": ctx.new_tensor(GGMLType.F16 if self.flash_attn else GGMLType.F32, [K, T],
                                           name="kq_mask").set_input(),
                 "k_idx": ctx.new_tensor(GGMLType.I64, [T], name="k_idx").set_input(),
             }
-            inp["v_idx"] = None if self.flash_attn else \
-                ctx.new_tensor(GGMLType.I64, [hp.n_embd_kv * T], name="v_idx").set_input()
+            if not self.flash_attn:
+                inp["v_idx"] = ctx.new_tensor(GGMLType.I64, [hp.n_embd_kv * T], name="v_idx").set_input()
             x = ctx.get_rows(self.w["token_embd.weight"], inp["tokens"])              # [E, T] F32
             for il in range(hp.n_layer):
                 x = self._layer(ctx, il, x, inp, T, K, last_only=(il == hp.n_layer - 1 and not all_logits))
@@ -281,7 +281,7 @@ class LlamaModel:
             raise
         self.graphs_built += 1
         return _Step(T, K, ctx, graph, sched, inp["tokens"], inp["pos"], inp["kq_mask"], inp["k_idx"],
-                     inp["v_idx"], logits)
+                     inp.get("v_idx"), logits)
 
     def _step(self, T: int, K: int, all_logits: bool) -> _Step:
         key = (T, K, all_logits)
@@ -323,16 +323,9 @@ class LlamaModel:
     # ------------------------------------------------------------------ compute
     def _compute(self, step: _Step) -> None:
         t0 = time.perf_counter()
-        if not step.checked:
-            step.sched.compute(step.graph)  # pyggml's checked path, once per graph
-            step.checked = True
-        else:
-            # the same graph again: only the inputs changed, and Scheduler.compute would walk
-            # its ~1000 nodes in Python to check them again
-            status = lib.ggml_backend_sched_graph_compute(step.sched.ptr, step.graph.ptr)
-            callbacks.raise_pending()  # an exception in a Python backend
-            if status != lib.GGML_STATUS_SUCCESS:
-                raise pyggml.GGMLError(f"graph compute failed with status {status}")
+        # the same graph again: the scheduler keeps its allocation and its checks of the graph
+        # (pyggml.sched), so this is ggml's compute plus a check of the graph's memory in C
+        step.sched.compute(step.graph)
         self.t_compute += time.perf_counter() - t0
         self.n_compute += 1
 
@@ -344,17 +337,17 @@ class LlamaModel:
         Raises ValueError for an empty batch, an id outside the vocabulary, or more tokens than
         the cache holds (``n_ctx``); nothing is computed then.
         """
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size == 0:
+        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if a.size == 0:
             raise ValueError("no tokens to evaluate")
-        if ids.min() < 0 or ids.max() >= self.hp.n_vocab:
+        if a.min() < 0 or a.max() >= self.hp.n_vocab:
             raise ValueError(f"token ids must be in 0..{self.hp.n_vocab - 1}")
-        if self.n_past + ids.size > self.n_ctx:
-            raise ValueError(f"{self.n_past} + {ids.size} tokens do not fit the context of {self.n_ctx} "
+        if self.n_past + a.size > self.n_ctx:
+            raise ValueError(f"{self.n_past} + {a.size} tokens do not fit the context of {self.n_ctx} "
                              "(use a larger n_ctx / --ctx-size)")
         out = []
-        for start in range(0, ids.size, self.n_batch):
-            out.append(self._eval_batch(ids[start:start + self.n_batch], all_logits))
+        for start in range(0, a.size, self.n_batch):
+            out.append(self._eval_batch(a[start:start + self.n_batch], all_logits))
         return np.concatenate(out) if all_logits else out[-1][-1]
 
     def _eval_batch(self, ids: np.ndarray, all_logits: bool) -> np.ndarray:

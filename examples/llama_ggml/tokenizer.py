@@ -82,7 +82,7 @@ class GGUFTokenizer:
         # respelled byte by byte
         spelling = _bytes_to_unicode()
         alphabet = set(spelling.values())
-        vocab = {}
+        vocab: dict[str, int] = {}
         for i, tok in enumerate(tokens):
             key = tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8"))
             vocab.setdefault(key, i)
@@ -131,8 +131,8 @@ class GGUFTokenizer:
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of ``text``; special tokens written in the text (``<|im_start|>``) become their
         ids. ``add_special``: prepend BOS when the file asks for it (``add_bos``)."""
-        ids = self._tk.encode(text, add_special_tokens=False).ids
-        if add_special and self.add_bos:
+        ids: list[int] = self._tk.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids
 
