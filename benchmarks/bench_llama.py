@@ -4,6 +4,7 @@ file and thread count, side by side.
 
     scripts/build_llama_bench.sh                      # once: build/llama.cpp/build/bin/llama-bench
     python benchmarks/bench_llama.py [--threads 2] [--repeat 5] [--rounds 3] [--model X.gguf]
+    python benchmarks/bench_llama.py --pyggml-only    # without llama-bench, even where it is built
 
 Tests, as llama-bench names them: ``pp64`` processes a 64-token prompt in one batch (tokens/s);
 ``tg64`` generates 64 tokens one at a time from an empty cache, without sampling (tokens/s).
@@ -15,8 +16,9 @@ busy machine the rounds move a lot, and a ratio of two runs made one after the o
 still, run it when nothing else runs).
 
 Also printed: the Python time per decode step, i.e. the step's wall time minus the time spent
-inside ``ggml_backend_sched_graph_compute`` (setting the five inputs, reading the logits, the
-bookkeeping), and the cost of pyggml's per-node Python abort callback (``interruptible=True``),
+inside :meth:`pyggml.Scheduler.compute` (``ggml_backend_sched_graph_compute`` and pyggml's
+checks of a graph it holds, cached: a C check of the graph's memory) -- setting the five inputs,
+reading the logits, the bookkeeping, and the cost of pyggml's per-node Python abort callback (``interruptible=True``),
 which the example switches off by default. Nothing here is asserted.
 """
 from __future__ import annotations
@@ -100,11 +102,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
+    p.add_argument("--pyggml-only", action="store_true", help="do not run llama-bench")
     a = p.parse_args()
     model = a.model or default_model_path()
-    exe = a.llama_bench if a.llama_bench.is_file() else (Path(shutil.which("llama-bench") or "") or None)
-    have_cpp = exe is not None and exe.is_file()
-    if not have_cpp:
+    found = shutil.which("llama-bench")
+    exe: Path = a.llama_bench if a.llama_bench.is_file() or found is None else Path(found)
+    have_cpp = exe.is_file() and not a.pyggml_only
+    if a.pyggml_only:
+        print("--pyggml-only: pyggml only\n")
+    elif not have_cpp:
         print(f"no llama-bench at {a.llama_bench} (scripts/build_llama_bench.sh builds it): pyggml only\n")
 
     print(f"{model.name}, {a.threads} threads, median of {a.repeat} runs, median of {a.rounds} rounds\n")
