@@ -3,35 +3,36 @@
 #
 #   scripts/build_llama_bench.sh            # -> build/llama.cpp/build/bin/llama-bench
 #
-# The source is the llama.cpp vendored in the PyPI source distribution
-# llama_cpp_python-0.3.36.tar.gz (its vendor/llama.cpp/), fetched from the package index
-# (PIP_INDEX_URL is honoured) by build_ggml.py's own downloader, checked against a pinned sha256
-# (a mismatch is a hard error) and cached in ~/.cache/pyggml (PYGGML_CACHE_DIR), like pyggml's
-# ggml sdist. Everything goes under build/llama.cpp/ (ignored by git); nothing of it is committed.
+# The source is the llama.cpp vendored in the PyPI source distribution that pyggml's ggml 0.25.3
+# comes from, llama_cpp_python-0.3.36.tar.gz (its vendor/llama.cpp/): the archive and its sha256
+# are those of pyggml_build/pins.py (PINS["0.25.3"]), fetched from the package index
+# (PIP_INDEX_URL is honoured) by the build's own downloader (pyggml_build.source.fetch_pinned),
+# checked against the pinned sha256 (a mismatch is a hard error) and cached in ~/.cache/pyggml
+# (PYGGML_CACHE_DIR), like pyggml's ggml source. Everything goes under build/llama.cpp/ (ignored
+# by git); nothing of it is committed.
 #
 # CPU only, tuned for this machine (GGML_NATIVE=ON) as pyggml's default build is, static
 # libraries, no curl, Release. Extra CMake options: CMAKE_ARGS="..." (they come last and win).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SDIST_PROJECT=llama-cpp-python
-SDIST_FILENAME=llama_cpp_python-0.3.36.tar.gz
-SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 OUT=build/llama.cpp
 PYTHON=${PYTHON:-python3}
 
-sdist=$("$PYTHON" - "$SDIST_PROJECT" "$SDIST_FILENAME" "$SDIST_SHA256" <<'PY'
+# prints: the archive's path, its sha256, its file name
+read -r sdist SDIST_SHA256 SDIST_FILENAME < <("$PYTHON" - <<'PY'
 import contextlib, os, sys
-from pathlib import Path
 sys.path.insert(0, os.getcwd())
-import build_ggml   # its pinned-download helper: one downloader for the project
-project, filename, sha256 = sys.argv[1:4]
-cache = Path(os.environ.get("PYGGML_CACHE_DIR", Path.home() / ".cache" / "pyggml"))
-with contextlib.redirect_stdout(sys.stderr):   # its log goes to stdout
-    path = build_ggml._fetch_pinned(project, filename, sha256, cache)
-print(path)
+from pyggml_build.pins import PINS
+from pyggml_build.source import cache_dir, fetch_pinned
+archive = PINS["0.25.3"].archive
+assert archive.project == "llama-cpp-python", archive
+with contextlib.redirect_stdout(sys.stderr):   # the build's log goes to stdout
+    path = fetch_pinned(archive.project, archive.filename, archive.sha256, cache_dir())
+print(path, archive.sha256, archive.filename)
 PY
 )
+[ -n "${SDIST_FILENAME:-}" ] || { echo "[build_llama_bench] could not get the llama.cpp source" >&2; exit 1; }
 
 src="$OUT/src"
 if [ "$(cat "$src/.sdist-sha256" 2>/dev/null)" != "$SDIST_SHA256" ]; then
