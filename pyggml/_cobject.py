@@ -40,9 +40,9 @@ _Self = TypeVar("_Self", bound="CBorrowed")
 
 
 class CBorrowed:
-    """What every object holding a C pointer offers: :attr:`ptr` (ClosedError once closed),
-    :attr:`closed`, :meth:`close`, ``with``. No instance layout of its own, so that the most
-    numerous borrowed objects (tensors) can keep just the slots they need."""
+    """What every object holding a C pointer offers: :attr:`~CObject.ptr` (ClosedError once
+    closed), :attr:`closed`, :meth:`close`, ``with``. No instance layout of its own, so that the
+    most numerous borrowed objects (tensors) can keep just the slots they need."""
 
     __slots__ = ()
 

@@ -15,7 +15,7 @@ class GGMLError(RuntimeError):
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
-        self.status = status
+        self.status = status  #: the failed ``enum ggml_status``, or None
 
 
 class ClosedError(ValueError):

@@ -86,7 +86,7 @@ class Graph(_cobject.CObject):
         self._gen = ctx._gen
         self.size = size
         self.grads = grads
-        self.version = 0              # changes made through pyggml (build_*)
+        self.version = 0              #: changes made through pyggml (``build_*``)
         self._backward = False
         self._seen: set[Any] = set()  # every node and leaf added so far
         self._n_leafs = 0

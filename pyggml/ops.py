@@ -219,7 +219,7 @@ class Ops(UncheckedOps):
         return self.unary("neg", a)
 
     def abs(self, a: Tensor) -> Tensor:
-        """``ggml_abs``: |a|."""
+        """``ggml_abs``: ``|a|``."""
         return self.unary("abs", a)
 
     def sgn(self, a: Tensor) -> Tensor:

@@ -18,7 +18,7 @@ from .raw.boundary import calling, check_status
 from .tensor import BorrowScope, Tensor, tensor_arg
 
 __all__ = ["GraphCopy", "graph_copy", "compare_graph_backend", "tensor_alloc", "view_init",
-           "tensor_from_numpy"]
+           "tensor_from_numpy", "from_dlpack"]
 
 
 def _check_in_buffers(graph: Graph) -> None:

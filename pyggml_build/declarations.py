@@ -48,7 +48,7 @@ from .pins import BACKEND_HEADERS
 __all__ = ["preprocess", "functions_by_header", "macro_constants", "callback_table", "cdef_source",
            "dl_trampolines", "enums_source", "function_info", "make_ffibuilder", "write_python_files",
            "generate", "compile_extension", "FIXUPS",
-           "ENUMS", "EXTERN_PREFIX"]
+           "ENUMS", "EXTERN_PREFIX", "DL_CDEF"]
 
 #: (pattern, replacement, why) applied to the preprocessed text.
 FIXUPS = [

@@ -2,8 +2,8 @@
 
 This is the one place that names upstream versions. A ggml version is built from a
 hash-pinned source archive on PyPI; ``PINS`` maps each supported version to it. Moving to a
-new ggml is a new row here (see "How to move to a new ggml" in the README), then a rebuild and
-the test suite.
+new ggml is a new row here (see "How to move to a new ggml" in ``docs/install.rst``), then a
+rebuild and the test suite.
 
 Each row also says where the few upstream files that pyggml's tests and examples compile come
 from (``extras``): ``tests/test-backend-ops.cpp`` (upstream's oracle, run against the NumPy
@@ -64,6 +64,7 @@ _EXAMPLES = {f"examples/{p}": (_LIBGGML_0_20_2, f"ggml/examples/{p}") for p in (
     "simple/simple-ctx.cpp", "simple/simple-backend.cpp",
     "mnist/mnist-common.cpp", "mnist/mnist-common.h", "mnist/mnist-train.cpp", "mnist/mnist-eval.cpp")}
 
+#: Every ggml version pyggml builds: version -> its :class:`Pin`.
 PINS: dict[str, Pin] = {
     "0.20.2": Pin("0.20.2", _LIBGGML_0_20_2, "ggml",
                   extras={},  # the ggml repository's tree has tests/ and examples/ itself

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build and test pyggml's non-default variants, each in its own virtual environment under build/,
-# with the same `pip install` a user runs (the README's variant commands):
+# with the same `pip install` a user runs (the variant commands of docs/install.rst):
 #
 #   scripts/check_variants.sh vulkan-rpc   # PYGGML_BACKENDS=cpu,vulkan,rpc: build, then the whole
 #                                          # test suite with Vulkan on Mesa's lavapipe and an RPC

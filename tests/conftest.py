@@ -5,6 +5,7 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,34 @@ if str(ROOT) not in sys.path:
 # tests/build/conftest.py: a second module named conftest would shadow this one for the
 # `from conftest import ...` of the test files collected after it.)
 collect_ignore = [] if importlib.util.find_spec("pyggml_build") is not None else ["build"]
+
+
+def docs_python_blocks(*, runnable_only: bool = True) -> list[tuple[str, str]]:
+    """(page:line, code) of every ``.. code-block:: python`` of the documentation's pages
+    (docs/), dedented. ``runnable_only`` leaves out those marked ``:class: notest`` (they need
+    what a test machine lacks, an RPC server say); tests/test_docs.py runs the others and
+    tests/test_typing.py type-checks them all."""
+    docs = ROOT / "docs"
+    blocks = []
+    for page in sorted(docs.rglob("*.rst")):
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() != ".. code-block:: python":
+                continue
+            indent = len(line) - len(line.lstrip()) + 3
+            j, options = i + 1, []
+            while j < len(lines) and lines[j].strip().startswith(":"):
+                options.append(lines[j].strip())
+                j += 1
+            body = []
+            for text in lines[j:]:
+                if text.strip() and len(text) - len(text.lstrip()) < indent:
+                    break
+                body.append(text)
+            if not (runnable_only and ":class: notest" in options):
+                blocks.append((f"{page.relative_to(docs)}:{i + 1}",
+                               textwrap.dedent("\n".join(body)).strip() + "\n"))
+    return blocks
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,10 +3,10 @@
 One ``mypy --strict`` run (the settings of pyproject.toml's ``[tool.mypy]``) over the built
 package (with its generated stub ``pyggml/_ggml.pyi``), ``examples/`` (the scripts and their
 packages, e.g. ``examples/llama_ggml/``), every Python block of
-the README (each a file, as a user would write it) and a file of deliberate mistakes: the first
-three must be clean, and every mistake must be reported where it is (so the stub and the
-generated op methods really type-check, instead of being ``Any``). Skipped only when mypy is not
-installed (``pip install .[test]`` installs it).
+the README and of the documentation's pages (each a file, as a user would write it) and a file
+of deliberate mistakes: all but the last must be clean, and every mistake must be reported
+where it is (so the stub and the generated op methods really type-check, instead of being
+``Any``). Skipped only when mypy is not installed (``pip install .[test]`` installs it).
 """
 from __future__ import annotations
 
@@ -20,13 +20,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, docs_python_blocks
 
 import pyggml
 from pyggml import ops
 from pyggml._unchecked_ops import UNCHECKED_OPS, UncheckedOps
 
 README_BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+#: the Python blocks of the documentation's pages (docs/), those not run by tests/test_docs.py too
+DOCS_BLOCKS = docs_python_blocks(runnable_only=False)
 
 #: mistakes mypy must find: each line with ``# E: <error code>`` must be reported with that code
 MISTAKES = '''\
@@ -76,6 +78,8 @@ def mypy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[s
         shutil.copytree(pkg.parent, src / pkg.parent.name, ignore=shutil.ignore_patterns("__pycache__"))
     for i, block in enumerate(README_BLOCKS):
         (src / f"readme_block_{i}.py").write_text(block)
+    for i, (_, block) in enumerate(DOCS_BLOCKS):
+        (src / f"docs_block_{i}.py").write_text(block)
     (src / "mistakes.py").write_text(MISTAKES)
     env = dict(os.environ, MYPYPATH=str(tmp / "pkg"))
     r = subprocess.run(
@@ -94,11 +98,13 @@ def mypy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[s
     return errors, r.stdout
 
 
-def test_package_examples_and_readme_pass_mypy_strict(mypy_run):
+def test_package_examples_readme_and_docs_pass_mypy_strict(mypy_run):
     errors, out = mypy_run
-    wrong = [line for name, lines in errors.items() if name != "mistakes.py" for line in lines]
+    where = {f"docs_block_{i}.py": page for i, (page, _) in enumerate(DOCS_BLOCKS)}
+    wrong = [f"{line}  (docs/{where[name]})" if name in where else line
+             for name, lines in errors.items() if name != "mistakes.py" for line in lines]
     assert not wrong, "mypy --strict found errors:\n" + "\n".join(wrong)
-    assert len(README_BLOCKS) >= 5
+    assert len(README_BLOCKS) >= 1 and len(DOCS_BLOCKS) >= 5
 
 
 def test_mypy_finds_each_deliberate_mistake(mypy_run):
