@@ -143,7 +143,7 @@ class LlamaModel:
         self._steps: OrderedDict[tuple[int, int, bool], _Step] = OrderedDict()
         self.n_past = 0
         self.graphs_built = 0
-        self.t_compute = 0.0   # seconds inside ggml's compute, summed
+        self.t_compute = 0.0   # seconds inside Scheduler.compute (ggml and pyggml's cached checks), summed
         self.n_compute = 0
 
     # ------------------------------------------------------------------ lifetime
