@@ -18,6 +18,7 @@ from . import _cobject, buffer
 from .alloc import Placer
 from .backend import Backend
 from .buffer_type import BufferType
+from .cpu import CPUBackend, _cpu_kernel_supports_raw, _layout_hint
 from .enums import DeviceType
 from .graph import Graph
 from .raw import callbacks, ffi, lib
@@ -244,7 +245,6 @@ class Scheduler(_cobject.CObject, Placer):
         """After the split: each node the scheduler put on a CPU backend must pass the CPU kernel
         table (:func:`pyggml.cpu.cpu_kernel_supports`), which is stricter than the CPU
         ``supports_op`` the scheduler asks (a node it refuses would abort in its kernel)."""
-        from .cpu import CPUBackend, _cpu_kernel_supports_raw, _layout_hint
         cpus = {b._ptr for b in self._backends if isinstance(b, CPUBackend)}
         if not cpus:
             return
