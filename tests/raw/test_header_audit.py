@@ -140,7 +140,7 @@ def test_struct_sizes_and_offsets_match_the_compiler(tmp_path):
                    + "".join(f'#include "{h}"\n' for h in HEADERS)
                    + "int main(void) {\n" + "\n".join(lines) + "\nreturn 0;\n}\n")
     exe = tmp_path / "layout"
-    subprocess.run(["gcc", "-I", str(INCLUDE), str(src), "-o", str(exe)], check=True)
+    subprocess.run([compiler("gcc"), "-I", str(INCLUDE), str(src), "-o", str(exe)], check=True)
     compiler = dict(line.rsplit(" ", 1) for line in
                     subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines())
     ours = {}
