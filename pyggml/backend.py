@@ -63,10 +63,11 @@ def _check_range(t: Tensor, offset: int, size: int) -> None:
 class _Checked:
     """What a backend's check of a graph found, valid while nothing it depends on changes."""
 
-    __slots__ = ("version", "n_nodes", "records", "contexts", "placer")
+    __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices")
 
     def __init__(self, graph: "Graph", n_nodes: int, records: list[buffer.LiveBuffer],
                  contexts: list[tuple[Any, int]]):
+        self.indices = buffer.IndexCheck.of(graph.raw_nodes())  # run before each compute
         self.version = graph.version
         self.n_nodes = n_nodes
         self.records = records
@@ -287,6 +288,8 @@ class Backend(_cobject.CObject):
         if state is None or not state.still_valid(graph, n_nodes):
             with calling():  # supports_op of a Python device
                 state = graph.checked[key] = self._check_graph(graph, n_nodes)
+        if state.indices is not None:  # data: checked before every compute
+            state.indices.run()
         return g
 
     def graph_compute(self, graph: "Graph") -> None:

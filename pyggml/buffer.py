@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 __all__ = ["Buffer", "LiveBuffer", "track", "retire", "lookup", "live_table", "graph_buffers",
-           "retired_by_placer", "check_graph_memory", "host_array_owner"]
+           "retired_by_placer", "check_graph_memory", "IndexCheck", "host_array_owner"]
 
 
 def _str(p: Any) -> str:
@@ -188,6 +188,69 @@ def check_graph_memory(g: Any, *, need_data: bool) -> None:
         raise ClosedError(f"tensor {label(bad[0])} of this graph is in a buffer that was freed or "
                           "replaced (its buffer, graph allocator or scheduler was closed, or "
                           "reallocated for a larger graph): allocate the graph again")
+
+
+# ops whose CPU kernels read row indices from data: (index source, the node's tensor and
+# dimension that bounds them, ggml-cpu/ops.cpp)
+_INDEX_OPS = {
+    lib.GGML_OP_GET_ROWS: (1, 0, 1),       # src1 in [0, src0->ne[1]): GGML_ASSERT (abort)
+    lib.GGML_OP_SET_ROWS: (1, -1, 1),      # src1 in [0, dst->ne[1]): GGML_ASSERT (abort)
+    lib.GGML_OP_GET_ROWS_BACK: (1, -1, 1),  # src1 in [0, dst->ne[1]): unchecked write
+    lib.GGML_OP_MUL_MAT_ID: (2, 0, 2),     # ids in [0, src0->ne[2]): unchecked read
+    lib.GGML_OP_ADD_ID: (2, 1, 1),         # ids in [0, src1->ne[1]): GGML_ASSERT (abort)
+}
+_INDEX_TYPES = (lib.GGML_TYPE_I32, lib.GGML_TYPE_I64)
+
+
+class IndexCheck:
+    """The row indices a graph's nodes read from tensor data (get_rows, set_rows,
+    get_rows_back, mul_mat_id, add_id), checked before each compute in one C call
+    (``pyggml_check_indices``): an index out of range would abort in ggml's CPU kernel, or read
+    or write outside a tensor. Only index tensors that no node of the graph computes (leafs, such
+    as inputs, and views of them) are checked, and only in host memory; indices a node computes
+    (argsort, top_k) are ggml's own. :meth:`of` returns None for a graph without any."""
+
+    __slots__ = ("tensors", "bounds", "nodes", "n")
+
+    def __init__(self, tensors: list[Any], bounds: list[int], nodes: list[Any]):
+        self.tensors = ffi.new("struct ggml_tensor *[]", tensors)
+        self.bounds = ffi.new("int64_t[]", bounds)
+        self.nodes = nodes
+        self.n = len(tensors)
+
+    @classmethod
+    def of(cls, nodes: list[Any]) -> "IndexCheck | None":
+        """The check for node structs ``nodes`` (in graph order), or None."""
+        tensors, bounds, readers = [], [], []
+        for p in nodes:
+            rule = _INDEX_OPS.get(p.op)
+            if rule is None:
+                continue
+            i, by, dim = rule
+            t = p.src[i]
+            if t == ffi.NULL or t.type not in _INDEX_TYPES:
+                continue
+            root = t.view_src if t.view_src != ffi.NULL else t
+            if root.op != lib.GGML_OP_NONE:
+                continue
+            tensors.append(t)
+            bounds.append(int((p if by < 0 else p.src[by]).ne[dim]))
+            readers.append(p)
+        return cls(tensors, bounds, readers) if tensors else None
+
+    def run(self) -> None:
+        """Raises ValueError naming the node, the index tensor and the value out of range."""
+        value = ffi.new("int64_t *")
+        with calling():  # ggml_backend_buffer_is_host of a Python buffer type
+            k = lib.pyggml_check_indices(self.tensors, self.bounds, self.n, value)
+        if k >= 0:
+            node = self.nodes[k]
+            raise ValueError(
+                f"node {label(node)} reads row index {value[0]} from tensor "
+                f"{label(self.tensors[k])}, outside [0, {self.bounds[k]}): ggml would "
+                f"{'abort' if node.op in (lib.GGML_OP_GET_ROWS, lib.GGML_OP_SET_ROWS) else 'read or write out of bounds'}. "
+                "(An input's memory is reused by later nodes during a compute: set every input "
+                "again before each compute.)")
 
 
 class Buffer(_cobject.CObject):

@@ -18,6 +18,7 @@ from . import _cobject, buffer
 from .alloc import Placer
 from .backend import Backend
 from .buffer_type import BufferType
+from .cpu import CPUBackend, _cpu_kernel_supports_raw, _layout_hint
 from .enums import DeviceType
 from .graph import Graph
 from .raw import callbacks, ffi, lib
@@ -36,10 +37,12 @@ _VIEW_OPS = frozenset(int(o) for o in EMPTY_OPS if o != lib.GGML_OP_NONE)
 
 
 class _SchedChecked:
-    __slots__ = ("version", "n_nodes", "records", "contexts")
+    __slots__ = ("version", "n_nodes", "records", "contexts", "indices")
 
-    def __init__(self, graph: Graph, n_nodes: int, records: list[Any], contexts: list[tuple[Any, int]]):
+    def __init__(self, graph: Graph, n_nodes: int, records: list[Any], contexts: list[tuple[Any, int]],
+                 indices: "buffer.IndexCheck | None"):
         self.version, self.n_nodes, self.records, self.contexts = graph.version, n_nodes, records, contexts
+        self.indices = indices  # the row indices in data, checked before every compute
 
     def still_valid(self, graph: Graph, n_nodes: int) -> bool:
         return (self.version == graph.version and self.n_nodes == n_nodes
@@ -178,7 +181,8 @@ class Scheduler(_cobject.CObject, Placer):
                     raise ValueError(f"tensor {buffer.label(p)} is in a buffer ({ffi.string(lib.ggml_backend_buffer_name(buf)).decode()}) "
                                      "that no backend of the scheduler can use for its op")
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
-        graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, records, contexts)
+        graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, records, contexts,
+                                                     buffer.IndexCheck.of(nodes))
         return g
 
     def _take(self, graph: Graph) -> Any:
@@ -261,7 +265,6 @@ class Scheduler(_cobject.CObject, Placer):
         """After the split: each node the scheduler put on a CPU backend must pass the CPU kernel
         table (:func:`pyggml.cpu.cpu_kernel_supports`), which is stricter than the CPU
         ``supports_op`` the scheduler asks (a node it refuses would abort in its kernel)."""
-        from .cpu import CPUBackend, _cpu_kernel_supports_raw, _layout_hint
         cpus = {b._ptr for b in self._backends if isinstance(b, CPUBackend)}
         if not cpus:
             return
@@ -302,6 +305,9 @@ class Scheduler(_cobject.CObject, Placer):
         if not (self._is_alloc and self._graph is graph and graph.split_by is self):
             self.alloc_graph(graph)
         g = self._check_graph(graph)
+        indices = graph.checked[self._ptr].indices
+        if indices is not None:
+            indices.run()
         self._stopped = False
         with calling(graph._owner, self):
             status = fn(self.ptr, g)

@@ -291,6 +291,7 @@ int pyggml_graph_buffers(struct ggml_cgraph *graph, ggml_backend_buffer_t *out, 
 int pyggml_graph_check_memory(struct ggml_cgraph *graph, const struct pyggml_live_buffer *live, int n_live,
                               int need_data, struct ggml_tensor **bad, struct ggml_tensor **node);
 int pyggml_graph_unplace(struct ggml_cgraph *graph, ggml_backend_buffer_t *buffers, int n_buffers);
+int pyggml_check_indices(struct ggml_tensor **idx, const int64_t *bound, int n, int64_t *value);
 """
 
 _DL_C = r"""
@@ -438,6 +439,31 @@ int pyggml_graph_unplace(struct ggml_cgraph *graph, ggml_backend_buffer_t *buffe
         }
     }
     return n;
+}
+
+/* Row indices that ggml's CPU kernels read from data and only assert on (get_rows, set_rows)
+   or do not check at all (get_rows_back writes, mul_mat_id reads): every element of the I32 or
+   I64 tensor idx[k] must be in [0, bound[k]). A tensor without data, or whose buffer is not in
+   host memory, is skipped. Returns -1 if all are in range, else the k of the first that is not,
+   with the offending value in *value. */
+int pyggml_check_indices(struct ggml_tensor **idx, const int64_t *bound, int n, int64_t *value) {
+    for (int k = 0; k < n; k++) {
+        const struct ggml_tensor *t = idx[k];
+        ggml_backend_buffer_t b = pyggml_buffer_of(t);
+        if (!t->data || (b && !ggml_backend_buffer_is_host(b))) continue;
+        const int i64 = t->type == GGML_TYPE_I64;
+        for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+        for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
+            const char *row = (const char *) t->data + i1*t->nb[1] + i2*t->nb[2] + i3*t->nb[3];
+            for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+                const char *e = row + i0*t->nb[0];
+                int64_t v = i64 ? *(const int64_t *) e : (int64_t) *(const int32_t *) e;
+                if (v < 0 || v >= bound[k]) { *value = v; return k; }
+            }
+        }
+    }
+    return -1;
 }
 
 /* Why `path` cannot be loaded (dlerror's message), or NULL if it can. */

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import pyggml
+from pyggml import Context, CPUBackend, GraphAllocator
 from pyggml.device import device_by_type
 
 
@@ -19,3 +20,89 @@ def test_backend_buffer_from_numpy_without_copy():
     assert dev_buf.size == arr.nbytes
     with pytest.raises(ValueError, match="aligned"):
         pyggml.cpu.cpu_buffer_from_array(np.zeros(65, dtype=np.uint8)[1:])
+
+
+# --- row indices in data (buffer.IndexCheck): checked before every compute
+
+_RECOMPUTE = """
+import numpy as np
+from pyggml import Context, CPUBackend, GGMLType, Scheduler
+cpu = CPUBackend(n_threads=1)
+wctx = Context.for_tensors(1)
+w = wctx.new_tensor(GGMLType.F32, [64, 8])
+wctx.alloc_tensors(cpu)
+w.set(np.arange(512, dtype=np.float32).reshape(8, 64))
+ctx = Context.for_tensors(64, graph_size=64)
+idx = ctx.new_tensor(GGMLType.I32, [4]).set_input()
+x = ctx.get_rows(w, idx)
+for _ in range(6):
+    x = ctx.scale(ctx.add(x, x), 0.5)   # nodes the allocator may place in idx's memory
+y = ctx.sum(x).set_output()
+g = ctx.new_graph(64).build_forward(y)
+s = Scheduler([cpu])
+s.alloc_graph(g)
+idx.set(np.array([0, 1, 2, 3], np.int32))
+s.compute(g)
+print("FIRST", float(y.numpy()[0]), flush=True)
+reused = not np.array_equal(idx.numpy(), [0, 1, 2, 3])
+print("REUSED", reused, flush=True)
+try:
+    s.compute(g)                         # the inputs were not set again
+    print("SECOND", float(y.numpy()[0]), flush=True)
+except ValueError as e:
+    print("RAISED", e, flush=True)
+idx.set(np.array([7, 6, 5, 4], np.int32))
+s.compute(g)
+print("THIRD", float(y.numpy()[0]), flush=True)
+"""
+
+
+def test_a_scheduler_graph_recomputed_without_its_inputs_set_again(run_isolated):
+    """ggml's allocator reuses an input's memory for later nodes, so recomputing without
+    setting the inputs again read garbage row indices and get_rows aborted the interpreter."""
+    r = run_isolated(_RECOMPUTE)
+    assert r.returncode == 0, r.stderr[-600:]
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    rows = np.arange(512, dtype=np.float32).reshape(8, 64)
+    assert float(out["FIRST"]) == pytest.approx(rows[[0, 1, 2, 3]].sum())
+    assert float(out["THIRD"]) == pytest.approx(rows[[7, 6, 5, 4]].sum())
+    if out["REUSED"] == "True":  # the allocator did reuse it: the garbage is refused
+        assert "RAISED" in out and "outside [0, 8)" in out["RAISED"] and "set every input" in out["RAISED"]
+
+
+@pytest.mark.parametrize("rows", [[0, 3], [-1], [4]])
+def test_get_rows_indices_checked_before_each_compute(rows):
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with CPUBackend(n_threads=1) as cpu, Context.for_tensors(8, graph_size=8) as ctx:
+        src = ctx.new_tensor("f32", [3, 4])
+        idx = ctx.new_tensor("i32", [len(rows)]).set_input()
+        out = ctx.get_rows(src, idx)
+        graph = ctx.new_graph(8).build_forward(out)
+        with GraphAllocator(cpu) as galloc:
+            galloc.alloc_graph(graph)
+            src.set(a)
+            idx.set(np.array(rows, np.int32))
+            if all(0 <= r < 4 for r in rows):
+                graph.compute(cpu)
+                np.testing.assert_array_equal(out.numpy(), a[rows])
+                idx.set(np.array([0, 9], np.int32)[: len(rows)] if len(rows) == 2 else np.array([9], np.int32))
+            with pytest.raises(ValueError, match=r"row index (-1|4|9) .*outside \[0, 4\)"):
+                graph.compute(cpu)
+
+
+def test_indices_a_node_computes_are_not_checked_before_compute():
+    """argsort's output is only known after compute (and is in range by construction): an
+    index check reading it beforehand would see stale memory."""
+    a = np.array([[3.0, 1.0, 2.0, 0.5]], np.float32)
+    table = np.arange(8, dtype=np.float32).reshape(4, 2)
+    with CPUBackend(n_threads=1) as cpu, Context.for_tensors(8, graph_size=8) as ctx:
+        ta, tt = ctx.new_tensor("f32", [4, 1]), ctx.new_tensor("f32", [2, 4])
+        order = ctx.argsort(ta)                      # I32 ne [4, 1]
+        out = ctx.get_rows(tt, ctx.reshape(order, 4))
+        graph = ctx.new_graph(8).build_forward(out)
+        with GraphAllocator(cpu) as galloc:
+            galloc.alloc_graph(graph)
+            ta.set(a)
+            tt.set(table)
+            graph.compute(cpu)
+            np.testing.assert_array_equal(out.numpy(), table[np.argsort(a[0], kind="stable")])

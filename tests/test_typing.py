@@ -1,7 +1,8 @@
 """Typed and discoverable API: what type checkers and editors see.
 
 One ``mypy --strict`` run (the settings of pyproject.toml's ``[tool.mypy]``) over the built
-package (with its generated stub ``pyggml/_ggml.pyi``), ``examples/``, every Python block of
+package (with its generated stub ``pyggml/_ggml.pyi``), ``examples/`` (the scripts and their
+packages, e.g. ``examples/llama_ggml/``), every Python block of
 the README and of the documentation's pages (each a file, as a user would write it) and a file
 of deliberate mistakes: all but the last must be clean, and every mistake must be reported
 where it is (so the stub and the generated op methods really type-check, instead of being
@@ -73,6 +74,8 @@ def mypy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[s
     src.mkdir()
     for f in sorted((ROOT / "examples").glob("*.py")):
         shutil.copy2(f, src / f.name)
+    for pkg in sorted((ROOT / "examples").glob("*/__init__.py")):   # an example's own package
+        shutil.copytree(pkg.parent, src / pkg.parent.name, ignore=shutil.ignore_patterns("__pycache__"))
     for i, block in enumerate(README_BLOCKS):
         (src / f"readme_block_{i}.py").write_text(block)
     for i, (_, block) in enumerate(DOCS_BLOCKS):
@@ -82,7 +85,8 @@ def mypy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[s
     r = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--strict",
          "--no-error-summary", "--show-error-codes", "--cache-dir", str(tmp / "cache"),
-         str(tmp / "pkg" / "pyggml"), *sorted(p.name for p in src.glob("*.py"))],
+         str(tmp / "pkg" / "pyggml"), *sorted(p.name for p in src.glob("*.py")),
+         *sorted(p.parent.name for p in src.glob("*/__init__.py"))],
         cwd=src, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode not in (0, 1) or "error:" in r.stderr:
         pytest.fail(f"mypy did not run: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")

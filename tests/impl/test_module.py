@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import compiler
 
 import pyggml
 from pyggml import GGMLType
@@ -188,6 +189,7 @@ def test_numpy_backend_support_mode_lists_its_claims(tmp_path, test_backend_ops)
 
 
 def test_load_and_unload_a_python_backend_module_in_process(tmp_path):
+    compiler("gcc")  # build_module compiles a C shim
     """ggml_backend_load / ggml_backend_unload, inside this (pytest) process: pytest has looked
     up attributes of capsule objects, which used to make cffi's embedding start-up hang."""
     from pyggml.module import build_module
@@ -216,6 +218,7 @@ def test_load_and_unload_a_python_backend_module_in_process(tmp_path):
 
 
 def test_load_and_unload_a_python_backend_module_from_python(tmp_path):
+    compiler("gcc")  # build_module compiles a C shim
     """The same from a plain Python program."""
     script = tmp_path / "add_backend.py"
     script.write_text(ARITH_SCRIPT)

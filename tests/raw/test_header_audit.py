@@ -140,15 +140,15 @@ def test_struct_sizes_and_offsets_match_the_compiler(tmp_path):
                    + "".join(f'#include "{h}"\n' for h in HEADERS)
                    + "int main(void) {\n" + "\n".join(lines) + "\nreturn 0;\n}\n")
     exe = tmp_path / "layout"
-    subprocess.run(["gcc", "-I", str(INCLUDE), str(src), "-o", str(exe)], check=True)
-    compiler = dict(line.rsplit(" ", 1) for line in
-                    subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines())
+    subprocess.run([compiler("gcc"), "-I", str(INCLUDE), str(src), "-o", str(exe)], check=True)
+    theirs = dict(line.rsplit(" ", 1) for line in
+                  subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines())
     ours = {}
     for s in LAYOUT_STRUCTS:
         ours[s] = str(ffi.sizeof(f"struct {s}"))
         for field, f in ffi.typeof(f"struct {s}").fields:
             ours[f"{s}.{field}"] = str(f.offset)
-    assert ours == compiler
+    assert ours == theirs
 
 
 # --------------------------------------------------------------------------------------------

