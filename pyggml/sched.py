@@ -203,18 +203,32 @@ class Scheduler(_cobject.CObject, Placer):
 
     # ------------------------------------------------------------------ allocation
     def _pin_loose_leafs(self, graph: Graph) -> None:
-        """Leafs built as outputs but read by no node, not in a backend buffer: the split gives
-        them no backend and ggml-alloc asserts (buffer_id >= 0). They are pinned to the last
-        backend (the CPU one), which places them as a graph allocator would."""
-        loose = [t._ptr for t in graph._keep if isinstance(t, Tensor)
-                 and t._ptr.op == lib.GGML_OP_NONE and t._ptr.buffer == ffi.NULL]
-        if not loose:
-            return
-        read = set(graph._raw_leafs(graph.raw_nodes()))
-        host = self._backends[-1]._ptr
-        for p in loose:
-            if p not in read:
-                lib.ggml_backend_sched_set_tensor_backend(self.ptr, p, host)
+        """Leafs outside a backend buffer that no node other than a view reads (built as
+        outputs, or read only through a view): the split gives them no backend (its pass 4
+        gives a view's source the backend of the view before the view has one) and ggml-alloc
+        asserts (buffer_id >= 0). They are pinned to the last backend (the CPU one), which
+        places them as a graph allocator would. Which leafs those are is worked out once per
+        graph version."""
+        cached = graph.__dict__.get("_sched_loose")
+        if cached is None or cached[0] != graph.version:
+            leafs: dict[Any, None] = {}
+            read = set()
+            for p in graph.raw_nodes():
+                view = p.op in _VIEW_OPS
+                for src in p.src:
+                    if src != ffi.NULL and src.op == lib.GGML_OP_NONE:
+                        leafs[src] = None
+                        if not view:
+                            read.add(src)
+            for t in graph._keep:
+                if isinstance(t, Tensor) and t._ptr.op == lib.GGML_OP_NONE:
+                    leafs[t._ptr] = None
+            cached = graph.__dict__["_sched_loose"] = (graph.version, [p for p in leafs if p not in read])
+        if cached[1]:
+            host = self._backends[-1]._ptr
+            for p in cached[1]:
+                if p.buffer == ffi.NULL:
+                    lib.ggml_backend_sched_set_tensor_backend(self.ptr, p, host)
 
     def reserve(self, graph: Graph) -> None:
         """``ggml_backend_sched_reserve``: size the compute buffers for a worst-case graph

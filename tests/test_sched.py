@@ -156,3 +156,27 @@ def test_a_leaf_output_read_by_no_node_is_placed_by_the_scheduler(run_isolated):
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["6.0", "10.0", "6.0", "10.0"], r.stdout
+
+
+def test_a_leaf_read_only_through_a_view_is_placed_by_the_scheduler(run_isolated):
+    """A leaf without data whose only reader is a view node: ggml's split gives the leaf the
+    view's backend before the view has one, so the leaf kept none and ggml-alloc aborted
+    (GGML_ASSERT(buffer_id >= 0), ggml-alloc.c; scripts/fuzz.sh seed 201, a permute of a leaf).
+    The scheduler pins such leafs to its CPU backend."""
+    r = run_isolated("""
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, Scheduler
+        be = CPUBackend(1)
+        ctx = Context(1 << 20, no_alloc=True)
+        x = ctx.new_tensor(GGMLType.F32, [6])
+        y = ctx.sqr(ctx.view(x, [3], [], 8)).set_output()
+        g = ctx.new_graph(64).build_forward(y)
+        s = Scheduler([be], graph_size=64)
+        for _ in range(2):
+            s.alloc_graph(g)
+            x.set(np.arange(6, dtype=np.float32))
+            s.compute(g)
+            print(*y.numpy().tolist())
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["4.0", "9.0", "16.0"] * 2, r.stdout
