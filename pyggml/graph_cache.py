@@ -31,6 +31,7 @@ from .alloc import GraphAllocator
 from .backend import Backend
 from .context import Context
 from .enums import GGMLType
+from .errors import ClosedError
 from .graph import Graph
 from .sched import Scheduler
 from .tensor import Tensor
@@ -82,11 +83,15 @@ class GraphCache:
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[Hashable, CachedGraph] = OrderedDict()
         self._galloc = GraphAllocator(backend) if backend is not None else None
+        self._closed = False
         self.builds = 0  # how many graphs were built (for tests and benchmarks)
 
     # ------------------------------------------------------------------ graphs
     def get(self, key: Hashable) -> CachedGraph:
-        """The graph of ``key``, built (and allocated) on first use."""
+        """The graph of ``key``, built (and allocated) on first use. Raises ClosedError once
+        the cache is closed."""
+        if self._closed:
+            raise ClosedError("this graph cache is closed")
         entry = self._graphs.get(key)
         if entry is not None:
             self._graphs.move_to_end(key)
@@ -181,7 +186,9 @@ class GraphCache:
         return PendingCompute(self, entry, backend.synchronize)
 
     def close(self) -> None:
-        """Close every cached graph and the graph allocator."""
+        """Close every cached graph and the graph allocator; the cache refuses further use
+        (ClosedError)."""
+        self._closed = True
         while self._graphs:
             self._graphs.popitem()[1].close()
         if self._galloc is not None:

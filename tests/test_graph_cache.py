@@ -71,3 +71,22 @@ def test_compute_async_then_result():
         w = rng.standard_normal((3, 4)).astype(np.float32)
         pending = cache.compute_async((4, 2), x=x, w=w)
         np.testing.assert_allclose(pending.result()["y"], reference(x, w), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("use_sched", [False, True])
+def test_a_closed_cache_refuses_to_compute(use_sched):
+    """A GraphCache over a scheduler, closed, still built and computed a new graph on the next
+    compute (scripts/fuzz.sh seed 203: 'GraphCache.compute: ClosedError was due, but it
+    returned {...}'); over a backend its closed allocator raised. Both raise ClosedError."""
+    x, w = np.ones((2, 4), np.float32), np.ones((3, 4), np.float32)
+    with CPUBackend() as cpu:
+        sched = Scheduler([cpu]) if use_sched else None
+        cache = GraphCache(build, backend=None if use_sched else cpu, scheduler=sched)
+        cache.compute((4, 2), x=x, w=w)
+        cache.close()
+        for call in (lambda: cache.compute((4, 2), x=x, w=w), lambda: cache.compute_async((4, 2), x=x, w=w),
+                     lambda: cache.get((4, 2))):
+            with pytest.raises(ClosedError, match="closed"):
+                call()
+        if sched is not None:
+            sched.close()
