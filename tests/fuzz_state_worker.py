@@ -256,7 +256,8 @@ def call(what: str, fn: Callable[..., Any], *args: Any, must: str | None = None,
                  f"{what}: ClosedError was due, but it returned {result!r}{why}")
         if must == "value" and not isinstance(exc, ValueError):
             fail("NOT_REFUSED", f"{what}: ValueError was due, got {exc!r}{'; ' + WHY[0] if WHY else ''}")
-        if must == "refuse" and not isinstance(exc, (ValueError, MemoryError)):
+        # a refusal: also a TypeError for an argument checked before the context's state
+        if must == "refuse" and not isinstance(exc, (ValueError, MemoryError, TypeError)):
             fail("NOT_REFUSED", f"{what}: ValueError/MemoryError was due, got {exc!r} / {result!r}")
     return exc, result
 
