@@ -681,6 +681,8 @@ class PyggmlMachine(RuleBasedStateMachine):
             if before is None or before == "dead" or isinstance(before, PlacerM):
                 # a placer places again what sits in any placer's memory (pyggml.alloc)
                 allowed: tuple[Any, ...] = (p,)
+            elif before == "arena" and b.nelements == 0:
+                allowed = (before, p)  # zero bytes in an allocating context: data NULL, placeable
             else:
                 allowed = (before,)
             if not any(now is a or now == a for a in allowed):
