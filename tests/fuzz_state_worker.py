@@ -1327,9 +1327,9 @@ class PyggmlMachine(RuleBasedStateMachine):
                 WHY[:] = [f"{t} ({t.op}, is_node={t.is_node}) has no data in the model"]
         p = g.placed_by
         if p is not None and must is None:
-            if p.closed:
-                return "closed"
-            if p.graph is not g and not (p.graph is not None and g.tensor_set <= p.graph.tensor_set):
+            # a closed placer: what it held is "dead" above; a graph it placed nothing of
+            # (every tensor had data already) does not need it
+            if not p.closed and p.graph is not g and not (p.graph is not None and g.tensor_set <= p.graph.tensor_set):
                 return "closed"
         return must
 
