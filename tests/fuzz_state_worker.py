@@ -1185,11 +1185,15 @@ class PyggmlMachine(RuleBasedStateMachine):
             return multiple()
         bm = BufM(buf, ctx)
         ctx.buffers.append(bm)
+        tracked = self._track(bm)
         for t in self.all_tensors:
-            if t.base is None and t.ctx is ctx and not t.is_closed and t.home is None:
+            if t.base is None and t.ctx is ctx and not t.is_closed and (
+                    t.home is None or (t.uncertain and self._introspect_home(t) is bm)):
+                # (uncertain: a reserve forgot its place in a placer's memory; then it has none)
                 t.home = bm
                 t.known = None
-        return self._track(bm)
+                t.uncertain = False
+        return tracked
 
     @rule(target=buffers, where=st.sampled_from(["cpu", "flaky"]) | backends, size=st.sampled_from([0, 64, 4096, 2**62]))
     def alloc_buffer(self, where: Any, size: int) -> Any:
