@@ -1282,6 +1282,10 @@ class PyggmlMachine(RuleBasedStateMachine):
             for t in self.all_tensors:
                 if t.base is None and t.home is p:
                     t.uncertain = True
+            if exc is None:  # the reserve forgot the places of g's tensors in placers' memory
+                for b in {t.root for t in g.tensors}:
+                    if b.home == "dead" or isinstance(b.home, PlacerM):
+                        b.home, b.known, b.uncertain = None, None, False
             if p.kind == "sched":  # ggml_backend_sched_reserve resets the scheduler
                 if p.graph is g:
                     p.graph = None
