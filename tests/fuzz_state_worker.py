@@ -787,6 +787,7 @@ class PyggmlMachine(RuleBasedStateMachine):
     def _set(self, t: TM, vals: np.ndarray) -> bool:
         state = self._access_state(t)
         must = {"closed": "closed", "nodata": "value"}.get(state)
+        WHY[:] = [f"{t} is {state} in the model (home {t.root.home})"]
         exc, _ = call(f"{t}.set", t.obj.set, vals.reshape(t.obj.shape) if not t.is_closed else vals, must=must)
         b = t.root
         if exc is None:
@@ -1278,14 +1279,17 @@ class PyggmlMachine(RuleBasedStateMachine):
             must = "closed"  # in a buffer of the user's that was closed
         fn = p.obj.reserve if reserve else p.obj.alloc_graph
         exc, _ = call(f"{p.kind}.{'reserve' if reserve else 'alloc_graph'}", fn, g.obj, must=must)
+        early = p.closed or self._graph_state(g) == "closed" or any(b.closed for b in p.backends)
+        if not early and (reserve or exc is not None):
+            # pyggml forgot the places of g's tensors in placers' memory before placing (kept
+            # only by a placement that succeeds): a reserve, or a placement refused later
+            for b in {t.root for t in g.tensors}:
+                if b.home == "dead" or isinstance(b.home, PlacerM):
+                    b.home, b.known, b.uncertain = None, None, False
         if reserve:
             for t in self.all_tensors:
                 if t.base is None and t.home is p:
                     t.uncertain = True
-            if exc is None:  # the reserve forgot the places of g's tensors in placers' memory
-                for b in {t.root for t in g.tensors}:
-                    if b.home == "dead" or isinstance(b.home, PlacerM):
-                        b.home, b.known, b.uncertain = None, None, False
             if p.kind == "sched":  # ggml_backend_sched_reserve resets the scheduler
                 if p.graph is g:
                     p.graph = None
