@@ -302,8 +302,14 @@ class Graph(_cobject.CObject):
         if self._node_set is None:
             nodes = self.raw_nodes()
             # and the outputs built that are leafs read by no node
-            self._node_set = (frozenset(nodes) | frozenset(self._raw_leafs(nodes))
-                              | frozenset(t._ptr for t in self._keep if isinstance(t, Tensor)))
+            node_set = (frozenset(nodes) | frozenset(self._raw_leafs(nodes))
+                        | frozenset(t._ptr for t in self._keep if isinstance(t, Tensor)))
+            saved = self._sources
+            if saved is not None:  # split by a scheduler: its sources read copies of the leafs
+                # (inputs copied to another backend); the leafs themselves are still the graph's
+                node_set |= frozenset(p for p in ffi.unpack(saved.saved, saved.n * _MAX_SRC)
+                                      if p != ffi.NULL)
+            self._node_set = node_set
         return self._node_set
 
     def _wrap(self, p: Any) -> Tensor:

@@ -27,8 +27,10 @@ connect") if the server has gone since :func:`add_server`. pyggml cannot
 check for this before the call (the server may go away at any moment) and cannot catch an abort:
 this is the one place where pyggml's no-crash guarantee does not hold. Run the client where losing
 the process is acceptable (a worker process), or keep the server's lifetime tied to the client's
-(:class:`Server` as a context manager). Connecting (:func:`add_server`) is checked first: a server
-that does not answer is a ConnectionError, not an abort.
+(:class:`Server` as a context manager). Connecting (:func:`add_server`) is checked first: an
+endpoint where nothing accepts a TCP connection is a ConnectionError, not an abort (ggml 0.25's
+``ggml_backend_rpc_add_server`` aborts with "Failed to connect"); something that accepts but is
+not a ggml RPC server still aborts ggml's handshake.
 """
 from __future__ import annotations
 
@@ -85,8 +87,8 @@ def add_server(endpoint: str) -> Registry:
     :func:`pyggml.devices` as ``RPC0``, ``RPC1``... with the endpoint as description. Adding the
     same endpoint again returns the same registry.
 
-    Raises ValueError for a malformed endpoint, ConnectionError if no server answers there (or it
-    offers no device), BackendNotAvailableError if this build has no RPC backend. Once connected,
+    Raises ValueError for a malformed endpoint, ConnectionError if nothing accepts a connection
+    there (or the server offers no device), BackendNotAvailableError if this build has no RPC backend. Once connected,
     a server that dies aborts the process on the next call that reaches it (see the module
     docstring: ggml's RPC client asserts, which pyggml cannot prevent).
     """
@@ -94,6 +96,11 @@ def add_server(endpoint: str) -> Registry:
     _endpoint(endpoint)
     if endpoint in _added:
         return _added[endpoint]
+    host, _, port = endpoint.rpartition(":")
+    try:  # ggml's client aborts when it cannot connect: find out first
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as e:
+        raise ConnectionError(f"no ggml RPC server answered at {endpoint} ({e})") from None
     with calling():
         # ggml-rpc.h's functions are in lib (and its stub) only in builds with the RPC backend
         reg = getattr(lib, "ggml_backend_rpc_add_server")(endpoint.encode())

@@ -161,3 +161,19 @@ def test_backend_ops(tmp_path_factory) -> Path:
                     *ggml_link_args(), "-lpthread", "-o", str(exe)], check=True)
     stage_backend_modules(exe.parent)
     return exe
+
+
+@pytest.fixture(scope="session")
+def rpc_session():
+    """``(server, registry)``: one pyggml RPC server on 127.0.0.1 serving its CPU, and the
+    registry of its device, for the whole test session. ggml keeps an RPC device registered
+    until the process ends, and its RPC client aborts the process when a device whose server has
+    stopped is used (pyggml.info() asks every device for its memory): so the server outlives
+    every test that could enumerate devices. Skips in a build without RPC."""
+    import pyggml
+    from pyggml import rpc
+
+    if "rpc" not in pyggml.dl.built_backends():
+        pytest.skip("built without rpc (scripts/check_variants.sh vulkan-rpc builds it)")
+    with rpc.Server(devices=["CPU"], n_threads=1) as server:
+        yield server, rpc.add_server(server.endpoint)

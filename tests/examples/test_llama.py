@@ -202,18 +202,16 @@ def test_gpu_backend_under_the_scheduler(model_path, device, capsys):
     _report(capsys, f"{device} + CPU:", lines)
 
 
-def test_rpc_backend_under_the_scheduler(model_path, capsys):
+def test_rpc_backend_under_the_scheduler(model_path, capsys, rpc_session):
     """RPC0 (a pyggml RPC server on 127.0.0.1 serving its CPU) holds the weights and KV cache:
     the same CPU kernels on the other side of the protocol."""
-    from pyggml import rpc
-
-    if "rpc" not in pyggml.dl.built_backends():
-        pytest.skip("built without rpc (scripts/check_variants.sh vulkan-rpc builds it)")
-    with rpc.Server(devices=["CPU"], n_threads=THREADS) as server:
-        (dev,) = rpc.add_server(server.endpoint).devices
-        with Llama(model_path, backend=dev.name, n_threads=THREADS) as m:
-            lines = [_compare(m, CASES[0], QUANT_TOL, QUANT_TOL)[1]]
-            assert "MUL_MAT" in m.model.placement()[dev.name]
+    server, reg = rpc_session
+    (dev,) = reg.devices
+    with Llama(model_path, backend=dev.name, n_threads=THREADS) as m:
+        lines = [_compare(m, CASES[0], QUANT_TOL, QUANT_TOL)[1]]
+        # the backend's name is ggml_backend_name (RPC[host:port]), not the device's
+        on_rpc = [ops for name, ops in m.model.placement().items() if name.startswith("RPC")]
+        assert on_rpc and "MUL_MAT" in on_rpc[0], m.model.placement().keys()
     _report(capsys, f"{dev.name} ({server.endpoint}) + CPU:", lines)
 
 

@@ -175,11 +175,9 @@ def _need(backend: str):
 
 
 @pytest.fixture(scope="module")
-def rpc_server():
+def rpc_server(rpc_session):
     _need("rpc")
-    with rpc.Server(devices=["CPU"], n_threads=1) as server:
-        reg = rpc.add_server(server.endpoint)
-        yield server, reg
+    return rpc_session  # conftest: one server for the session (a stopped server's device aborts)
 
 
 def test_rpc_graph_matches_cpu_node_by_node(rpc_server):
