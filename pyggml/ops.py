@@ -186,6 +186,9 @@ def _give_data(ctx: Any, ptr: Any) -> None:
 
 _RESHAPE = (None, lib.ggml_reshape_1d, lib.ggml_reshape_2d, lib.ggml_reshape_3d, lib.ggml_reshape_4d)
 _ONES = ((1, 1, 1, 1), (1, 1, 1), (1, 1), (1,), ())
+# per ggml type: elements per block and bytes per block (ggml_blck_size, ggml_type_size), read once
+_BLCK = tuple(int(lib.ggml_blck_size(t)) for t in range(lib.GGML_TYPE_COUNT))
+_TSIZE = tuple(int(lib.ggml_type_size(t)) for t in range(lib.GGML_TYPE_COUNT))
 _REST = ((0, 1, 2, 3), (1, 2, 3), (2, 3), (3,), ())
 
 
@@ -538,18 +541,23 @@ class Ops(UncheckedOps):
         ne = [int(n) for n in ne]
         if not 1 <= len(ne) <= 4 or any(n < 0 for n in ne) or offset < 0:
             raise ValueError("view takes 1 to 4 non-negative sizes and offset >= 0")
-        if ne[0] % types.block_size(a._type):
+        t, p = a._type, a._ptr
+        blck = _BLCK[t]
+        if ne[0] % blck:
             raise ValueError("view: ne[0] is not a multiple of the block size")
         if nb is None:
-            nb = tuple(a._ptr.nb)[1:len(ne)]
-        nb = [int(x) for x in nb]
-        if len(nb) != len(ne) - 1 or any(x < 0 for x in nb):
-            raise ValueError(f"view of {len(ne)} dims takes {len(ne) - 1} strides")
-        # as ggml_new_tensor_impl: the view's contiguous size, whatever its strides
-        size = types.row_size(a._type, ne[0]) * _prod(ne[1:])
-        if size and offset + size > lib.ggml_nbytes(a._ptr):
+            pnb = p.nb
+            nb = [pnb[1], pnb[2], pnb[3]][:len(ne) - 1]
+        else:
+            nb = [int(x) for x in nb]
+            if len(nb) != len(ne) - 1 or any(x < 0 for x in nb):
+                raise ValueError(f"view of {len(ne)} dims takes {len(ne) - 1} strides")
+        # as ggml_new_tensor_impl: the view's contiguous size, whatever its strides (Python
+        # integers: no size_t wrap-around)
+        size = _TSIZE[t] * (ne[0] // blck) * _prod(ne[1:])
+        if size and offset + size > lib.ggml_nbytes(p):
             raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a "
-                             f"({lib.ggml_nbytes(a._ptr)} bytes)")
+                             f"({lib.ggml_nbytes(p)} bytes)")
         full = tuple(ne) + _ONES[len(ne)]
         if len(ne) == 1:
             return _make_known(self, lib.ggml_view_1d, (a,), full, a._type, a._ptr, ne[0], offset)
