@@ -52,6 +52,8 @@ def sites(src):
 
 @pytest.fixture(scope="module")
 def clf():
+    if not (ROOT / "docs" / "asserts" / "classification.toml").is_file():
+        pytest.skip("no docs/asserts beside tests/: the audit is tested in a source checkout")
     return A.Classifier(A.load_classification())
 
 
