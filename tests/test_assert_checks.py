@@ -480,16 +480,54 @@ def test_gap_g5_arange_negative_step(case):  # G5 (fixed): ggml.c:5489 GGML_ASSE
     assert_raised(case, where='ggml.c')
 
 
-@gap("G6 element count above INT64_MAX: ggml.c:1787 ggml_new_tensor_impl")
-@pytest.mark.parametrize("case", [
-    'Context(1 << 20, no_alloc=True).new_tensor("iq1_s", [2**40, 2**23])',
-    """
+G6_CASES = {  # each aborted in ggml.c:1787 ggml_new_tensor_impl before the fix
+    "new_tensor-quantized": 'c.new_tensor("iq1_s", [2**40, 2**23])',
+    "new_tensor-zero-size": 'c.new_tensor("f32", [2**40, 0, 2**40])',
+    "mul_mat-result": 'c.mul_mat(c.new_tensor("f32", [1, 2**32]), c.new_tensor("f32", [1, 2**32]))',
+    "get_rows-result": 'c.get_rows(c.new_tensor("f32", [2**40, 2]), c.new_tensor("i32", [2**40]))',
+    "transpose-order": 'c.transpose(c.new_tensor("i8", [2**62, 1]))',   # INT64_MAX / 2**62 == 1
+    "permute-zero": 'c.permute(c.new_tensor("f32", [0, 2**40, 2**40]), 2, 1, 0, 3)',
+    "reshape-order": 'c.reshape(c.new_tensor("i8", [2**62]), 1, 2**62)',
+    "view-order": 'c.view(c.new_tensor("i8", [2**62]), [1, 2**62], [1])',
+    "concat-result": 'c.concat(c.new_tensor("i8", [2**31, 2**31]), c.new_tensor("i8", [2**31, 2**31]), 1)',
+    "conv_1d-im2col": 'c.conv_1d(c.new_tensor("f16", [2**20, 2**10, 2]), c.new_tensor("f32", [2**40, 2**10]), p0=2**20)',
+}
+
+
+@pytest.mark.parametrize("case", list(G6_CASES.values()), ids=list(G6_CASES))
+def test_gap_g6_element_count_overflow(case):  # G6 (fixed): ggml.c:1787 ggml_new_tensor_impl
+    assert_raised("c = Context(1 << 20, no_alloc=True)\n" + case, where="ggml.c")
+
+
+def test_g6_element_count_check_is_ggmls():
+    """_check_nelements refuses exactly what ggml_new_tensor_impl's loop asserts, on both sides
+    of its order-dependent edge: ggml itself makes each tensor (in a forked child, where it may
+    abort) and _check_nelements must agree. new_tensor refuses a quantized ne[0] whose
+    ggml_nbytes (ne[0] * type_size in size_t) would wrap; mul_mat's shortcut still lets a large
+    result through."""
+    from pyggml import ffi, lib
+    from pyggml._trial import trial
+    from pyggml.ops import _check_nelements
+    shapes = [[2**62, 1], [2**61, 3], [1, 2**62 - 1], [1, 2**62], [3, (2**63 - 1) // 3 - 1],
+              [3, (2**63 - 1) // 3], [0, 2**40, 2**40], [2**40, 0, 2**40], [2**20, 0, 2**20, 2**20],
+              [2**21, 2**21, 2**21], [2**21, 2**21, 2**20]]
+    raw = lib.ggml_init({"mem_size": 1 << 20, "mem_buffer": ffi.NULL, "no_alloc": True})
+    try:
+        for ne in shapes:
+            died = trial(lambda: lib.ggml_new_tensor(raw, lib.GGML_TYPE_I8, len(ne), ffi.new("int64_t[]", ne)))
+            try:
+                _check_nelements(ne, "t")
+                refused = False
+            except ValueError:
+                refused = True
+            assert refused == (died is not None), (ne, died)
+    finally:
+        lib.ggml_free(raw)
     c = Context(1 << 20, no_alloc=True)
-    c.mul_mat(c.new_tensor("f32", [1, 2**32]), c.new_tensor("f32", [1, 2**32]))
-    """,
-], ids=["new_tensor-quantized", "mul_mat-result"])
-def test_gap_g6_element_count_overflow(case):
-    assert_raised(case, where="ggml.c")
+    with pytest.raises(ValueError, match="ggml_nbytes would overflow"):
+        c.new_tensor("iq1_s", [2**60])
+    assert c.mul_mat(c.new_tensor("f32", [2**20, 2**22]), c.new_tensor("f32", [2**20, 2**30])).ne == (2**22, 2**30, 1, 1)
+
 
 
 BACKWARD_CASES = {
