@@ -352,7 +352,7 @@ def graph_trial_ops(graph: "Graph") -> set[int]:
     holding a node of one of them gets a forked trial compute before its first CPU compute."""
     trial_ops: set[int] = set()
     for ctx, _ in graph.contexts():
-        trial_ops |= getattr(ctx, "_trial_ops", ())
+        trial_ops |= getattr(ctx, "_trial_ops", set())
     return trial_ops
 
 
