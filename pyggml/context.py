@@ -22,7 +22,7 @@ from .buffer import Buffer, check_tensor_memory
 from .buffer_type import BufferType
 from .errors import ClosedError, GGMLError
 from .graph import Graph
-from .ops import Ops
+from .ops import Ops, _check_nelements
 from .raw import ffi, lib
 from .raw.boundary import calling
 from .tensor import Tensor
@@ -227,6 +227,10 @@ class Context(_cobject.CObject, Ops):
         if nbytes > _MAX_BYTES or any(n > _MAX_BYTES for n in ne):
             raise ValueError(f"a tensor of type {types.type_name(t)} with ne={ne} would take {nbytes} "
                              "bytes: more than ggml can address")
+        _check_nelements(ne, "new_tensor")  # quantized types take < 1 byte per element
+        if ne[0] * types.type_size(t) >= 2**64:
+            # ggml_nbytes computes ne[0] * type_size in size_t: it would wrap around
+            raise ValueError(f"ne[0]={ne[0]} of type {types.type_name(t)}: ggml_nbytes would overflow")
         self._reserve(nbytes)
         out = Tensor(lib.ggml_new_tensor(self.ptr, t, len(ne), ffi.new("int64_t[]", ne)), self)
         if name is not None:

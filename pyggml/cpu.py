@@ -326,7 +326,7 @@ class CPUBackend(Backend):
         """Graphs with nodes made by ``Context.op`` (ops pyggml has no checks for) are computed
         once in a forked copy of the process first, with one thread: ggml aborting there raises
         ValueError here instead."""
-        trial_ops = getattr(graph._owner, "_trial_ops", None)
+        trial_ops = graph_trial_ops(graph)
         if not trial_ops or not any(p.op in trial_ops for p in graph.raw_nodes()):
             return
         g = graph.ptr
@@ -344,6 +344,16 @@ class CPUBackend(Backend):
     def set_use_ref(self, use_ref: bool) -> None:
         """``ggml_backend_cpu_set_use_ref``: use the slow reference kernels (for testing)."""
         lib.ggml_backend_cpu_set_use_ref(self.ptr, use_ref)
+
+
+def graph_trial_ops(graph: "Graph") -> set[int]:
+    """The ops of nodes that ``Context.op`` or ``Graph.build_backward`` made (without checks of
+    their own) in the contexts ``graph``'s tensors come from (:meth:`Graph.contexts`): a graph
+    holding a node of one of them gets a forked trial compute before its first CPU compute."""
+    trial_ops: set[int] = set()
+    for ctx, _ in graph.contexts():
+        trial_ops |= getattr(ctx, "_trial_ops", set())
+    return trial_ops
 
 
 def cpu_buffer_type() -> BufferType:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from . import _cobject
+from . import _cobject, _trial
 from .enums import Op, TensorFlag
 from .errors import ClosedError
 from .raw import ffi, lib
@@ -41,7 +41,8 @@ _VIEW_OK = {Op.CPY, Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE}
 _BACKWARD_OPS = {Op[n] for n in (
     "DUP ADD ADD1 ACC SUB MUL DIV SQR SQRT LOG SIN COS SUM SUM_ROWS MEAN REPEAT REPEAT_BACK "
     "RMS_NORM MUL_MAT SCALE SET CPY CONT RESHAPE VIEW PERMUTE TRANSPOSE GET_ROWS DIAG_MASK_INF "
-    "DIAG_MASK_ZERO SOFT_MAX ROPE IM2COL POOL_2D WIN_PART WIN_UNPART UNARY CROSS_ENTROPY_LOSS GLU NONE").split()}
+    "DIAG_MASK_ZERO SOFT_MAX ROPE IM2COL POOL_2D UNARY CROSS_ENTROPY_LOSS GLU NONE").split()}
+# (ggml_compute_backward lists WIN_PART/WIN_UNPART in its UNARY case: ggml_get_unary_op asserts)
 _BACKWARD_UNARY = {getattr(lib, f"GGML_UNARY_OP_{n}") for n in
                    "ABS SGN NEG STEP RELU SILU EXP EXPM1 SOFTPLUS".split()}
 
@@ -168,7 +169,10 @@ class Graph(_cobject.CObject):
         allocate, :meth:`reset` (loss gradient 1, others 0), compute, and read :meth:`grad`.
         Raises ValueError for what ggml would abort on: no parameter or loss, a loss that does
         not depend on a parameter, ops without a backward pass in ggml, in-place ops, non-float
-        types on the gradient path, a graph or context too small for the gradient nodes.
+        types on the gradient path, a graph or context too small for the gradient nodes, and
+        (with ggml's message) anything else ggml_build_backward_expand asserts on, which runs
+        first in a forked child (:mod:`pyggml._trial`). The gradient nodes' ops become trial
+        ops of ``ctx``: the backward graph's first CPU compute is tried in a forked child too.
         """
         if not self.grads:
             raise ValueError("build_backward needs a graph made with new_graph(..., grads=True)")
@@ -217,9 +221,22 @@ class Graph(_cobject.CObject):
         if self.size < need_size:
             raise ValueError(f"graph size {self.size} is too small for the backward pass: use at least {need_size}")
         ctx._reserve(0, n_objects=10 * n_grad + 16)
-        lib.ggml_build_backward_expand(ctx.ptr, self.ptr, ffi.NULL)
+        c, g = ctx.ptr, self.ptr
+        # what ggml_compute_backward and the constructors it calls assert about the sources of
+        # each case (masks, freq_factors, labels, layouts of gradients...): tried in a forked
+        # child first, once per graph
+        failure = _trial.trial(lambda: lib.ggml_build_backward_expand(c, g, ffi.NULL))
+        if failure is not None:
+            raise ValueError(f"ggml cannot build the backward pass of this graph: {failure}")
+        n_before = lib.ggml_graph_n_nodes(g)
+        lib.ggml_build_backward_expand(c, g, ffi.NULL)
+        # the gradient nodes have no checks of their own: their first CPU compute is a forked
+        # trial (CPUBackend._trial_compute, Scheduler), as for Context.op nodes
+        ctx._trial_ops.update(int(lib.ggml_graph_node(g, i).op)
+                              for i in range(n_before, lib.ggml_graph_n_nodes(g)))
         self._backward = True
         self._keep.append(ctx)
+        self._deps.setdefault(ctx, ctx._gen)
         self._changed()
         return self
 

@@ -36,8 +36,9 @@ _t = tensor_arg
 _OVERHEAD = int(lib.ggml_tensor_overhead())
 _F32, _F16, _I32, _I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
 #: element counts below this pass ggml_new_tensor_impl's int64 overflow check whatever the
-#: order of the dimensions (see :func:`check_nelements`)
+#: order of the dimensions (see :func:`_check_nelements`)
 _NE_SAFE = 2**62
+_INT64_MAX = 2**63 - 1
 
 
 def host_array(t: Tensor) -> np.ndarray:
@@ -93,6 +94,19 @@ def _prod(xs: Sequence[int]) -> int:
     for x in xs:
         out *= x
     return out
+
+
+def _check_nelements(ne: Sequence[int], what: str) -> None:
+    """ggml_new_tensor_impl's own int64 check of the element count of a tensor of ``ne`` (ggml
+    order), which it asserts (``INT64_MAX / ne[i] > current_nelements``, skipping sizes <= 1):
+    ValueError instead of the abort. The check depends on the order of the sizes, so it is
+    ggml's loop, not a bound on the product."""
+    cur = ne[0]
+    for n in ne[1:]:
+        if n > 1:
+            if _INT64_MAX // n <= cur:
+                raise ValueError(f"{what}: a result of ne={list(ne)} has more elements than int64 holds")
+            cur *= n
 
 
 def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
@@ -189,6 +203,8 @@ _ONES = ((1, 1, 1, 1), (1, 1, 1), (1, 1), (1,), ())
 # per ggml type: elements per block and bytes per block (ggml_blck_size, ggml_type_size), read once
 _BLCK = tuple(int(lib.ggml_blck_size(t)) for t in range(lib.GGML_TYPE_COUNT))
 _TSIZE = tuple(int(lib.ggml_type_size(t)) for t in range(lib.GGML_TYPE_COUNT))
+#: a view of fewer bytes holds fewer than _NE_SAFE elements, whatever its type
+_VIEW_SAFE_BYTES = min(_NE_SAFE * s // b for s, b in zip(_TSIZE, _BLCK) if s and b)
 _REST = ((0, 1, 2, 3), (1, 2, 3), (2, 3), (3,), ())
 
 
@@ -487,6 +503,9 @@ class Ops(UncheckedOps):
                              "a.ne0 == b.ne0 and b.ne2/ne3 multiples of a.ne2/ne3")
         if lib.ggml_is_transposed(a._ptr):
             raise ValueError("mul_mat: a must not be transposed (use cont())")
+        if an[1] > bn[0]:
+            # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
+            _check_nelements((an[1], bn[1], bn[2], bn[3]), "mul_mat")
         return _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32,
                            a._ptr, b._ptr)
 
@@ -496,6 +515,7 @@ class Ops(UncheckedOps):
         an, bn = a._ne, b._ne
         if an[1] != bn[1] or not _divides(an[2], bn[2]) or not _divides(an[3], bn[3]) or lib.ggml_is_transposed(a._ptr):
             raise ValueError(f"cannot out_prod a ne={list(an)} with b ne={list(bn)}")
+        _check_nelements((an[0], bn[0], bn[2], bn[3]), "out_prod")
         return _make(self, lib.ggml_out_prod, (a, b), a._ptr, b._ptr)
 
     # ------------------------------------------------------------------ shape ops (views)
@@ -528,8 +548,11 @@ class Ops(UncheckedOps):
             raise ValueError("reshape takes 1 to 4 sizes")
         if not lib.ggml_is_contiguous(a._ptr):
             raise ValueError("reshape needs a contiguous tensor: use cont() first")
-        if min(ne) < 0 or _prod(ne) != _prod(a._ne):
+        count = _prod(ne)
+        if min(ne) < 0 or count != _prod(a._ne):
             raise ValueError(f"cannot reshape {a.nelements} elements to ne={list(ne)}")
+        if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
+            _check_nelements(ne, "reshape")
         return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, a._ptr, *ne)
 
     def view(self, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None,
@@ -558,6 +581,8 @@ class Ops(UncheckedOps):
         if size and offset + size > lib.ggml_nbytes(p):
             raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a "
                              f"({lib.ggml_nbytes(p)} bytes)")
+        if not size or size >= _VIEW_SAFE_BYTES:  # else fewer than _NE_SAFE elements
+            _check_nelements(ne, "view")
         full = tuple(ne) + _ONES[len(ne)]
         if len(ne) == 1:
             return _make_known(self, lib.ggml_view_1d, (a,), full, a._type, a._ptr, ne[0], offset)
@@ -572,14 +597,21 @@ class Ops(UncheckedOps):
         if sorted(axes) != [0, 1, 2, 3]:
             raise ValueError(f"permute axes {axes[:4]} are not a permutation of 0..3")
         ne = [0, 0, 0, 0]
-        for i, d in zip(axes, a._ne):  # as ggml_permute: dim i goes to axes[i]
+        n = a._ne
+        for i, d in zip(axes, n):  # as ggml_permute: dim i goes to axes[i]
             ne[i] = d
+        count = n[0] * n[1] * n[2] * n[3]
+        if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
+            _check_nelements(ne, "permute")
         return _make_known(self, lib.ggml_permute, (a,), tuple(ne), a._type, a._ptr, *axes)
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``: swap ne[0] and ne[1] (a view)."""
         a = _t(a, "a")
         n = a._ne
+        count = n[0] * n[1] * n[2] * n[3]
+        if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
+            _check_nelements((n[1], n[0], n[2], n[3]), "transpose")
         return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, a._ptr)
 
     def concat(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
@@ -591,6 +623,7 @@ class Ops(UncheckedOps):
             raise TypeError("concat: a and b must have the same type")
         if any(a._ne[d] != b._ne[d] for d in range(4) if d != dim):
             raise ValueError(f"concat along {dim}: ne {_ne(a)} and {_ne(b)} differ elsewhere")
+        _check_nelements([a._ne[d] + (b._ne[d] if d == dim else 0) for d in range(4)], "concat")
         return _make(self, lib.ggml_concat, (a, b), a._ptr, b._ptr, dim)
 
     # ------------------------------------------------------------------ indexing
@@ -602,6 +635,8 @@ class Ops(UncheckedOps):
             raise TypeError("get_rows: the row indices must be I32")
         if a._ne[2] != rows._ne[1] or a._ne[3] != rows._ne[2] or rows._ne[3] != 1:
             raise ValueError(f"get_rows: rows ne={_ne(rows)} do not fit a ne={_ne(a)}")
+        if rows._ne[0] > a._ne[1]:  # else a's ne bounds the result's ne size by size (_check_nelements)
+            _check_nelements((a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]), "get_rows")
         # as ggml_get_rows: F32 unless a is I32
         return _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
                            _I32 if a._type == _I32 else _F32, a._ptr, rows._ptr)
@@ -708,6 +743,7 @@ class Ops(UncheckedOps):
         right, lft = [int(p0), int(p1), int(p2), int(p3)], [int(x) for x in left]
         if len(lft) != 4 or min(right + lft) < 0:
             raise ValueError("pad sizes must be >= 0 (and left has 4 entries)")
+        _check_nelements([n + l + r for n, l, r in zip(a._ne, lft, right)], "pad")
         args = [x for pair in zip(lft, right) for x in pair]
         return _make(self, lib.ggml_pad_ext, (a,), a._ptr, *args)
 
@@ -723,6 +759,7 @@ class Ops(UncheckedOps):
         if (mode & 0xFF) >= lib.GGML_SCALE_MODE_COUNT or (
                 mode & lib.GGML_SCALE_FLAG_ANTIALIAS and (mode & 0xFF) != lib.GGML_SCALE_MODE_BILINEAR):
             raise ValueError(f"bad interpolate mode {mode:#x}")
+        _check_nelements(ne, "interpolate")
         return _make(self, lib.ggml_interpolate, (a,), a._ptr, *ne, mode)
 
     def im2col(self, kernel: Tensor, x: Tensor, s0: int, s1: int, p0: int, p1: int,
@@ -738,18 +775,24 @@ class Ops(UncheckedOps):
     def conv_1d(self, kernel: Tensor, x: Tensor, s0: int = 1, p0: int = 0, d0: int = 1) -> Tensor:
         """``ggml_conv_1d``: kernel ne [K, IC, OC] over x ne [L, IC, N] -> [OL, OC, N]."""
         kernel, x = _t(kernel, "kernel"), _t(x, "x")
-        _conv_sizes(kernel, x, s0, 0, p0, 0, d0, 0, False)
+        ic = _conv_sizes(kernel, x, s0, 0, p0, 0, d0, 0, False)
         if not lib.ggml_is_contiguous(kernel._ptr):
             raise ValueError("conv kernel must be contiguous")
+        oc = kernel._ne[2]  # the nodes ggml_conv_1d makes after im2col: reshapes, mul_mat
+        for ne in ((ic[0], ic[1] * ic[2]), (ic[1] * ic[2], oc), (ic[1], oc, ic[2])):
+            _check_nelements(ne, "conv_1d")
         return _make(self, lib.ggml_conv_1d, (kernel, x), kernel._ptr, x._ptr, s0, p0, d0, n_objects=6)
 
     def conv_2d(self, kernel: Tensor, x: Tensor, s0: int = 1, s1: int = 1, p0: int = 0,
                 p1: int = 0, d0: int = 1, d1: int = 1) -> Tensor:
         """``ggml_conv_2d``: kernel ne [KW, KH, IC, OC] over x ne [W, H, IC, N] -> [OW, OH, OC, N]."""
         kernel, x = _t(kernel, "kernel"), _t(x, "x")
-        _conv_sizes(kernel, x, s0, s1, p0, p1, d0, d1, True)
+        ic = _conv_sizes(kernel, x, s0, s1, p0, p1, d0, d1, True)
         if not lib.ggml_is_contiguous(kernel._ptr):
             raise ValueError("conv kernel must be contiguous")
+        oc, n = kernel._ne[3], ic[1] * ic[2] * ic[3]  # the nodes ggml_conv_2d makes after im2col
+        for ne in ((ic[0], n), (n, oc), (ic[1], ic[2], ic[3], oc), (ic[1], ic[2], oc, ic[3])):
+            _check_nelements(ne, "conv_2d")
         return _make(self, lib.ggml_conv_2d, (kernel, x), kernel._ptr, x._ptr, s0, s1, p0, p1, d0, d1, n_objects=8)
 
     def pool_1d(self, a: Tensor, op: str, k0: int, s0: int, p0: int = 0) -> Tensor:
@@ -757,6 +800,7 @@ class Ops(UncheckedOps):
         a = _t(a, "a")
         if s0 < 1 or k0 < 1 or p0 < 0 or (a._ne[0] + 2 * p0 - k0) // s0 + 1 < 1:
             raise ValueError("pool_1d: kernel, stride and padding leave no output")
+        _check_nelements(((a._ne[0] + 2 * p0 - k0) // s0 + 1, *a._ne[1:]), "pool_1d")
         return _make(self, lib.ggml_pool_1d, (a,), a._ptr, _pool_op(op), k0, s0, p0)
 
     def pool_2d(self, a: Tensor, op: str, k0: int, k1: int, s0: int, s1: int,
@@ -766,6 +810,8 @@ class Ops(UncheckedOps):
         ok = min(s0, s1, k0, k1) >= 1 and min(p0, p1) >= 0
         if not ok or (a._ne[0] + 2 * p0 - k0) // s0 + 1 < 1 or (a._ne[1] + 2 * p1 - k1) // s1 + 1 < 1:
             raise ValueError("pool_2d: kernel, stride and padding leave no output")
+        _check_nelements((int((a._ne[0] + 2 * p0 - k0) // s0 + 1), int((a._ne[1] + 2 * p1 - k1) // s1 + 1),
+                          *a._ne[2:]), "pool_2d")
         return _make(self, lib.ggml_pool_2d, (a,), a._ptr, _pool_op(op), k0, k1, s0, s1, float(p0), float(p1))
 
     def flash_attn(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -791,6 +837,7 @@ class Ops(UncheckedOps):
             inputs, m_ptr = (q, k, v, mask), mask._ptr
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
+        _check_nelements((vn[0], qn[2], qn[1], qn[3]), "flash_attn")
         return _make(self, lib.ggml_flash_attn_ext, inputs, q._ptr, k._ptr, v._ptr, m_ptr,
                      float(scale), float(max_bias), float(logit_softcap))
 
@@ -826,6 +873,7 @@ class Ops(UncheckedOps):
         t = _t(timesteps, "timesteps")
         if dim < 1 or max_period < 1 or t.n_dims != 1:
             raise ValueError("timestep_embedding: dim, max_period >= 1 and a vector of timesteps")
+        _check_nelements((int(dim), t._ne[0]), "timestep_embedding")
         return _make(self, lib.ggml_timestep_embedding, (t,), t._ptr, int(dim), int(max_period))
 
     def cross_entropy_loss(self, logits: Tensor, labels: Tensor) -> Tensor:
@@ -910,7 +958,8 @@ def _conv_out(size: int, k: int, s: int, p: int, d: int) -> int:
 
 
 def _conv_sizes(kernel: Tensor, x: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int,
-                d1: int, is_2d: bool) -> None:
+                d1: int, is_2d: bool) -> tuple[int, int, int, int]:
+    """Checks of ggml_im2col's arguments; the ne of its result (element count checked)."""
     if kernel.nelements == 0 or x.nelements == 0:
         raise ValueError("convolution of an empty tensor")
     if kernel._type not in (_F16, _F32) or x._type != _F32:
@@ -924,8 +973,15 @@ def _conv_sizes(kernel: Tensor, x: Tensor, s0: int, s1: int, p0: int, p1: int, d
     else:
         if kn[1] != xn[1] or xn[3] != 1:
             raise ValueError(f"kernel ne={list(kn)} and input ne={list(xn)}: channels (ne[1]) differ")
-    if _conv_out(xn[0], kn[0], s0, p0, d0) < 1:
+    ow = _conv_out(xn[0], kn[0], s0, p0, d0)
+    if ow < 1:
         raise ValueError("input too small for the kernel (dim 0)")
+    if is_2d:
+        ne = (kn[2] * kn[1] * kn[0], ow, _conv_out(xn[1], kn[1], s1, p1, d1), xn[3])
+    else:
+        ne = (kn[1] * kn[0], ow, xn[2], 1)
+    _check_nelements(ne, "im2col")
+    return ne
 
 
 #: op names with a checked method of their own

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from . import _cobject, buffer
+from . import _cobject, _trial, buffer
 from .alloc import Placer
 from .backend import Backend
 from .buffer_type import BufferType
-from .cpu import CPUBackend, _cpu_kernel_supports_raw, _layout_hint
+from .cpu import CPUBackend, _cpu_kernel_supports_raw, _layout_hint, graph_trial_ops
 from .enums import DeviceType
 from .graph import Graph
 from .raw import callbacks, ffi, lib
@@ -37,12 +37,13 @@ _VIEW_OPS = frozenset(int(o) for o in EMPTY_OPS if o != lib.GGML_OP_NONE)
 
 
 class _SchedChecked:
-    __slots__ = ("version", "n_nodes", "records", "contexts", "indices")
+    __slots__ = ("version", "n_nodes", "records", "contexts", "indices", "trialed")
 
     def __init__(self, graph: Graph, n_nodes: int, records: list[Any], contexts: list[tuple[Any, int]],
                  indices: "buffer.IndexCheck | None"):
         self.version, self.n_nodes, self.records, self.contexts = graph.version, n_nodes, records, contexts
         self.indices = indices  # the row indices in data, checked before every compute
+        self.trialed = False  # the forked trial compute (Scheduler._trial_compute) was done
 
     def still_valid(self, graph: Graph, n_nodes: int) -> bool:
         return (self.version == graph.version and self.n_nodes == n_nodes
@@ -319,9 +320,12 @@ class Scheduler(_cobject.CObject, Placer):
         if not (self._is_alloc and self._graph is graph and graph.split_by is self):
             self.alloc_graph(graph)
         g = self._check_graph(graph)
-        indices = graph.checked[self._ptr].indices
-        if indices is not None:
-            indices.run()
+        state = graph.checked[self._ptr]
+        if state.indices is not None:
+            state.indices.run()
+        if not state.trialed:
+            self._trial_compute(graph, g)
+            state.trialed = True
         self._stopped = False
         with calling(graph._owner, self):
             status = fn(self.ptr, g)
@@ -329,6 +333,35 @@ class Scheduler(_cobject.CObject, Placer):
         if not self._stopped:
             graph.computed = True
         return not self._stopped
+
+    def _trial_compute(self, graph: Graph, g: Any) -> None:
+        """As CPUBackend's: when the split put on a CPU backend a node of an op made by
+        ``Context.op`` or ``Graph.build_backward`` (ops pyggml has no checks for), the graph is
+        computed once by this scheduler in a forked copy of the process first (its CPU backends
+        on one thread there), and ggml aborting there raises ValueError here. Skipped when a
+        backend is a GPU, which does not survive fork()."""
+        cpus = [b._ptr for b in self._backends if isinstance(b, CPUBackend)]
+        if not cpus:
+            return
+        trial_ops = graph_trial_ops(graph)
+        if not trial_ops:
+            return
+        s = self.ptr
+        if not any(p.op in trial_ops and lib.ggml_backend_sched_get_tensor_backend(s, p) in cpus
+                   for p in graph.raw_nodes()):
+            return
+        if any(b.device.type in (DeviceType.GPU, DeviceType.IGPU) for b in self._backends):
+            return
+
+        def run() -> None:
+            for be in cpus:  # the OpenMP runtime and threads of the parent do not survive fork()
+                lib.ggml_backend_cpu_set_threadpool(be, ffi.NULL)
+                lib.ggml_backend_cpu_set_n_threads(be, 1)
+            lib.ggml_backend_sched_graph_compute(s, g)
+
+        failure = _trial.trial(run, timeout=120)
+        if failure is not None:
+            raise ValueError(f"computing this graph would abort the process: {failure}")
 
     def synchronize(self) -> None:
         """``ggml_backend_sched_synchronize``: wait for every backend."""
