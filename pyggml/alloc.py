@@ -293,7 +293,10 @@ class GraphAllocator(_cobject.CObject, Placer):
 
     def _graph_ok(self, graph: "Graph") -> Any:
         """The graph's pointer, after checking it may be placed: its contexts open and not
-        reset since (ClosedError), its sources as built."""
+        reset since (ClosedError), its sources as built. A closed allocator raises
+        ClosedError first, before anything about the graph changes (its tensors keep their
+        places)."""
+        self.ptr  # closed: ClosedError, before _unplace forgets where the graph's tensors are
         g = graph.ptr
         graph.check_contexts()
         if graph.split_by is not None:  # a scheduler rewrote its sources: put them back

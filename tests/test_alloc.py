@@ -292,3 +292,26 @@ def test_a_graph_placed_by_a_second_allocator_leaves_the_first_ones_memory():
             g.compute(be)
             np.testing.assert_array_equal(y.numpy(), np.arange(4) ** 2 + np.arange(4))
             np.testing.assert_array_equal(yh.numpy(), np.full(4, -7))
+
+
+def test_a_closed_allocator_leaves_the_graph_where_it_was():
+    """alloc_graph (and reserve) of a closed allocator forgot the places of the graph's tensors
+    in placers' memory before raising ClosedError: a tensor placed by allocator A (which has
+    since placed another graph) then had no data, and reading it raised ValueError ("no data")
+    instead of ClosedError (scripts/fuzz.sh seed 309, tests/fuzz_state_worker.py 309 40 50). A
+    closed allocator raises before touching the graph."""
+    with CPUBackend(1) as be, Context.for_tensors(32, graph_size=32) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+        g = ctx.new_graph(32).build_forward(ctx.sqr(x).set_output())
+        h = ctx.new_graph(32).build_forward(ctx.neg(ctx.new_tensor(GGMLType.F32, [8]).set_input()))
+        with GraphAllocator(be) as A:
+            A.alloc_graph(g)
+            A.alloc_graph(h)
+            B = GraphAllocator(be)
+            B.close()
+            for fn in (B.alloc_graph, B.reserve):
+                with pytest.raises(ClosedError):
+                    fn(g)
+            assert x._ptr.data != 0
+            with pytest.raises(ClosedError, match="placed another graph"):
+                x.numpy()
