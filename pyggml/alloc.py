@@ -7,6 +7,16 @@ the last one holds all its tensors) raises :class:`~pyggml.errors.ClosedError` w
 read, since its memory now holds another graph's values. When ggml grows the allocator's buffer
 for a larger graph it frees the old one: the tensors placed in it raise too, instead of reading
 freed memory. The same bookkeeping serves the scheduler (:class:`Placer`).
+
+**Zero-byte tensors.** ggml-alloc places a tensor of zero elements at an offset of its buffer
+like any other; when every tensor it places in a buffer has zero bytes the buffer is empty, its
+base NULL, and the tensor's data stays NULL: ggml then takes it for unplaced when the graph
+reads it a second time (``GGML_ASSERT(tensor->buffer == NULL)`` in
+``ggml_backend_tensor_alloc``), or reads a chunk it never allocated
+(``GGML_ASSERT(buffer)``). A placer therefore gives the zero-byte tensors of a graph a place
+of their own before ggml places the rest: the base of a small buffer it owns (one per buffer
+type), which it frees when it is freed. ggml sees them placed and places only tensors that hold
+bytes.
 """
 from __future__ import annotations
 
@@ -17,7 +27,7 @@ from .buffer_type import BufferType
 from .enums import BufferUsage
 from .errors import ClosedError
 from .raw import ffi, lib
-from .raw.boundary import calling
+from .raw.boundary import calling, check_status
 from .tensor import EMPTY_OPS, Tensor
 
 if TYPE_CHECKING:
@@ -28,6 +38,28 @@ __all__ = ["GraphAllocator", "Placer"]
 
 _COMPUTE = int(BufferUsage.COMPUTE)
 _NONE = int(lib.GGML_OP_NONE)
+
+
+def _zero_byte_tensors(graph: "Graph") -> list[Any]:
+    """The tensors of ``graph`` ggml-alloc would place that hold zero bytes (nodes, their
+    sources and the outputs; not views), found once per graph version."""
+    g = graph.ptr
+    key = (graph.version, int(lib.ggml_graph_n_nodes(g)))
+    cached = graph.__dict__.get("_zero_byte")
+    if cached is not None and cached[0] == key:
+        return cached[1]  # type: ignore[no-any-return]
+    seen: dict[Any, None] = {}
+    for p in graph.raw_nodes():
+        seen[p] = None
+        for s in p.src:
+            if s != ffi.NULL:
+                seen[s] = None
+    for t in graph._keep:
+        if isinstance(t, Tensor):
+            seen[t._ptr] = None
+    found = [p for p in seen if p.view_src == ffi.NULL and lib.ggml_nbytes(p) == 0]
+    graph.__dict__["_zero_byte"] = (key, found)
+    return found
 
 
 def _needs_compute(p: Any) -> bool:
@@ -56,6 +88,7 @@ class Placer:
         self._records = []
         self._last_sizes = None
         self._computed_too: list["Graph"] = []  # graphs within the placed one, computed since
+        self._zero_byte_homes: dict[Any, buffer.LiveBuffer] = {}  # buft -> its small buffer
 
     def _may_chunk(self) -> bool:
         return False
@@ -90,6 +123,70 @@ class Placer:
                     or isinstance(getattr(buffer.lookup(b), "owner", None), Placer)):
                 p.data = ffi.NULL
                 p.buffer = ffi.NULL
+
+    def _zero_byte_bufts(self, tensors: list[Any]) -> list[Any]:
+        """The buffer type to place each of ``tensors`` (zero-byte) in, or None to leave it to
+        ggml."""
+        return [self._buffer_types()[0]] * len(tensors)
+
+    def _place_zero_byte(self, graph: "Graph") -> list[Any]:
+        """Before ggml places ``graph`` (after :meth:`_unplace`): place its zero-byte tensors
+        that have no data at the base of this placer's small buffer of their buffer type (see
+        the module docstring); returns them (for :meth:`_unplace_zero_byte` if placing the
+        rest fails). A zero-byte tensor whose data is NULL although its buffer is set (placed at
+        the NULL base of an empty buffer) is placed again too: there is nothing in it to lose,
+        and ggml-alloc would assert on it."""
+        todo = [p for p in _zero_byte_tensors(graph) if p.data == ffi.NULL]
+        if not todo:
+            return []
+        placed: list[Any] = []
+        try:
+            with calling():  # a Python buffer type's get_alloc_size, alloc_buffer, init_tensor
+                for p, buft in zip(todo, self._zero_byte_bufts(todo)):
+                    if buft is None or lib.ggml_backend_buft_get_alloc_size(buft, p) != 0:
+                        continue  # ggml places it (it takes bytes there: that buffer is not empty)
+                    home = self._zero_byte_home(buft)
+                    p.buffer = ffi.NULL
+                    placed.append(p)
+                    check_status(lib.ggml_backend_tensor_alloc(home, p, lib.ggml_backend_buffer_get_base(home)),
+                                 "ggml_backend_tensor_alloc")
+        except BaseException:
+            self._unplace_zero_byte(placed)
+            raise
+        graph.checked.clear()
+        return placed
+
+    @staticmethod
+    def _unplace_zero_byte(tensors: list[Any]) -> None:
+        """Undo :meth:`_place_zero_byte` (ggml failed to place the rest of the graph)."""
+        for p in tensors:
+            p.data = ffi.NULL
+            p.buffer = ffi.NULL
+
+    def _zero_byte_home(self, buft: Any) -> Any:
+        """This placer's small buffer of ``buft`` (allocated on first use; call under
+        ``calling()``)."""
+        rec = self._zero_byte_homes.get(buft)
+        if rec is not None and rec.alive:
+            return rec.ptr
+        size = max(1, int(lib.ggml_backend_buft_get_alignment(buft)))
+        ptr = lib.ggml_backend_buft_alloc_buffer(buft, size)
+        if ptr == ffi.NULL:
+            raise MemoryError(f"could not allocate a buffer of {size} bytes for zero-byte tensors")
+        lib.ggml_backend_buffer_set_usage(ptr, _COMPUTE)
+        rec = self._zero_byte_homes[buft] = buffer.track(ptr, self)
+        return ptr
+
+    def _free_zero_byte_homes(self) -> None:
+        """Free the small buffers (the placer is freed): tensors placed in them are placed
+        again by the next placer, and raise ClosedError until then."""
+        homes = list(self._zero_byte_homes.values())
+        self._zero_byte_homes.clear()
+        for rec in homes:
+            if rec.alive:
+                buffer.retire(rec.ptr, by_placer=True)
+                with calling():
+                    lib.ggml_backend_buffer_free(rec.ptr)
 
     @staticmethod
     def _check_outputs_memory(graph: "Graph") -> None:
@@ -180,6 +277,7 @@ class GraphAllocator(_cobject.CObject, Placer):
 
     def _free(self, ptr: Any) -> None:
         self._retire()
+        self._free_zero_byte_homes()
         with calling():  # frees its buffers (a Python buffer's free_buffer)
             lib.ggml_gallocr_free(ptr)
 
@@ -195,30 +293,15 @@ class GraphAllocator(_cobject.CObject, Placer):
 
     def _graph_ok(self, graph: "Graph") -> Any:
         """The graph's pointer, after checking it may be placed: its contexts open and not
-        reset since (ClosedError), its sources as built; the allocator renewed if its buffer
-        is empty (:meth:`_renew_if_empty`)."""
+        reset since (ClosedError), its sources as built. A closed allocator raises
+        ClosedError first, before anything about the graph changes (its tensors keep their
+        places)."""
+        self.ptr  # closed: ClosedError, before _unplace forgets where the graph's tensors are
         g = graph.ptr
         graph.check_contexts()
         if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
             graph.restore_sources()
-        self._renew_if_empty()
         return g
-
-    def _renew_if_empty(self) -> None:
-        """After a placement that allocated nothing (every tensor had data), ggml-alloc keeps a
-        buffer without any chunk; a later graph whose only tensors to place have 0 bytes needs
-        no bigger buffer, so none is allocated, and ggml_vbuffer_tensor_alloc reads the missing
-        chunk (GGML_ASSERT(buffer) in ggml_backend_buffer_get_base). An allocator whose buffer
-        is empty holds nothing: a fresh ggml_gallocr replaces it (what it placed, zero-byte
-        tensors at most, is placed again)."""
-        if self._last_sizes is None or any(self._last_sizes):
-            return
-        self._retire()
-        old = self.ptr
-        with calling():
-            self._ptr = lib.ggml_gallocr_new(self._buft.ptr)
-            lib.ggml_gallocr_free(old)
-        self._last_sizes = None
 
     def reserve(self, graph: "Graph") -> None:
         """``ggml_gallocr_reserve``: size the buffer for ``graph`` (a worst case) without
@@ -250,8 +333,11 @@ class GraphAllocator(_cobject.CObject, Placer):
         # placed, and init a view of it through the freed buffer
         buffer.check_graph_memory(g, need_data=False)
         self._check_outputs_memory(graph)
+        zero = self._place_zero_byte(graph)
         with calling():
             ok = lib.ggml_gallocr_alloc_graph(self.ptr, g)
+            if not ok:
+                self._unplace_zero_byte(zero)
             self._placed(graph if ok else None, placed=bool(ok))
             if not ok:
                 raise MemoryError("ggml_gallocr_alloc_graph failed")

@@ -163,6 +163,21 @@ class Context(_cobject.CObject, Ops):
                     todo.append(dep)
         return None
 
+    def _recorded_gen(self, ctx: Any) -> int | None:
+        """The generation ``ctx`` had when this context (or one it depends on, transitively)
+        recorded it as a dependency, or None if none did."""
+        seen: set[int] = set()
+        todo = [self]
+        while todo:
+            c = todo.pop()
+            for dep, gen in getattr(c, "_deps", {}).items():
+                if dep is ctx:
+                    return int(gen)
+                if id(dep) not in seen:
+                    seen.add(id(dep))
+                    todo.append(dep)
+        return None
+
     def _check_deps(self) -> None:
         """Raise ClosedError if a context whose tensors this one's nodes read was reset or
         closed since (see :meth:`reset`)."""

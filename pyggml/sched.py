@@ -100,6 +100,7 @@ class Scheduler(_cobject.CObject, Placer):
 
     def _free(self, ptr: Any) -> None:
         self._retire()
+        self._free_zero_byte_homes()
         if self._graph is not None:
             self._graph.restore_sources()
         with calling():
@@ -136,6 +137,20 @@ class Scheduler(_cobject.CObject, Placer):
 
     def _kind_name(self) -> str:
         return "scheduler"
+
+    def _zero_byte_bufts(self, tensors: list[Any]) -> list[Any]:
+        """Zero-byte tensors (:meth:`Placer._place_zero_byte`) all go to the buffer type of the
+        first backend that runs all of them (leafs included: the split asks ``supports_op`` of
+        a placed leaf too), so that no split copies one to another backend (a copy of zero
+        bytes alone in a backend's buffer would meet the same assert); failing that each to the
+        first backend that runs it, or to ggml if none does (the check of the graph refuses
+        it). Call under ``calling()``."""
+        backends = [b._ptr for b in self._backends]
+        runs = [[bool(lib.ggml_backend_supports_op(b, p)) for b in backends] for p in tensors]
+        for i in range(len(backends)):
+            if all(r[i] for r in runs):
+                return [self._bufts[i].ptr] * len(tensors)
+        return [next((self._bufts[i].ptr for i, ok in enumerate(r) if ok), None) for r in runs]
 
     # ------------------------------------------------------------------ checks
     def _check_graph(self, graph: Graph) -> Any:
@@ -258,11 +273,13 @@ class Scheduler(_cobject.CObject, Placer):
         state = graph.checked.get(self._ptr)
         if self._is_alloc or self._graph is not None:
             self.reset()
+        zero = self._place_zero_byte(graph)
         self._pin_loose_leafs(graph)
         graph._save_sources(self)
         with calling():
             ok = lib.ggml_backend_sched_alloc_graph(self.ptr, g)
             if not ok:
+                self._unplace_zero_byte(zero)
                 graph.restore_sources()
                 self._placed(None, placed=False)
                 raise MemoryError("ggml_backend_sched_alloc_graph failed")

@@ -479,13 +479,23 @@ class Tensor(_cobject.CBorrowed):
         checking that the data may be used now (see the module docstring). Tensors lent to a
         callback are trusted: ggml guarantees their memory during the call."""
         p = self.ptr
+        v = p.view_src
+        owner = self._owner
+        if v != ffi.NULL and getattr(owner, "_stale", False) and not isinstance(owner, BorrowScope):
+            # a view of a tensor of another context, closed or reset since: its struct and data
+            # are gone (the arena stays mapped while the context object lives)
+            src_ctx = context_of(v)
+            if src_ctx is not None and src_ctx is not owner:
+                gen = owner._recorded_gen(src_ctx)
+                if gen is not None and gen != src_ctx._gen:
+                    raise ClosedError(f"tensor {self._label()} is a view of a tensor whose context was "
+                                      "closed or reset since")
         if p.data == ffi.NULL:
             raise ValueError(f"tensor {self._label()} has no data yet: allocate it in a buffer "
                              "(Context.alloc_tensors, a graph allocator or a scheduler)")
-        v = p.view_src
         if (v.buffer if v != ffi.NULL else p.buffer) == ffi.NULL:
             return p, None, False
-        if isinstance(self._owner, BorrowScope):
+        if isinstance(owner, BorrowScope):
             return p, None, True
         rec = buffer.check_tensor_memory(p, self._label())
         check = getattr(rec.owner, "check_placed", None) if rec is not None else None

@@ -180,3 +180,68 @@ def test_a_leaf_read_only_through_a_view_is_placed_by_the_scheduler(run_isolated
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["4.0", "9.0", "16.0"] * 2, r.stdout
+
+
+def test_a_zero_byte_tensor_after_a_placement_that_allocated_nothing(run_isolated):
+    """A scheduler whose first graph had every tensor placed already (its compute buffer got
+    no chunk), then the graph with a zero-element tensor added: ggml-alloc needed no bigger
+    buffer, allocated none, and aborted placing the 0-byte tensor in the missing chunk
+    (GGML_ASSERT(buffer), ggml-backend.cpp). Zero-byte tensors are placed by pyggml before ggml
+    places the rest (pyggml.alloc); the graph computes (NumPy reference)."""
+    r = run_isolated("""
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, Scheduler
+        be = CPUBackend(1)
+        ctx = Context.for_tensors(32, graph_size=32)
+        a = ctx.new_tensor(GGMLType.F32, [2, 3])
+        b = ctx.new_tensor(GGMLType.F32, [2, 3])
+        out = ctx.concat(a, b, 0).set_output()
+        g = ctx.new_graph(64).build_forward(out)
+        ctx.alloc_tensors(be)
+        s = Scheduler([be])
+        s.alloc_graph(g)
+        print(s.buffer_size(be))
+        z = ctx.new_tensor(GGMLType.F32, [5, 0])
+        g.build_forward(ctx.add(z, z))
+        x = np.arange(6, dtype=np.float32).reshape(3, 2)
+        for _ in range(2):
+            s.alloc_graph(g)
+            a.set(x); b.set(-x)
+            s.compute(g)
+            print(np.array_equal(out.numpy(), np.concatenate([x, -x], axis=1)))
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["0", "True", "True"], r.stdout
+
+
+@pytest.mark.parametrize("backends", ["numpy+cpu", "cpu"])
+def test_zero_byte_tensors_under_a_scheduler_of_two_backends(run_isolated, backends):
+    """The NumPy backend and the CPU backend (or the CPU one alone), a graph with a zero-element branch (z + z, and
+    sum_rows(z): zeros) beside a normal one, then a graph of zero-byte tensors only: zero-byte
+    tensors are placed in the buffer of one backend that runs them all (no split copies one),
+    everything computes (NumPy reference)."""
+    r = run_isolated(f"""
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, Scheduler, numpy_backend
+        cpu, nb = CPUBackend(1), numpy_backend.init()
+        s = Scheduler([nb, cpu] if {backends!r} == "numpy+cpu" else [cpu], graph_size=128)
+        ctx = Context.for_tensors(32, graph_size=32)
+        z = ctx.new_tensor(GGMLType.F32, [0, 4]).set_input()
+        xt = ctx.new_tensor(GGMLType.F32, [3, 4]).set_input()
+        zz = ctx.add(z, z).set_output()
+        sr = ctx.sum_rows(zz).set_output()
+        y = ctx.add(ctx.sqr(xt), xt).set_output()
+        g = ctx.new_graph(32).build_forward(zz).build_forward(sr).build_forward(y)
+        x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(4, 3)
+        for k in range(2):
+            s.alloc_graph(g)
+            xt.set(x + k)
+            s.compute(g)
+            print(np.allclose(y.numpy(), (x + k) ** 2 + x + k, rtol=1e-6), zz.numpy().shape,
+                  np.array_equal(sr.numpy(), np.zeros((4, 1), np.float32)))
+        h = ctx.new_graph(32).build_forward(ctx.add(zz, z))
+        s.compute(h)
+        print(h.nodes[-1].numpy().shape)
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:3] == ["True (4, 0) True"] * 2 + ["(4, 0)"], r.stdout

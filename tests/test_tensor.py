@@ -6,7 +6,7 @@ import gc
 import numpy as np
 import pytest
 
-from pyggml import Context, GGMLType, lib
+from pyggml import ClosedError, Context, GGMLType, lib
 
 rng = np.random.default_rng(1)
 
@@ -119,3 +119,22 @@ def test_messages_name_unnamed_tensors_by_op_and_shape():
             x.ptr.buffer = pyggml.ffi.NULL
             with pytest.raises(ValueError, match=r"^tensor 'x' \(a source of node 'y'\) has no data"):
                 cpu.graph_compute(g2)
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_view_of_a_tensor_of_a_context_closed_since_is_closed(how):
+    """A view made in context B (cpy's result views its destination) of a tensor of allocating
+    context A, A closed or reset: reading or writing the view went through to A's arena (the
+    tensor gone: scripts/fuzz.sh seed 4 with zero-element chains, NOT_REFUSED). It raises
+    ClosedError, like the tensor it views."""
+    A = Context(1 << 16)
+    B = Context.for_tensors(8)
+    t = A.new_tensor(GGMLType.F16, [1, 2, 4, 3])
+    v = B.cpy(t, t)
+    assert v.numpy().shape == (3, 4, 2, 1)
+    getattr(A, how)()
+    for fn in (v.numpy, lambda: v.set(np.zeros((3, 4, 2, 1), np.float16))):
+        with pytest.raises(ClosedError, match="view of a tensor whose context"):
+            fn()
+    B.close()
+    A.close()

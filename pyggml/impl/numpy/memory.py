@@ -187,7 +187,10 @@ def _write(p: Any, values: Any) -> None:
 
 
 def _tile(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """ggml broadcasting: ``b`` repeated (tiled) to ``shape``; each dim a multiple of b's."""
+    """ggml broadcasting: ``b`` repeated (tiled) to ``shape``; each dim a multiple of b's (an
+    empty ``b`` goes with an empty ``shape`` only, ggml_can_repeat)."""
+    if b.size == 0:
+        return np.empty(shape, b.dtype)
     reps = tuple(s // bs for s, bs in zip(shape, b.shape))
     return b if all(r == 1 for r in reps) else np.tile(b, reps)
 
