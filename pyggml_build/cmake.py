@@ -45,6 +45,10 @@ def cmake_args(config: Config, backend: list[str], rpath: list[str], extra: list
         # the modules of a GGML_BACKEND_DL build are copied from the build tree, not installed
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
         "-DCMAKE_INSTALL_LIBDIR=lib",
+        # llamafile's tinyBLAS sgemm for the CPU's mul_mat (F32, F16, BF16, Q8_0, Q4_0... with
+        # batches): standalone ggml leaves it OFF, llama.cpp (and llama-cpp-python, whose sdist
+        # is pinned) turns it ON; MiniLM at batch 64 and prompt processing depend on it
+        "-DGGML_LLAMAFILE=ON",
     ] + backend
     ninja = shutil.which("ninja")
     if ninja:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 from conftest import ROOT
 import pyggml
 from pyggml import lib, opt
+from pyggml.device import device_by_name
 from pyggml.enums import DeviceType
 from pyggml.gguf import GGUFFile
 from pyggml.types import GGMLType
@@ -152,10 +154,29 @@ def test_numpy_backend_trains_under_the_scheduler(monkeypatch):
 
 @pytest.mark.parametrize("name", [d.name for d in pyggml.devices() if d.type in (DeviceType.GPU, DeviceType.IGPU)])
 def test_gpu_devices_train(name):
-    """Every GPU of this build (CUDA, Vulkan...) as the primary backend: the blobs are learned."""
-    model = MLP(backend=name)
-    opt.fit(model, blob_data(256), batch_size=32, epochs=15, optimizer=opt.AdamW(alpha=0.01), progress=False)
-    assert opt.evaluate(model, blob_data(64)).accuracy > 0.9
+    """Every GPU of this build (CUDA, Vulkan...) as the primary backend: the blobs are learned.
+
+    Run in a child process: on Mesa's lavapipe (the Vulkan device of scripts/check_variants.sh,
+    Debian 12's Mesa 22.3) training sometimes dies of heap corruption inside the driver. Valgrind
+    shows why: libvulkan_lvp.so's queue thread frees, then reads and frees again, the buffer
+    objects ggml-vulkan created (in ggml_opt_init and the scheduler's reserve) -- all inside the
+    driver, no pyggml or ggml frame on that thread. There, and only there, such a death is an
+    expected failure; a wrong accuracy fails on every device."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        from test_opt import MLP, blob_data, opt
+        model = MLP(backend={name!r})
+        opt.fit(model, blob_data(256), batch_size=32, epochs=15, optimizer=opt.AdamW(alpha=0.01), progress=False)
+        print("accuracy", opt.evaluate(model, blob_data(64)).accuracy)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    lavapipe = "llvmpipe" in device_by_name(name).description
+    if r.returncode == -signal.SIGABRT and lavapipe and re.search(r"corrupted|double free|free\(\)", r.stderr):
+        pytest.xfail(f"lavapipe corrupted the heap: {r.stderr.strip().splitlines()[0]}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    accuracy = float(re.search(r"^accuracy (\S+)$", r.stdout, re.M).group(1))
+    assert accuracy > 0.9
 
 
 # ---------------------------------------------------------------------------------------------

@@ -219,13 +219,17 @@ def test_rpc_backend_under_the_scheduler(model_path, capsys, rpc_session):
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["mul_mat-attention", "flash-attn"])
 def test_one_batch_equals_token_by_token(model_path, flash_attn):
     """The prompt in one graph, in batches of 7 and one token at a time gives the same logits at
-    every position. With the default KV padding (256) every graph attends to the same 256 cells
-    and the results are identical."""
+    every position. With the default KV padding (256) every graph attends to the same 256 cells.
+    The CPU's mul_mat runs llamafile's sgemm for batches of tokens and ggml's dot products for
+    one token (as llama.cpp builds ggml), which sum in another order: with F32 weights that is
+    float noise. (With quantized weights the next layer's Q8_1 activation quantization turns it
+    into a different rounding of some activations, as in the test below.)"""
     ids = CASES[3]["prompt_ids"][:20]
-    with Llama(model_path, n_threads=THREADS, flash_attn=flash_attn, n_batch=64) as m:
+    with Llama(model_path, n_threads=THREADS, flash_attn=flash_attn, n_batch=64, dequantize=True,
+               kv_type="f32") as m:
         results = _whole_batched_single(m, ids)
     for got in results[1:]:
-        np.testing.assert_allclose(got, results[0], rtol=0, atol=1e-4)
+        np.testing.assert_allclose(got, results[0], rtol=0, atol=1e-3)
 
 
 def test_one_batch_equals_token_by_token_across_kv_buckets(model_path):
