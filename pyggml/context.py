@@ -306,18 +306,22 @@ class Context(_cobject.CObject, Ops):
 
         Raises ValueError if the context allocates its own data, holds no unallocated tensor,
         or holds a view of a tensor in no backend buffer (an allocating context's memory, or
-        another context's tensor not allocated yet); ClosedError for a view of a tensor whose
+        another context's tensor not allocated yet); MemoryError if the tensors need 2**62 bytes or
+        more (ggml's size_t sum would wrap around and abort); ClosedError for a view of a tensor whose
         buffer was closed; GGMLError if the allocation fails.
         """
         if not self.no_alloc:
             raise ValueError("alloc_tensors needs a no_alloc context")
         need = False
+        total = 0  # bytes asked for, in Python integers: ggml's size_t sum wraps around
         lo, hi = self._arena_lo, self._arena_hi
         for t in self.tensors():
             p = t.ptr
             v = p.view_src
             if v == ffi.NULL:
-                need = need or p.data == ffi.NULL
+                if p.data == ffi.NULL:
+                    need = True
+                    total += int(lib.ggml_nbytes(p))
             elif p.buffer == ffi.NULL:
                 # ggml_backend_view_init asserts the source has a buffer and data: one of ours
                 # without data gets them first (it was made before the view); others must have them
@@ -332,6 +336,8 @@ class Context(_cobject.CObject, Ops):
                 check_tensor_memory(v, t._label())  # ClosedError: its buffer was freed
         if not need:
             raise ValueError("no tensor of this context needs allocation")
+        if total >= 2**62:
+            raise MemoryError(f"alloc_tensors: the tensors of this context need {total} bytes")
         buft = where if isinstance(where, BufferType) else where.default_buffer_type
         with calling():
             ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.ptr, buft.ptr)

@@ -1,9 +1,15 @@
 """pyggml.context: full contexts, closed contexts."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from pyggml import ClosedError, Context, CPUBackend, GGMLType
 
 
@@ -168,3 +174,22 @@ def test_alloc_tensors_refuses_views_of_tensors_outside_backend_buffers(run_isol
         "view of arena memory ValueError", "view of an unallocated tensor ValueError",
         "the same, its source allocated allocated", "view of a closed buffer ClosedError",
         "view of its own tensor allocated"], r.stdout
+
+
+def test_alloc_tensors_whose_sizes_wrap_size_t_is_a_memory_error():
+    """Eight tensors of 2**61 bytes: ggml's size_t sum wraps to 0 and ggml_tallocr_alloc aborts
+    (found by the fuzzer); pyggml sums in Python first. In a child: before the fix it aborted."""
+    code = textwrap.dedent("""
+        import pyggml
+        with pyggml.CPUBackend(n_threads=1) as be, pyggml.Context.for_tensors(8) as ctx:
+            for _ in range(8):
+                ctx.new_tensor("i8", [2**61])
+            try:
+                ctx.alloc_tensors(be)
+            except MemoryError as e:
+                print("MemoryError", e)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "MemoryError alloc_tensors: the tensors of this context need 18446744073709551616 bytes" in r.stdout
