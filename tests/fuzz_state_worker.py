@@ -427,6 +427,9 @@ def write_mem(t: TM, mem: dict[TM, bytearray | None], values: np.ndarray | None)
             m = mem[b] = bytearray(b.nelements * DTYPE[b.type].itemsize)
         else:
             return  # a partial write into unknown memory: still unknown
+    if 0 in t.ne:
+        return  # no elements: nothing to write (a NumPy reference of a reduction over an empty
+        # axis may give another empty shape than ggml's ne, e.g. (0, 0, 2, 0) for (0, 0, 2, 1))
     np.ndarray(t.ne[::-1], DTYPE[t.type], buffer=m, offset=t.offset, strides=t.nb[::-1])[...] = \
         np.asarray(values).astype(DTYPE[t.type])
 
