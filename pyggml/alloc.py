@@ -85,6 +85,7 @@ class Placer:
 
     def _init_placer(self) -> None:
         self._graph = None
+        self._placed_nodes: frozenset[Any] = frozenset()  # the graph's tensors when it was placed
         self._records = []
         self._last_sizes = None
         self._computed_too: list["Graph"] = []  # graphs within the placed one, computed since
@@ -211,6 +212,7 @@ class Placer:
             if old is not None and old is not graph:
                 old.checked.clear()
             self._graph = graph
+            self._placed_nodes = graph.node_set()  # tensors added later were not placed with it
             self._computed_too.clear()
             graph.placed_by = self
             graph.computed = False
@@ -236,19 +238,23 @@ class Placer:
             self._graph.checked.clear()
 
     def covers(self, graph: "Graph") -> bool:
-        """Whether the memory holds ``graph``: it is the graph placed last, or all its tensors
-        are in that graph."""
+        """Whether the memory holds ``graph``: all its tensors were in the graph placed last,
+        when it was placed (a tensor added to that graph since, by ``build_forward``, keeps
+        a place it had before, which may hold the placed graph's values now)."""
         g = self._graph
-        return g is not None and (g is graph or (not graph.closed and not g.closed
-                                                  and graph.node_set() <= g.node_set()))
+        if g is None or g.closed or graph.closed:
+            return False
+        nodes = graph.node_set()
+        return nodes is self._placed_nodes or nodes <= self._placed_nodes
 
     def check_placed(self, tensor: Tensor) -> None:
         """Raise unless ``tensor``'s data may be read: ClosedError if the memory holds another
-        graph now, ValueError if ``tensor`` is computed by a graph that has not been computed
-        since it was placed."""
+        graph now (or the tensor was added to the placed graph after it was placed),
+        ValueError if ``tensor`` is computed by a graph that has not been computed since it
+        was placed."""
         g = self._graph
         p = tensor._ptr
-        if g is None or g.closed or p not in g.node_set():
+        if g is None or g.closed or p not in self._placed_nodes:
             raise ClosedError(f"tensor {tensor._label()} was placed by a {self._kind_name()} that has since "
                               "placed another graph (its memory holds that graph's values now): "
                               "allocate this tensor's graph again")

@@ -259,7 +259,8 @@ class Backend(_cobject.CObject):
         placer = graph.placed_by
         if placer is not None and not placer.covers(graph):
             raise ClosedError("the graph allocator or scheduler that placed this graph has since "
-                              "placed another one: allocate this graph again")
+                              "placed another one, or tensors were added to this graph after it was "
+                              "placed: allocate this graph again")
         g = graph.ptr
         buffer.check_graph_memory(g, need_data=True)
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]

@@ -315,3 +315,35 @@ def test_a_closed_allocator_leaves_the_graph_where_it_was():
             assert x._ptr.data != 0
             with pytest.raises(ClosedError, match="placed another graph"):
                 x.numpy()
+
+
+def test_a_tensor_added_to_the_placed_graph_after_placement_keeps_no_claim_on_its_memory():
+    """Fuzz seed 3011: a tensor placed with graph 1, then graph 2 placed by the same allocator
+    (its memory re-used), then that tensor added to graph 2 by ``build_forward``: the tensor
+    still pointed into memory graph 2's tensors use, and writing it went through (aliasing
+    graph 2's values). What an allocator placed is what was in the graph *when* it was placed."""
+    with CPUBackend() as be, Context.for_tensors(16, graph_size=16) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [64]).set_input()
+        g1 = ctx.new_graph(16).build_forward(ctx.sqr(a).set_output())
+        b = ctx.new_tensor(GGMLType.F32, [64]).set_input()
+        y2 = ctx.sqr(b).set_output()
+        g2 = ctx.new_graph(16).build_forward(y2)
+        with GraphAllocator(be) as galloc:
+            galloc.alloc_graph(g1)
+            a.set(np.ones(64, np.float32))
+            galloc.alloc_graph(g2)                   # same size: g1's memory now holds g2
+            with pytest.raises(ClosedError):
+                a.set(np.ones(64, np.float32))
+            g2.build_forward(a)                      # a joins g2 but keeps its old place
+            with pytest.raises(ClosedError):
+                a.set(np.ones(64, np.float32))       # would write into b's or y2's memory
+            with pytest.raises(ClosedError):
+                a.numpy()
+            with pytest.raises(ClosedError, match="added to this graph"):
+                g2.compute(be)
+            galloc.alloc_graph(g2)                   # placed again, with a: all usable
+            a.set(np.full(64, 3, np.float32))
+            b.set(np.full(64, 2, np.float32))
+            g2.compute(be)
+            np.testing.assert_array_equal(y2.numpy(), np.full(64, 4, np.float32))
+            np.testing.assert_array_equal(a.numpy(), np.full(64, 3, np.float32))
