@@ -41,6 +41,8 @@ _NE_SAFE = 2**62
 _INT64_MAX = 2**63 - 1
 
 
+_NONE = lib.GGML_OP_NONE
+
 def host_array(t: Tensor) -> np.ndarray:
     """A NumPy view of a plain-type tensor's host memory, NumPy order (shape ``ne`` reversed,
     strides ``nb`` reversed), writable. No ownership or placement checks: for code ggml calls
@@ -133,23 +135,85 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
         ctx._reserve(0, n_objects)
     else:
         ctx._room = room
-    for t in inputs:
-        owner = t._owner
-        if owner is not ctx and owner is not ctx._last_dep:
-            ctx._add_dep(owner)
-    c = ctx._ptr
     if ctx._no_alloc:
-        p = fn(c, *args)
+        for t in inputs:
+            owner = t._owner
+            if owner is not ctx and owner is not ctx._last_dep:
+                _record_deps(ctx, inputs)
+                break
+        p = fn(ctx._ptr, *args)
     else:
-        lib.ggml_set_no_alloc(c, True)
-        try:
-            p = fn(c, *args)
-        finally:
-            lib.ggml_set_no_alloc(c, False)
-        _give_data(ctx, p)
+        p = _make_allocating(ctx, fn, inputs, args)
     if ne is None:
         return Tensor(p, ctx)
     return Tensor._known(p, ctx, ne, type)
+
+
+def _record_deps(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
+    """Record that ``ctx``'s new node reads the tensors of the inputs' owners (``Context._add_dep``),
+    after checking all of them: ClosedError (nothing recorded) if an owner's own nodes read
+    memory that is gone. Returns the owners that were not dependencies before."""
+    owners = [t._owner for t in inputs if t._owner is not ctx]
+    for owner in owners:
+        if getattr(owner, "_stale", False):
+            owner._check_deps()
+    deps = ctx._deps
+    new = [o for o in dict.fromkeys(owners) if o not in deps]
+    for owner in owners:
+        ctx._add_dep(owner)
+    return new
+
+
+def _make_allocating(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: Sequence[Any]) -> Any:
+    """:func:`_make_known` in an allocating context: the node made with allocation off, then
+    given data. If the data does not fit (MemoryError), the nodes this call made stay in the
+    arena (ggml cannot take them back) but are made inert leafs (op NONE, no sources, not a
+    view), and the dependencies this call recorded are dropped: a refused op leaves nothing
+    that reads other contexts' tensors."""
+    c = ctx._ptr
+    before_last = ctx._last_dep
+    new_deps = _record_deps(ctx, inputs)
+    used = int(lib.ggml_used_mem(c))
+    lib.ggml_set_no_alloc(c, True)
+    try:
+        p = fn(c, *args)
+    finally:
+        lib.ggml_set_no_alloc(c, False)
+    try:
+        _give_data(ctx, p)
+    except MemoryError:
+        _make_inert(ctx, p, ctx._arena_lo + used)
+        for owner in new_deps:
+            ctx._deps.pop(owner, None)
+            dependents = getattr(owner, "_dependents", None)
+            if dependents is not None:
+                dependents.discard(ctx)
+        ctx._last_dep = before_last
+        raise
+    return p
+
+
+def _make_inert(ctx: Any, ptr: Any, lo: int) -> None:
+    """Make every tensor struct reachable from ``ptr`` that lies in ``ctx``'s arena at or past
+    address ``lo`` (made by the failed call) a leaf that reads nothing."""
+    hi = ctx._arena_hi
+    todo, seen = [ptr], set()
+    while todo:
+        p = todo.pop()
+        if p == ffi.NULL or p in seen:
+            continue
+        seen.add(p)
+        if not lo <= int(ffi.cast("uintptr_t", p)) < hi:
+            continue
+        todo.extend(p.src)
+        todo.append(p.view_src)
+        for i in range(len(p.src)):
+            p.src[i] = ffi.NULL
+        if p.view_src != ffi.NULL:
+            p.view_src = ffi.NULL
+            p.view_offs = 0
+            p.data = ffi.NULL
+        p.op = _NONE
 
 
 def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:

@@ -193,3 +193,36 @@ def test_alloc_tensors_whose_sizes_wrap_size_t_is_a_memory_error():
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "MemoryError alloc_tensors: the tensors of this context need 18446744073709551616 bytes" in r.stdout
+
+
+def test_an_op_refused_for_memory_in_an_allocating_context_leaves_no_dependency():
+    """Fuzz seed 3025: an op of an allocating context on another context's tensor, refused
+    because its data did not fit, left its node in the arena reading that tensor; closing the
+    other context then made this one refuse every new tensor (ClosedError). The refused node is
+    now an inert leaf and the dependency is dropped."""
+    with Context(1 << 20) as ctx:
+        other = Context(1 << 20, no_alloc=True)
+        huge = other.new_tensor(GGMLType.I32, [1 << 20, 1 << 20, 1 << 20])
+        with pytest.raises(MemoryError):
+            ctx.norm(huge, 1e-5)
+        other.close()
+        t = ctx.new_tensor(GGMLType.F16, [5, 5])          # raised ClosedError
+        assert tuple(t.ne) == (5, 5, 1, 1)
+        assert ctx.scale(t, 2.0).op_name == "SCALE"
+        for u in ctx.tensors():
+            assert all(s is None or s._owner is ctx for s in u.src)
+
+
+def test_an_op_refused_because_one_input_context_is_stale_records_no_dependency_on_the_others():
+    with Context(1 << 16, no_alloc=True) as ctx, Context(1 << 16, no_alloc=True) as a_ctx:
+        b_ctx = Context(1 << 16, no_alloc=True)
+        c_ctx = Context(1 << 16, no_alloc=True)
+        a = a_ctx.new_tensor(GGMLType.F32, [4])
+        c = c_ctx.new_tensor(GGMLType.F32, [4])
+        b = b_ctx.add(c, c)                                # b_ctx's node reads c_ctx
+        c_ctx.close()                                      # b_ctx is stale now
+        with pytest.raises(ClosedError):
+            ctx.add(a, b)
+        a_ctx.reset()                                      # ctx recorded nothing of a_ctx
+        assert tuple(ctx.new_tensor(GGMLType.F32, [4]).ne) == (4, 1, 1, 1)
+        b_ctx.close()
