@@ -28,7 +28,7 @@ from .buffer import host_array_owner
 from .enums import GGMLType, PoolOp, SortOrder
 from .raw import callbacks, ffi, lib, requires
 from .errors import ClosedError
-from .tensor import BorrowScope, Tensor, can_repeat, tensor_arg
+from .tensor import BorrowScope, Tensor, can_repeat, is_contiguous, tensor_arg
 
 __all__ = ["Ops", "UNARY_OPS", "host_array", "op_constructors"]
 
@@ -229,7 +229,9 @@ def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
         if an != bn and not can_repeat(bn, an):
             raise ValueError(f"b (ne={list(bn)}) does not tile a (ne={list(an)}): ggml broadcasts "
                              "by repeating b, so each a.ne[i] must be a multiple of b.ne[i]")
-        return _make_known(self, fn, (a, b), an, a._type, a._ptr, b._ptr)
+        r = _make_known(self, fn, (a, b), an, a._type, a._ptr, b._ptr)
+        r._contig = True  # a new tensor (ggml_dup_tensor of a)
+        return r
     op.__doc__ = doc
     return op
 
@@ -270,6 +272,22 @@ _TSIZE = tuple(int(lib.ggml_type_size(t)) for t in range(lib.GGML_TYPE_COUNT))
 #: a view of fewer bytes holds fewer than _NE_SAFE elements, whatever its type
 _VIEW_SAFE_BYTES = min(_NE_SAFE * s // b for s, b in zip(_TSIZE, _BLCK) if s and b)
 _REST = ((0, 1, 2, 3), (1, 2, 3), (2, 3), (3,), ())
+
+
+def _permutations() -> dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Every axes tuple ``ctx.permute`` takes (2 to 4 axes, the missing ones in place) ->
+    (the 4 axes, their inverse: result dim j is a's dim inverse[j])."""
+    import itertools
+    table = {}
+    for perm in itertools.permutations(range(4)):
+        inverse = tuple(perm.index(j) for j in range(4))
+        for n in (2, 3, 4):
+            if perm[n:] == _REST[n]:
+                table[perm[:n]] = (perm, inverse)
+    return table
+
+
+_PERMUTATIONS = _permutations()
 
 
 def _rows_contiguous(a: Tensor) -> bool:
@@ -451,7 +469,9 @@ class Ops(UncheckedOps):
         # ggml_is_padded_1d (static in ggml.c)
         if not (nb[0] == lib.ggml_type_size(a._type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]):
             raise ValueError("scale needs a tensor whose rows are packed: use cont() first")
-        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, a._ptr, float(s))
+        r = _make_known(self, lib.ggml_scale, (a,), ne, a._type, a._ptr, float(s))
+        r._contig = True
+        return r
 
     def clamp(self, a: Tensor, min: float, max: float) -> Tensor:
         """``ggml_clamp``: a clipped to [min, max] (a new tensor since ggml 0.25; a view computed
@@ -508,7 +528,9 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, a._ptr, eps)
+        r = _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, a._ptr, eps)
+        r._contig = True
+        return r
 
     def rms_norm(self, a: Tensor, eps: float = 1e-6) -> Tensor:
         """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]. Raises ValueError unless
@@ -517,7 +539,9 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"rms_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, a._ptr, eps)
+        r = _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, a._ptr, eps)
+        r._contig = True
+        return r
 
     def l2_norm(self, a: Tensor, eps: float = 1e-12) -> Tensor:
         """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]. Raises ValueError unless eps >= 0."""
@@ -535,7 +559,7 @@ class Ops(UncheckedOps):
         with a.ne2 % d2 == 0 and a.ne3 % d3 == 0. ``max_bias`` > 0 (ALiBi) needs a mask.
         """
         a = _t(a, "a")
-        if not lib.ggml_is_contiguous(a._ptr):
+        if not is_contiguous(a):
             raise ValueError("soft_max needs a contiguous tensor: use cont() first")
         inputs: tuple[Tensor, ...] = (a,)
         m_ptr = ffi.NULL
@@ -543,7 +567,7 @@ class Ops(UncheckedOps):
             mask = _t(mask, "mask")
             if mask._type not in (_F32, _F16):
                 raise TypeError("soft_max mask must be F32 or F16")
-            if not lib.ggml_is_contiguous(mask._ptr):
+            if not is_contiguous(mask):
                 raise ValueError("soft_max mask must be contiguous")
             m, n = mask._ne, a._ne
             if m[0] != n[0] or m[1] < n[1] or not _divides(m[2], n[2]) or not _divides(m[3], n[3]):
@@ -551,8 +575,10 @@ class Ops(UncheckedOps):
             inputs, m_ptr = (a, mask), mask._ptr
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
-        return _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, a._ptr, m_ptr,
-                           float(scale), float(max_bias))
+        r = _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, a._ptr, m_ptr,
+                        float(scale), float(max_bias))
+        r._contig = True
+        return r
 
     # ------------------------------------------------------------------ matrix
     def mul_mat(self, a: Tensor, b: Tensor) -> Tensor:
@@ -570,8 +596,10 @@ class Ops(UncheckedOps):
         if an[1] > bn[0]:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
             _check_nelements((an[1], bn[1], bn[2], bn[3]), "mul_mat")
-        return _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32,
-                           a._ptr, b._ptr)
+        r = _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32,
+                        a._ptr, b._ptr)
+        r._contig = True
+        return r
 
     def out_prod(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_out_prod``: ne [M, K] x [N, K] -> [M, N] (Σ_k a[k, m]·b[k, n] in ggml order)."""
@@ -586,7 +614,9 @@ class Ops(UncheckedOps):
     def cont(self, a: Tensor) -> Tensor:
         """``ggml_cont``: a contiguous copy of a."""
         a = _t(a, "a")
-        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, a._ptr)
+        r = _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, a._ptr)
+        r._contig = True
+        return r
 
     def cpy(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_cpy``: copy a into b (converting the type); returns a view of b."""
@@ -610,14 +640,16 @@ class Ops(UncheckedOps):
         n = len(ne)
         if not 1 <= n <= 4:
             raise ValueError("reshape takes 1 to 4 sizes")
-        if not lib.ggml_is_contiguous(a._ptr):
+        if not is_contiguous(a):
             raise ValueError("reshape needs a contiguous tensor: use cont() first")
         count = _prod(ne)
         if min(ne) < 0 or count != _prod(a._ne):
             raise ValueError(f"cannot reshape {a.nelements} elements to ne={list(ne)}")
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "reshape")
-        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, a._ptr, *ne)
+        r = _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, a._ptr, *ne)
+        r._contig = True  # a view of contiguous a
+        return r
 
     def view(self, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None,
              offset: int = 0) -> Tensor:
@@ -655,19 +687,20 @@ class Ops(UncheckedOps):
 
     def permute(self, a: Tensor, *axes: int) -> Tensor:
         """``ggml_permute``: dim i of a becomes dim ``axes[i]`` (ggml order); 2 to 4 axes
-        (missing ones stay in place)."""
+        (missing ones stay in place). A view. Raises ValueError unless the axes are a
+        permutation."""
         a = _t(a, "a")
-        axes = tuple(map(int, axes)) + _REST[len(axes)] if len(axes) <= 4 else tuple(axes)
-        if sorted(axes) != [0, 1, 2, 3]:
-            raise ValueError(f"permute axes {axes[:4]} are not a permutation of 0..3")
-        ne = [0, 0, 0, 0]
+        known = _PERMUTATIONS.get(axes)
+        if known is None:
+            raise ValueError(f"permute axes {axes} are not a permutation of 0..3 "
+                             "(2 to 4 axes, the missing ones stay in place)")
+        axes, inv = known
         n = a._ne
-        for i, d in zip(axes, n):  # as ggml_permute: dim i goes to axes[i]
-            ne[i] = d
+        ne = (n[inv[0]], n[inv[1]], n[inv[2]], n[inv[3]])  # as ggml_permute: dim i goes to axes[i]
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "permute")
-        return _make_known(self, lib.ggml_permute, (a,), tuple(ne), a._type, a._ptr, *axes)
+        return _make_known(self, lib.ggml_permute, (a,), ne, a._type, a._ptr, *axes)
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``: swap ne[0] and ne[1] (a view)."""
@@ -702,8 +735,10 @@ class Ops(UncheckedOps):
         if rows._ne[0] > a._ne[1]:  # else a's ne bounds the result's ne size by size (_check_nelements)
             _check_nelements((a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]), "get_rows")
         # as ggml_get_rows: F32 unless a is I32
-        return _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
-                           _I32 if a._type == _I32 else _F32, a._ptr, rows._ptr)
+        r = _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
+                        _I32 if a._type == _I32 else _F32, a._ptr, rows._ptr)
+        r._contig = True
+        return r
 
     def set_rows(self, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
         """``ggml_set_rows``: write the rows of b (F32/F16) into a at I32/I64 indices ``rows``;
@@ -840,7 +875,7 @@ class Ops(UncheckedOps):
         """``ggml_conv_1d``: kernel ne [K, IC, OC] over x ne [L, IC, N] -> [OL, OC, N]."""
         kernel, x = _t(kernel, "kernel"), _t(x, "x")
         ic = _conv_sizes(kernel, x, s0, 0, p0, 0, d0, 0, False)
-        if not lib.ggml_is_contiguous(kernel._ptr):
+        if not is_contiguous(kernel):
             raise ValueError("conv kernel must be contiguous")
         oc = kernel._ne[2]  # the nodes ggml_conv_1d makes after im2col: reshapes, mul_mat
         for ne in ((ic[0], ic[1] * ic[2]), (ic[1] * ic[2], oc), (ic[1], oc, ic[2])):
@@ -852,7 +887,7 @@ class Ops(UncheckedOps):
         """``ggml_conv_2d``: kernel ne [KW, KH, IC, OC] over x ne [W, H, IC, N] -> [OW, OH, OC, N]."""
         kernel, x = _t(kernel, "kernel"), _t(x, "x")
         ic = _conv_sizes(kernel, x, s0, s1, p0, p1, d0, d1, True)
-        if not lib.ggml_is_contiguous(kernel._ptr):
+        if not is_contiguous(kernel):
             raise ValueError("conv kernel must be contiguous")
         oc, n = kernel._ne[3], ic[1] * ic[2] * ic[3]  # the nodes ggml_conv_2d makes after im2col
         for ne in ((ic[0], n), (n, oc), (ic[1], ic[2], ic[3], oc), (ic[1], ic[2], oc, ic[3])):
@@ -894,7 +929,7 @@ class Ops(UncheckedOps):
         if mask is not None:
             mask = _t(mask, "mask")
             mn = mask._ne
-            if mask._type != _F16 or not lib.ggml_is_contiguous(mask._ptr):
+            if mask._type != _F16 or not is_contiguous(mask):
                 raise TypeError("flash_attn mask must be a contiguous F16 tensor")
             if mn[0] != kn[1] or mn[1] < qn[1] or not _divides(mn[2], qn[2]) or not _divides(mn[3], qn[3]):
                 raise ValueError(f"flash_attn: mask ne={list(mn)} does not fit")
@@ -953,7 +988,7 @@ class Ops(UncheckedOps):
         a, b = _t(a, "a"), _t(b, "b")
         if a._type != _F32 or b._type != _F32:
             raise TypeError("acc needs F32 tensors")
-        if not lib.ggml_is_contiguous(a._ptr) or b.nelements > a.nelements:
+        if not is_contiguous(a) or b.nelements > a.nelements:
             raise ValueError("acc needs a contiguous a at least as large as b")
         ne = b._ne
         last = offset + 4 * (ne[0] - 1) + (ne[1] - 1) * nb1 + (ne[2] - 1) * nb2 + (ne[3] - 1) * nb3

@@ -174,6 +174,15 @@ def tensor_arg(x: Any, what: str) -> "Tensor":
     return x
 
 
+def is_contiguous(t: "Tensor") -> bool:
+    """``ggml_is_contiguous`` of open tensor ``t``, cached on the object (op constructors mark
+    the results they know to be contiguous, saving the C call)."""
+    c = t._contig
+    if c is None:
+        c = t._contig = bool(lib.ggml_is_contiguous(t._ptr))
+    return c
+
+
 def _closed_message(t: "Tensor") -> str:
     owner = t._owner
     if isinstance(owner, BorrowScope):
@@ -193,9 +202,10 @@ class Tensor(_cobject.CBorrowed):
     ``struct ggml_tensor *`` of ``ctx``.
     """
 
-    __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type")
+    __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type", "_contig")
     _kind = "tensor"
     _ne: tuple[int, ...]  # always 4 sizes
+    _contig: bool | None  # ggml_is_contiguous, once known (ne and nb never change)
 
     def __init__(self, ptr: Any, ctx: "Context | BorrowScope"):
         if ptr == ffi.NULL:
@@ -205,6 +215,7 @@ class Tensor(_cobject.CBorrowed):
         self._gen = ctx._gen
         self._ne = tuple(ptr.ne)
         self._type = _TYPE_OF[ptr.type]
+        self._contig = None
 
     @classmethod
     def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, ...], type: GGMLType) -> "Tensor":
@@ -216,6 +227,7 @@ class Tensor(_cobject.CBorrowed):
         t._gen = ctx._gen
         t._ne = ne
         t._type = type
+        t._contig = None
         return t
 
     @classmethod
@@ -369,8 +381,9 @@ class Tensor(_cobject.CBorrowed):
         return TensorFlag(self.ptr.flags)
 
     def is_contiguous(self) -> bool:
-        """``ggml_is_contiguous``."""
-        return bool(lib.ggml_is_contiguous(self.ptr))
+        """``ggml_is_contiguous`` (asked once: a tensor's ``ne`` and ``nb`` never change)."""
+        self.ptr  # ClosedError once closed
+        return is_contiguous(self)
 
     def is_transposed(self) -> bool:
         """``ggml_is_transposed``."""

@@ -243,8 +243,9 @@ def test_ops_of_a_later_ggml_say_so():
 
 def test_ne_and_type_known_to_the_constructors_are_the_ones_ggml_wrote():
     """The op constructors compute a node's ne and type as ggml.c does instead of reading them
-    back (``_make_known``); every such constructor, over shapes that tile, is checked here
-    against the C struct."""
+    back (``_make_known``), and some mark their results contiguous (``Tensor._contig``, which
+    later contiguity checks read instead of calling ``ggml_is_contiguous``); every such
+    constructor, over shapes that tile, is checked here against the C struct."""
     ctx = pyggml.Context.for_tensors(256)
     a = ctx.new_tensor("f32", [8, 6, 4, 2])
     b = ctx.new_tensor("f32", [8, 3, 2, 1])
@@ -270,6 +271,8 @@ def test_ne_and_type_known_to_the_constructors_are_the_ones_ggml_wrote():
     for t in made:
         assert t.ne == tuple(t.ptr.ne), t
         assert t.type == t.ptr.type, t
+        assert t._contig in (None, bool(lib.ggml_is_contiguous(t.ptr))), t
+    assert sum(t._contig is True for t in made) >= 15
 
 
 def test_a_node_of_an_allocating_context_gives_no_data_to_another_contexts_tensors():
