@@ -59,7 +59,10 @@ class _ComputeTimer:
             setattr(self, name, timed)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._lib, name)
+        # once per name: later reads find it in the instance, as fast as from the module ``lib``
+        value = getattr(self._lib, name)
+        setattr(self, name, value)
+        return value
 
 
 def bench_pyggml(model_dir: Path, threads: int, repeat: int, backend: str,

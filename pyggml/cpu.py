@@ -240,13 +240,21 @@ class Threadpool(_cobject.CObject):
         super().close()
 
 
+#: Microseconds between two calls of a CPU backend's Python abort callback during a compute
+#: (Ctrl-C and :attr:`CPUBackend.abort_callback` are noticed within about this long).
+ABORT_INTERVAL_US = 10_000
+
+
 class CPUBackend(Backend):
     """The CPU backend (``ggml_backend_cpu_init``), owned.
 
-    Ctrl-C during :meth:`~pyggml.graph.Graph.compute` stops the computation after the current
-    node and raises KeyboardInterrupt: the backend's abort callback is a Python function, so
-    Python's SIGINT handler runs inside it and its exception becomes "abort"
-    (``ggml_backend_cpu_set_abort_callback``). ``abort_callback`` adds a condition of yours.
+    Ctrl-C during :meth:`~pyggml.graph.Graph.compute` stops the computation within about
+    :data:`ABORT_INTERVAL_US` (10 ms; after the node running then) and raises
+    KeyboardInterrupt: the backend's abort callback (``ggml_backend_cpu_set_abort_callback``,
+    which ggml asks after every node) is a small C function that calls a Python function after
+    the first node of each compute and then at most once per interval, so Python's SIGINT
+    handler runs inside it and its exception becomes "abort". ``abort_callback`` (a callable
+    without arguments, true to stop) adds a condition of yours, asked as often.
 
     Raises :class:`~pyggml.dl.BackendNotAvailableError` in a ``GGML_BACKEND_DL`` build whose CPU
     module did not load (no variant fits the processor), GGMLError if ggml cannot create it.
@@ -274,7 +282,12 @@ class CPUBackend(Backend):
         self._threadpool: Threadpool | None = None
         self.abort_callback: Any = None
         self._abort = callbacks.Callback("ggml_abort_callback", self._should_abort, owner=self)
-        lib.ggml_backend_cpu_set_abort_callback(self.ptr, self._abort.fn, self._abort.user_data)
+        # ggml asks after every node; the C throttle asks Python at most every ABORT_INTERVAL_US
+        self._abort_throttle = ffi.new("struct pyggml_abort_throttle *", {
+            "callback": self._abort.fn, "data": self._abort.user_data,
+            "interval_us": ABORT_INTERVAL_US, "last_us": 0})
+        lib.ggml_backend_cpu_set_abort_callback(self.ptr, ffi.addressof(lib, "pyggml_abort_throttled"),
+                                                self._abort_throttle)
 
     def _should_abort(self, data: Any) -> bool:
         # a pending SIGINT is delivered here as KeyboardInterrupt -> error value True (abort)
@@ -316,6 +329,10 @@ class CPUBackend(Backend):
         if lib.ggml_backend_supports_op(self._ptr, p):
             return _layout_hint(p)
         return super()._why_not(p)
+
+    def _prepare(self, graph: "Graph") -> Any:
+        self._abort_throttle.last_us = 0  # the first node of each compute asks Python
+        return super()._prepare(graph)
 
     def _check_graph(self, graph: "Graph", n_nodes: int) -> Any:
         state = super()._check_graph(graph, n_nodes)

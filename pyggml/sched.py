@@ -334,6 +334,9 @@ class Scheduler(_cobject.CObject, Placer):
     def _compute(self, graph: Graph, fn: Any) -> bool:
         for b in self._backends:
             b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
+            throttle = getattr(b, "_abort_throttle", None)
+            if throttle is not None:  # a CPU backend: its first node asks Python (cpu.CPUBackend)
+                throttle.last_us = 0
         if not (self._is_alloc and self._graph is graph and graph.split_by is self):
             self.alloc_graph(graph)
         g = self._check_graph(graph)

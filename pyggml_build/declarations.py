@@ -292,6 +292,8 @@ int pyggml_graph_check_memory(struct ggml_cgraph *graph, const struct pyggml_liv
                               int need_data, struct ggml_tensor **bad, struct ggml_tensor **node);
 int pyggml_graph_unplace(struct ggml_cgraph *graph, ggml_backend_buffer_t *buffers, int n_buffers);
 int pyggml_check_indices(struct ggml_tensor **idx, const int64_t *bound, int n, int64_t *value);
+struct pyggml_abort_throttle { ggml_abort_callback callback; void *data; int64_t interval_us; int64_t last_us; };
+bool pyggml_abort_throttled(void *throttle);
 """
 
 _DL_C = r"""
@@ -439,6 +441,20 @@ int pyggml_graph_unplace(struct ggml_cgraph *graph, ggml_backend_buffer_t *buffe
         }
     }
     return n;
+}
+
+struct pyggml_abort_throttle { ggml_abort_callback callback; void *data; int64_t interval_us; int64_t last_us; };
+
+/* An abort callback (ggml_abort_callback; data: a struct pyggml_abort_throttle) that asks
+   `callback` at most once per `interval_us` microseconds and answers false in between: the CPU
+   backend asks its abort callback after every node, and a Python callback costs a GIL round
+   trip each time. */
+bool pyggml_abort_throttled(void *throttle) {
+    struct pyggml_abort_throttle *t = (struct pyggml_abort_throttle *) throttle;
+    int64_t now = ggml_time_us();
+    if (now - t->last_us < t->interval_us) return false;
+    t->last_us = now;
+    return t->callback(t->data);
 }
 
 /* Row indices that ggml's CPU kernels read from data and only assert on (get_rows, set_rows)

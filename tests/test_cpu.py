@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -85,3 +86,32 @@ def test_reductions_of_a_transposed_tensor_are_refused_not_computed_wrong(op):
         assert cpu_kernel_supports(fixed)
         cpu.graph_compute(ctx.new_graph().build_forward(fixed))
         np.testing.assert_allclose(fixed.numpy().reshape(-1), ref(x.T.astype(np.float64)).reshape(-1), rtol=1e-5)
+
+
+def test_the_abort_callback_is_asked_at_the_first_node_then_at_most_every_interval():
+    """ggml asks the CPU backend's abort callback after every node; pyggml's C throttle passes
+    the question to Python after the first node of each compute and then at most once per
+    ``ABORT_INTERVAL_US`` (a GIL round trip per node was a few % of a small model's compute)."""
+    from pyggml.cpu import ABORT_INTERVAL_US
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(1100, graph_size=2048) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+        y = x
+        for _ in range(1000):
+            y = ctx.add(y, x)
+        g = ctx.new_graph(2048).build_forward(y)
+        pyggml.GraphAllocator(be).alloc_graph(g)
+        x.set(np.ones(4, np.float32))
+        asked = []
+        be.abort_callback = lambda: asked.append(1) and False
+        t0 = time.perf_counter()
+        for _ in range(3):
+            g.compute(be)
+        took_us = (time.perf_counter() - t0) * 1e6
+        assert 3 <= len(asked) <= 3 + took_us / ABORT_INTERVAL_US + 3   # not 3,000
+        np.testing.assert_array_equal(y.numpy(), np.full(4, 1001, np.float32))
+        be.abort_callback = lambda: True          # asked at the first node of the next compute
+        with pytest.raises(pyggml.GGMLError, match="abort"):
+            g.compute(be)
+        be.abort_callback = None
+        g.compute(be)
+        np.testing.assert_array_equal(y.numpy(), np.full(4, 1001, np.float32))
