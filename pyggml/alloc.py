@@ -196,7 +196,7 @@ class Placer:
         ask its freed buffer for its type (scheduler) or leave it there."""
         for t in graph._keep:
             if isinstance(t, Tensor):
-                buffer.check_tensor_memory(t._ptr, t._label())
+                buffer.check_tensor_memory(t._ptr, t._label)
 
     def _placed(self, graph: "Graph | None", *, placed: bool = True) -> None:
         """After ggml allocated (or reserved for) ``graph``: notice reallocated buffers, and

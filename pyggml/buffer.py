@@ -19,7 +19,7 @@ import re
 
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -142,18 +142,18 @@ def graph_buffers(g: Any) -> list[Any]:
         cap *= 4
 
 
-def check_tensor_memory(p: Any, name: str) -> LiveBuffer | None:
+def check_tensor_memory(p: Any, name: Callable[[], str]) -> LiveBuffer | None:
     """For a tensor struct ``p`` whose data is in a backend buffer: its :class:`LiveBuffer`.
     Raises ClosedError if the buffer is not live or the data is not inside it (the buffer was
-    freed, or replaced by a reallocation). Returns None for tensors whose data is not in a
-    backend buffer (context memory)."""
+    freed, or replaced by a reallocation), naming the tensor ``name()`` (called only then).
+    Returns None for tensors whose data is not in a backend buffer (context memory)."""
     v = p.view_src
     buf = v.buffer if v != ffi.NULL else p.buffer
     if buf == ffi.NULL:
         return None
     rec = _LIVE.get(buf)
     if rec is None or not rec.holds(p.data, 0):
-        raise ClosedError(f"the buffer holding tensor {name} was freed or replaced (its buffer, "
+        raise ClosedError(f"the buffer holding tensor {name()} was freed or replaced (its buffer, "
                           "graph allocator or scheduler was closed, or reallocated for a larger "
                           "graph): allocate it again")
     return rec

@@ -333,7 +333,7 @@ class Context(_cobject.CObject, Ops):
                     raise ValueError(f"tensor {t._label()} is a view of a tensor that {state}: "
                                      "alloc_tensors places views in their source's buffer (allocate "
                                      "the source first, or make the view in the source's context)")
-                check_tensor_memory(v, t._label())  # ClosedError: its buffer was freed
+                check_tensor_memory(v, t._label)  # ClosedError: its buffer was freed
         if not need:
             raise ValueError("no tensor of this context needs allocation")
         if total >= 2**62:

@@ -510,7 +510,7 @@ class Tensor(_cobject.CBorrowed):
             return p, None, False
         if isinstance(owner, BorrowScope):
             return p, None, True
-        rec = buffer.check_tensor_memory(p, self._label())
+        rec = buffer.check_tensor_memory(p, self._label)
         check = getattr(rec.owner, "check_placed", None) if rec is not None else None
         if check is not None:
             check(self)
