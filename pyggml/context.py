@@ -307,11 +307,15 @@ class Context(_cobject.CObject, Ops):
         Raises ValueError if the context allocates its own data, holds no unallocated tensor,
         or holds a view of a tensor in no backend buffer (an allocating context's memory, or
         another context's tensor not allocated yet); MemoryError if the tensors need 2**62 bytes or
-        more (ggml's size_t sum would wrap around and abort); ClosedError for a view of a tensor whose
-        buffer was closed; GGMLError if the allocation fails.
+        more (ggml's size_t sum would wrap around and abort); ClosedError for a closed ``where``
+        (checked first) or a view of a tensor whose buffer was closed; GGMLError if the
+        allocation fails.
         """
         if not self.no_alloc:
             raise ValueError("alloc_tensors needs a no_alloc context")
+        # a closed backend or buffer type: ClosedError before anything about the tensors
+        buft = where if isinstance(where, BufferType) else where.default_buffer_type
+        buft.ptr
         need = False
         total = 0  # bytes asked for, in Python integers: ggml's size_t sum wraps around
         lo, hi = self._arena_lo, self._arena_hi
@@ -338,7 +342,6 @@ class Context(_cobject.CObject, Ops):
             raise ValueError("no tensor of this context needs allocation")
         if total >= 2**62:
             raise MemoryError(f"alloc_tensors: the tensors of this context need {total} bytes")
-        buft = where if isinstance(where, BufferType) else where.default_buffer_type
         with calling():
             ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.ptr, buft.ptr)
             if ptr == ffi.NULL:

@@ -195,6 +195,20 @@ def test_alloc_tensors_whose_sizes_wrap_size_t_is_a_memory_error():
     assert "MemoryError alloc_tensors: the tensors of this context need 18446744073709551616 bytes" in r.stdout
 
 
+def test_alloc_tensors_checks_a_closed_backend_before_the_tensors():
+    """Fuzz seed 4001: a closed backend and a tensor too large: the closed argument is what the
+    call reports (ClosedError), whatever the context holds."""
+    with Context.for_tensors(8) as ctx:
+        be = CPUBackend(n_threads=1)
+        be.close()
+        ctx.new_tensor("i32", [2**20, 2**20, 2**20])
+        with pytest.raises(ClosedError):
+            ctx.alloc_tensors(be)
+        with pytest.raises(MemoryError):
+            with CPUBackend(n_threads=1) as be2:
+                ctx.alloc_tensors(be2)
+
+
 def test_an_op_refused_for_memory_in_an_allocating_context_leaves_no_dependency():
     """Fuzz seed 3025: an op of an allocating context on another context's tensor, refused
     because its data did not fit, left its node in the arena reading that tensor; closing the
