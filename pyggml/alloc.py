@@ -90,6 +90,10 @@ class Placer:
         self._last_sizes = None
         self._computed_too: list["Graph"] = []  # graphs within the placed one, computed since
         self._zero_byte_homes: dict[Any, buffer.LiveBuffer] = {}  # buft -> its small buffer
+        # ggml's allocator after a failed reservation: its plan kept for that graph, its buffer
+        # NULL. Allocating that graph again would place tensors in the NULL buffer (a crash):
+        # the next allocation reserves first (see _unbreak).
+        self._broken = False
 
     def _may_chunk(self) -> bool:
         return False
@@ -321,6 +325,7 @@ class GraphAllocator(_cobject.CObject, Placer):
         self._check_outputs_memory(graph)
         with calling():
             ok = lib.ggml_gallocr_reserve(self.ptr, g)
+            self._broken = not ok
             self._placed(graph, placed=False)
             if not ok:
                 raise MemoryError("ggml_gallocr_reserve could not allocate its buffer")
@@ -341,7 +346,12 @@ class GraphAllocator(_cobject.CObject, Placer):
         self._check_outputs_memory(graph)
         zero = self._place_zero_byte(graph)
         with calling():
-            ok = lib.ggml_gallocr_alloc_graph(self.ptr, g)
+            # after a failed reservation ggml would skip its own (the plan looks current) and
+            # place the tensors in its NULL buffer: reserve again first
+            ok = not self._broken or lib.ggml_gallocr_reserve(self.ptr, g)
+            if ok:
+                ok = lib.ggml_gallocr_alloc_graph(self.ptr, g)
+            self._broken = not ok
             if not ok:
                 self._unplace_zero_byte(zero)
             self._placed(graph if ok else None, placed=bool(ok))

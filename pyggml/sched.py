@@ -255,6 +255,7 @@ class Scheduler(_cobject.CObject, Placer):
             self._pin_loose_leafs(graph)
             with calling():
                 ok = lib.ggml_backend_sched_reserve(self.ptr, g)
+                self._broken = not ok
                 self._is_alloc = False
                 self._placed(graph, placed=False)
                 if not ok:
@@ -273,11 +274,16 @@ class Scheduler(_cobject.CObject, Placer):
         state = graph.checked.get(self._ptr)
         if self._is_alloc or self._graph is not None:
             self.reset()
+        if self._broken:
+            # a reservation failed (its own or alloc_graph's): ggml's allocator kept the plan and
+            # a NULL buffer, and would place this graph's tensors there: reserve again first
+            self.reserve(graph)
         zero = self._place_zero_byte(graph)
         self._pin_loose_leafs(graph)
         graph._save_sources(self)
         with calling():
             ok = lib.ggml_backend_sched_alloc_graph(self.ptr, g)
+            self._broken = not ok
             if not ok:
                 self._unplace_zero_byte(zero)
                 graph.restore_sources()

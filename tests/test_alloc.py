@@ -347,3 +347,39 @@ def test_a_tensor_added_to_the_placed_graph_after_placement_keeps_no_claim_on_it
             g2.compute(be)
             np.testing.assert_array_equal(y2.numpy(), np.full(64, 4, np.float32))
             np.testing.assert_array_equal(a.numpy(), np.full(64, 3, np.float32))
+
+
+@pytest.mark.parametrize("placer", ["GraphAllocator(be)", "Scheduler([be], graph_size=64)"])
+def test_a_placer_can_be_used_again_after_a_memory_error(run_isolated, placer):
+    """Fuzz seed 4015: ggml's allocator, after failing to allocate its buffer, keeps the plan
+    of the graph it failed for and a NULL buffer; allocating that graph again skipped the
+    reservation (the plan looked current) and placed the tensors in the NULL buffer: a crash,
+    for a user who catches the MemoryError and tries again. A smaller graph then works."""
+    r = run_isolated(f"""
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, GraphAllocator, Scheduler
+        with CPUBackend(n_threads=1) as be, Context.for_tensors(16, graph_size=16) as ctx:
+            big = ctx.new_tensor(GGMLType.F32, [2**40, 2**20]).set_input()
+            g = ctx.new_graph(16).build_forward(ctx.sqr(big))
+            small = ctx.new_tensor(GGMLType.F32, [8]).set_input()
+            y = ctx.sqr(small)
+            g2 = ctx.new_graph(16).build_forward(y)
+            placer = {placer}
+            for call in ("reserve", "alloc_graph", "alloc_graph", "reserve", "alloc_graph"):
+                try:
+                    getattr(placer, call)(g)
+                    print(call, "returned")
+                except MemoryError:
+                    print(call, "MemoryError")
+            placer.alloc_graph(g2)
+            small.set(np.arange(8, dtype=np.float32))
+            if isinstance(placer, Scheduler):
+                placer.compute(g2)
+            else:
+                g2.compute(be)
+            print("small", y.numpy().tolist())
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:6] == ["reserve MemoryError", "alloc_graph MemoryError", "alloc_graph MemoryError",
+                                         "reserve MemoryError", "alloc_graph MemoryError",
+                                         f"small {[float(i * i) for i in range(8)]}"], r.stdout
