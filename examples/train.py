@@ -138,8 +138,11 @@ class CNN(opt.Model):
 DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": dict(batch_size=32, nbatch_logical=32, val_split=0.05, shard_size=1, n_test=357, threads=1,
                    mlp=dict(lr=1e-3), cnn=dict(lr=2e-3, c1=32, c2=32, pools=1, f32_im2col=True)),
+    # the CNN: Keras' recipe (Glorot init; upstream's TensorFlow-trained CNN, 98.46 %) and an
+    # exact F32 im2col: 98.27 % in 10 min here, against 97.21 % in 19 min with the C example's
+    # N(0, 0.01) init and F16 im2col (benchmarks/bench_train.py still runs that recipe)
     "mnist": dict(batch_size=500, nbatch_logical=1000, val_split=0.05, shard_size=10, n_test=None, threads=None,
-                  mlp=dict(lr=1e-3), cnn=dict(lr=1e-3)),
+                  mlp=dict(lr=1e-3), cnn=dict(lr=1e-3, init="glorot", f32_im2col=True)),
     "mnist5k": dict(batch_size=100, nbatch_logical=100, val_split=0.05, shard_size=10, n_test=1000, threads=None,
                     mlp=dict(lr=1e-3), cnn=dict(lr=1e-3, f32_im2col=True)),
 }
@@ -203,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val-split", type=float, default=None)
     p.add_argument("--lr", type=float, default=None, help="AdamW learning rate (alpha; default per dataset/model)")
     p.add_argument("--schedule", choices=["constant", "cosine"], default=None, help="learning rate per epoch")
-    p.add_argument("--init", choices=["ggml", "glorot"], default=None, help="initial weights (default ggml's)")
+    p.add_argument("--init", choices=["ggml", "glorot"], default=None,
+                   help="initial weights (default ggml's; Glorot for the full-MNIST CNN)")
     p.add_argument("--im2col", choices=["f16", "f32"], default=None,
                    help="CNN: ggml_conv_2d's F16 im2col (ggml's MNIST CNN) or an exact F32 one (faster)")
     p.add_argument("--save", type=Path, default=None, help="write the trained weights to this GGUF file")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch cross-check of ``examples/train.py`` (not run by CI; needs torch and numpy only).
 
-The same data and split (``examples/train_data.py``), architecture, initialisation (every
-weight and bias N(0, 0.01)), optimizer (ggml's AdamW with weight decay 0 is Adam: the same lr,
+The same data and split (``examples/train_data.py``), architecture, initialisation (``--init``:
+ggml's, every weight and bias N(0, 0.01), or Keras' Glorot-uniform weights and zero biases; the
+same distribution, not the same draws), optimizer (ggml's AdamW with weight decay 0 is Adam: the same lr,
 betas (0.9, 0.999), eps 1e-8, bias-corrected), loss (mean cross-entropy over a logical batch),
 logical batch, epochs and validation hold-out as ``examples/train.py``. The CNN flattens its
 last feature map channels-fastest, as ggml's ``ggml_permute(x, 1, 2, 0, 3)`` does, so a
@@ -19,6 +20,7 @@ Prints one line per epoch with the training time, then ``time per epoch: X s`` a
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -32,10 +34,10 @@ sys.path.insert(0, str(ROOT / "examples"))
 import train_data  # noqa: E402
 
 #: as examples/train.py DEFAULTS: nbatch_logical (the optimizer's batch), val_split, test images,
-#: and per model the learning rate and (CNN) channels and pools
+#: and per model the learning rate, (CNN) channels and pools, and init when not ggml's
 DEFAULTS = {
     "digits": (32, 0.05, 357, {"mlp": dict(lr=1e-3), "cnn": dict(lr=2e-3, c1=32, c2=32, pools=1)}),
-    "mnist": (1000, 0.05, None, {"mlp": dict(lr=1e-3), "cnn": dict(lr=1e-3)}),
+    "mnist": (1000, 0.05, None, {"mlp": dict(lr=1e-3), "cnn": dict(lr=1e-3, init="glorot")}),
     "mnist5k": (100, 0.05, 1000, {"mlp": dict(lr=1e-3), "cnn": dict(lr=1e-3)}),
 }
 
@@ -95,12 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--lr", type=float, default=None, help="default: as examples/train.py")
     p.add_argument("--save-npz", type=Path, default=None)
+    p.add_argument("--init", choices=["ggml", "glorot"], default=None, help="default: as examples/train.py")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default=None,
+                   help="learning rate per epoch, as examples/train.py (default: as it)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     nbatch, val_split, _, models = DEFAULTS[a.dataset]
     cfg = dict(models[a.model])
     lr = cfg.pop("lr") if a.lr is None else a.lr
+    init = cfg.pop("init", "ggml") if a.init is None else a.init
+    schedule = cfg.pop("schedule", "constant") if a.schedule is None else a.schedule
 
     (x_train, y_train), (x_test, y_test) = load(a.dataset, a.split_seed)
     hw = x_train.shape[1]
@@ -114,13 +121,21 @@ def main(argv: list[str] | None = None) -> int:
     model = FC(hw * hw) if a.model == "mlp" else CNN(hw, **cfg)
     with torch.no_grad():
         for t in model.parameters():
-            t.normal_(0.0, 1e-2)  # ggml's MNIST initialisation
+            if init == "ggml":
+                t.normal_(0.0, 1e-2)  # ggml's MNIST initialisation
+            elif t.dim() >= 2:
+                nn.init.xavier_uniform_(t)  # Keras' Glorot-uniform (examples/train.py "glorot")
+            else:
+                t.zero_()
     optim = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8)
     loss_fn = nn.CrossEntropyLoss()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {a.dataset} {a.model}: "
           f"{n_train} training, {len(xv)} validation, {len(x_test)} test images", flush=True)
     times = []
     for epoch in range(1, a.epochs + 1):
+        if schedule == "cosine":  # examples/train.py's: lr at epoch 1 down to about lr / 100
+            for group in optim.param_groups:
+                group["lr"] = lr * (0.01 + 0.99 * (1 + math.cos(math.pi * (epoch - 1) / max(a.epochs, 1))) / 2)
         t0 = time.perf_counter()
         model.train()
         perm = torch.randperm(n_train)
