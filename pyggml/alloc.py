@@ -246,6 +246,8 @@ class Placer:
         when it was placed (a tensor added to that graph since, by ``build_forward``, keeps
         a place it had before, which may hold the placed graph's values now)."""
         g = self._graph
+        if g is graph and graph._node_set is self._placed_nodes and self._placed_nodes:
+            return not graph.closed  # unchanged since placed (node_set() is cached until a change)
         if g is None or g.closed or graph.closed:
             return False
         nodes = graph.node_set()

@@ -304,7 +304,7 @@ class Backend(_cobject.CObject):
         CPU backend's abort callback, or what a Python backend's ``graph_compute`` raised).
         """
         g = self._prepare(graph)
-        with calling(graph._owner):
+        with calling(*_callback_owners(graph)):
             status = lib.ggml_backend_graph_compute(self._ptr, g)
             check_status(status, "ggml_backend_graph_compute")
         _mark_computed(graph)
@@ -313,7 +313,7 @@ class Backend(_cobject.CObject):
         """``ggml_backend_graph_compute_async``: queue the computation; :meth:`synchronize`
         before reading results (until then the graph's outputs raise as not computed)."""
         g = self._prepare(graph)
-        with calling(graph._owner):
+        with calling(*_callback_owners(graph)):
             status = lib.ggml_backend_graph_compute_async(self._ptr, g)
             check_status(status, "ggml_backend_graph_compute_async")
         self._pending.append(graph)
@@ -324,12 +324,21 @@ class Backend(_cobject.CObject):
         if self.ptr.iface.graph_plan_create == ffi.NULL:
             raise ValueError(f"backend {self.name} does not support graph plans")
         g = self._prepare(graph)
-        with calling(graph._owner):
+        with calling(*_callback_owners(graph)):
             plan = lib.ggml_backend_graph_plan_create(self._ptr, g)
         return GraphPlan(plan, self, graph)
 
     def __repr__(self) -> str:
         return "<Backend (closed)>" if self.closed else f"<Backend {self.name}>"
+
+
+def _callback_owners(graph: "Graph") -> tuple[Any, ...]:
+    """The owners to declare to :class:`~pyggml.raw.boundary.calling` for computing ``graph``:
+    its context when it made Python ops (``map_custom``, whose callbacks may run on ggml's
+    worker threads), else none (the other callbacks run on the calling thread; declaring no
+    owner skips a lock)."""
+    owner = graph._owner
+    return (owner,) if getattr(owner, "_callbacks", None) else ()
 
 
 def _mark_computed(graph: "Graph") -> None:
@@ -356,7 +365,7 @@ class GraphPlan(_cobject.CObject):
         :meth:`Backend.graph_compute`); raises GGMLError on failure, or what a callback raised."""
         backend: Backend = self._owner
         backend._prepare(self._graph)
-        with calling(self._graph._owner):
+        with calling(*_callback_owners(self._graph)):
             status = lib.ggml_backend_graph_plan_compute(backend._ptr, self.ptr)
             check_status(status, "ggml_backend_graph_plan_compute")
         _mark_computed(self._graph)

@@ -248,6 +248,7 @@ class Context(_cobject.CObject, Ops):
             raise ValueError(f"ne[0]={ne[0]} of type {types.type_name(t)}: ggml_nbytes would overflow")
         self._reserve(nbytes)
         out = Tensor(lib.ggml_new_tensor(self.ptr, t, len(ne), ffi.new("int64_t[]", ne)), self)
+        out._contig = True  # ggml_new_tensor's strides are packed
         if name is not None:
             out.name = name
         return out

@@ -251,10 +251,11 @@ class CPUBackend(Backend):
     Ctrl-C during :meth:`~pyggml.graph.Graph.compute` stops the computation within about
     :data:`ABORT_INTERVAL_US` (10 ms; after the node running then) and raises
     KeyboardInterrupt: the backend's abort callback (``ggml_backend_cpu_set_abort_callback``,
-    which ggml asks after every node) is a small C function that calls a Python function after
-    the first node of each compute and then at most once per interval, so Python's SIGINT
-    handler runs inside it and its exception becomes "abort". ``abort_callback`` (a callable
-    without arguments, true to stop) adds a condition of yours, asked as often.
+    which ggml asks after every node) is a small C function that calls a Python function at
+    most once per interval, so Python's SIGINT handler runs inside it and its exception
+    becomes "abort" (a compute shorter than that returns first; Python raises then).
+    ``abort_callback`` (a callable without arguments, true to stop) adds a condition of yours,
+    asked after the first node of each compute and then at most once per interval.
 
     Raises :class:`~pyggml.dl.BackendNotAvailableError` in a ``GGML_BACKEND_DL`` build whose CPU
     module did not load (no variant fits the processor), GGMLError if ggml cannot create it.
@@ -331,7 +332,8 @@ class CPUBackend(Backend):
         return super()._why_not(p)
 
     def _prepare(self, graph: "Graph") -> Any:
-        self._abort_throttle.last_us = 0  # the first node of each compute asks Python
+        if self.abort_callback is not None:
+            self._abort_throttle.last_us = 0  # the first node of each compute asks Python
         return super()._prepare(graph)
 
     def _check_graph(self, graph: "Graph", n_nodes: int) -> Any:

@@ -18,6 +18,7 @@ them), so a checked op costs a small multiple of the raw ``lib.ggml_<op>`` call
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -91,11 +92,7 @@ def _divides(d: int, n: int) -> bool:
     return d > 0 and n % d == 0
 
 
-def _prod(xs: Sequence[int]) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
+_prod = math.prod
 
 
 def _check_nelements(ne: Sequence[int], what: str) -> None:
@@ -591,7 +588,8 @@ class Ops(UncheckedOps):
         if an[0] != bn[0] or not _divides(an[2], bn[2]) or not _divides(an[3], bn[3]):
             raise ValueError(f"cannot mul_mat a ne={list(an)} with b ne={list(bn)}: needs "
                              "a.ne0 == b.ne0 and b.ne2/ne3 multiples of a.ne2/ne3")
-        if lib.ggml_is_transposed(a._ptr):
+        # ggml_is_transposed: nb[0] > nb[1], which a contiguous a with ne[0] > 0 is not
+        if not (an[0] and is_contiguous(a)) and lib.ggml_is_transposed(a._ptr):
             raise ValueError("mul_mat: a must not be transposed (use cont())")
         if an[1] > bn[0]:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
@@ -658,7 +656,7 @@ class Ops(UncheckedOps):
         Raises ValueError if the view reaches outside a."""
         a = _t(a, "a")
         ne = [int(n) for n in ne]
-        if not 1 <= len(ne) <= 4 or any(n < 0 for n in ne) or offset < 0:
+        if not 1 <= len(ne) <= 4 or min(ne) < 0 or offset < 0:
             raise ValueError("view takes 1 to 4 non-negative sizes and offset >= 0")
         t, p = a._type, a._ptr
         blck = _BLCK[t]
@@ -674,9 +672,14 @@ class Ops(UncheckedOps):
         # as ggml_new_tensor_impl: the view's contiguous size, whatever its strides (Python
         # integers: no size_t wrap-around)
         size = _TSIZE[t] * (ne[0] // blck) * _prod(ne[1:])
-        if size and offset + size > lib.ggml_nbytes(p):
-            raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a "
-                             f"({lib.ggml_nbytes(p)} bytes)")
+        if size:
+            an = a._ne
+            # ggml_nbytes of a, in Python when a is contiguous (packed rows)
+            a_bytes = (_TSIZE[t] * (an[0] // blck) * an[1] * an[2] * an[3] if is_contiguous(a)
+                       else int(lib.ggml_nbytes(p)))
+            if offset + size > a_bytes:
+                raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a "
+                                 f"({a_bytes} bytes)")
         if not size or size >= _VIEW_SAFE_BYTES:  # else fewer than _NE_SAFE elements
             _check_nelements(ne, "view")
         full = tuple(ne) + _ONES[len(ne)]

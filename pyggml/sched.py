@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from . import _cobject, _trial, buffer
 from .alloc import Placer
-from .backend import Backend
+from .backend import Backend, _callback_owners
 from .buffer_type import BufferType
 from .cpu import CPUBackend, _cpu_kernel_supports_raw, _layout_hint, graph_trial_ops
 from .enums import DeviceType
@@ -340,9 +340,8 @@ class Scheduler(_cobject.CObject, Placer):
     def _compute(self, graph: Graph, fn: Any) -> bool:
         for b in self._backends:
             b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
-            throttle = getattr(b, "_abort_throttle", None)
-            if throttle is not None:  # a CPU backend: its first node asks Python (cpu.CPUBackend)
-                throttle.last_us = 0
+            if isinstance(b, CPUBackend) and b.abort_callback is not None:
+                b._abort_throttle.last_us = 0  # its first node asks Python (cpu.CPUBackend)
         if not (self._is_alloc and self._graph is graph and graph.split_by is self):
             self.alloc_graph(graph)
         g = self._check_graph(graph)
@@ -353,7 +352,7 @@ class Scheduler(_cobject.CObject, Placer):
             self._trial_compute(graph, g)
             state.trialed = True
         self._stopped = False
-        with calling(graph._owner, self):
+        with calling(*_callback_owners(graph), *((self,) if self._eval is not None else ())):
             status = fn(self.ptr, g)
             check_status(status, "ggml_backend_sched_graph_compute")
         if not self._stopped:

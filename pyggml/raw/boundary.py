@@ -39,51 +39,42 @@ from . import ffi, lib
 __all__ = ["calling", "record", "check_status", "status_name", "GGMLError"]
 
 
-class _Frame:
-    __slots__ = ("errors", "owners")
-
-    def __init__(self, owners: tuple[Any, ...]):
-        self.errors: list[BaseException] = []
-        self.owners = owners
-
-
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.frames: list[_Frame] = []
+        self.frames: list[calling] = []
 
 
 _local = _Local()
 _lock = threading.Lock()
-_owned: list[_Frame] = []  # open frames that declared owners, on any thread
+_owned: list["calling"] = []  # open blocks that declared owners, on any thread
 
 
 class calling:
     """``with calling(*owners):`` around C calls that may call back into Python; see the module
     docstring. ``owners`` are the objects whose callbacks may run on threads ggml starts (e.g. the
     context of a graph with custom ops). Usable as a decorator-free context manager only; cheap
-    (a list push and pop) when no callback fails."""
+    (a list push and pop) when no callback fails and no owner is declared. The open block is
+    its own frame: ``errors`` collects what callbacks raised during it."""
 
-    __slots__ = ("_frame",)
+    __slots__ = ("errors", "owners")
 
     def __init__(self, *owners: Any):
-        self._frame = _Frame(owners)
+        self.errors: list[BaseException] = []
+        self.owners = owners
 
     def __enter__(self) -> "calling":
-        frame = self._frame
-        _local.frames.append(frame)
-        if frame.owners:
+        _local.frames.append(self)
+        if self.owners:
             with _lock:
-                _owned.append(frame)
+                _owned.append(self)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        frame = self._frame
-        frames = _local.frames
-        frames.pop()
-        if frame.owners:
+        _local.frames.pop()
+        if self.owners:
             with _lock:
-                _owned.remove(frame)
-        errors = frame.errors
+                _owned.remove(self)
+        errors = self.errors
         if not errors:
             return
         first = errors[0]
