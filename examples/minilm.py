@@ -156,12 +156,13 @@ class MiniLM:
         of PAD_TO (the mask hides the padding), so that batches of similar lengths share a graph."""
         B, T0 = ids.shape
         T = min(-(-T0 // PAD_TO) * PAD_TO, max(T0, MAX_SEQ_LENGTH))
-        ids = np.pad(ids, ((0, 0), (0, T - T0)))
-        m = np.pad(mask, ((0, 0), (0, T - T0))).astype(np.float32)
+        padded, m = np.zeros((B, T), np.int32), np.zeros((B, T), np.float32)
+        padded[:, :T0], m[:, :T0] = ids, mask
+        ids = padded
         # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
         bias = np.where(m[:, None, None, :] > 0, 0.0, -np.inf).astype(np.float32)
         out = self.graphs.compute(
-            (T, B), tokens=ids.astype(np.int32), positions=np.arange(T, dtype=np.int32),
+            (T, B), tokens=ids, positions=np.arange(T, dtype=np.int32),
             kq_mask=np.broadcast_to(bias, (B, 1, T, T)),
             pool=(m / m.sum(axis=1, keepdims=True))[:, None, :])["out"]   # NumPy (B, 1, T)
         if self.sched is not None:
