@@ -302,19 +302,33 @@ class CPUBackend(Backend):
 
     @property
     def n_threads(self) -> int:
-        """Threads used by compute (``ggml_backend_cpu_set_n_threads``); default 4."""
+        """Threads asked for compute (``ggml_backend_cpu_set_n_threads``); default 4. With a
+        threadpool of fewer threads attached, compute uses the pool's number (see
+        :meth:`set_threadpool`). Raises ValueError outside 1..GGML_MAX_N_THREADS."""
         return self._n_threads
 
     @n_threads.setter
     def n_threads(self, n: int) -> None:
         if not 1 <= n <= lib.GGML_MAX_N_THREADS:
             raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}")
-        lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
         self._n_threads = n
+        self._apply_n_threads()
+
+    def _apply_n_threads(self) -> None:
+        """Give ggml min(n_threads, the attached pool's threads): ggml built with OpenMP (as
+        pyggml's default build) starts n_threads threads that each take a worker of the pool,
+        past its end when the pool is smaller (a crash); without OpenMP ggml clamps the same
+        way."""
+        n = self._n_threads
+        pool = self._threadpool
+        if pool is not None and pool.n_threads < n:
+            n = pool.n_threads
+        lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
 
     def set_threadpool(self, pool: Threadpool | None) -> None:
         """``ggml_backend_cpu_set_threadpool`` (None: ggml's own disposable threads). The
-        backend keeps the pool alive; closing the pool detaches it first."""
+        backend keeps the pool alive; closing the pool detaches it first. A pool of fewer
+        threads than :attr:`n_threads` computes with its own number of threads."""
         lib.ggml_backend_cpu_set_threadpool(self.ptr, pool.ptr if pool else ffi.NULL)
         old = self._threadpool
         if old is not None:
@@ -322,6 +336,7 @@ class CPUBackend(Backend):
         self._threadpool = pool
         if pool is not None:
             pool._users.add(self)
+        self._apply_n_threads()
 
     def _supports_raw(self, p: Any) -> bool:
         return bool(lib.ggml_backend_supports_op(self._ptr, p)) and _cpu_kernel_supports_raw(p)

@@ -115,3 +115,31 @@ def test_the_abort_callback_is_asked_at_the_first_node_then_at_most_every_interv
         be.abort_callback = None
         g.compute(be)
         np.testing.assert_array_equal(y.numpy(), np.full(4, 1001, np.float32))
+
+
+def test_a_threadpool_smaller_than_the_backends_thread_count(run_isolated):
+    """Fuzz seed 6031: a CPU backend of 2 threads with a threadpool of 1 attached: ggml built
+    with OpenMP starts 2 threads that each take a worker of the pool, the second past its end
+    (a crash). pyggml gives ggml the pool's number of threads then (ggml without OpenMP clamps
+    the same way); n_threads still says what was asked, and detaching the pool restores it."""
+    r = run_isolated("""
+        import numpy as np, pyggml
+        from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
+        be = CPUBackend(n_threads=2)
+        pool = pyggml.Threadpool(1)
+        be.set_threadpool(pool)
+        with Context.for_tensors(16, graph_size=16) as ctx:
+            a = ctx.new_tensor(GGMLType.F32, [64, 64]).set_input()
+            y = ctx.mul_mat(a, a)
+            g = ctx.new_graph(16).build_forward(y)
+            GraphAllocator(be).alloc_graph(g)
+            a.set(np.ones((64, 64), np.float32))
+            for n in (2, 3):
+                be.n_threads = n
+                g.compute(be)
+            pool.close()                      # the backend gets ggml's own threads back
+            g.compute(be)
+            print(be.n_threads, y.numpy()[0, :2].tolist())
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "3 [64.0, 64.0]"
