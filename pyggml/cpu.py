@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .graph import Graph
 
 __all__ = ["CPUBackend", "Threadpool", "cpu_buffer_type", "cpu_buffer_from_array", "cpu_kernel_supports",
-           "aligned_zeros"]
+           "aligned_zeros", "ABORT_INTERVAL_US"]
 
 _F32, _F16, _BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
 
@@ -241,7 +241,7 @@ class Threadpool(_cobject.CObject):
 
 
 #: Microseconds between two calls of a CPU backend's Python abort callback during a compute
-#: (Ctrl-C and :attr:`CPUBackend.abort_callback` are noticed within about this long).
+#: (Ctrl-C and ``CPUBackend.abort_callback`` are noticed within about this long).
 ABORT_INTERVAL_US = 10_000
 
 
@@ -249,7 +249,7 @@ class CPUBackend(Backend):
     """The CPU backend (``ggml_backend_cpu_init``), owned.
 
     Ctrl-C during :meth:`~pyggml.graph.Graph.compute` stops the computation within about
-    :data:`ABORT_INTERVAL_US` (10 ms; after the node running then) and raises
+    :data:`~pyggml.cpu.ABORT_INTERVAL_US` (10 ms; after the node running then) and raises
     KeyboardInterrupt: the backend's abort callback (``ggml_backend_cpu_set_abort_callback``,
     which ggml asks after every node) is a small C function that calls a Python function at
     most once per interval, so Python's SIGINT handler runs inside it and its exception

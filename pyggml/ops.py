@@ -18,6 +18,7 @@ them), so a checked op costs a small multiple of the raw ``lib.ggml_<op>`` call
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -150,7 +151,7 @@ def _record_deps(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
     """Record that ``ctx``'s new node reads the tensors of the inputs' owners (``Context._add_dep``),
     after checking all of them: ClosedError (nothing recorded) if an owner's own nodes read
     memory that is gone. Returns the owners that were not dependencies before."""
-    owners = [t._owner for t in inputs if t._owner is not ctx]
+    owners: list[Any] = [t._owner for t in inputs if t._owner is not ctx]
     for owner in owners:
         if getattr(owner, "_stale", False):
             owner._check_deps()
@@ -274,7 +275,6 @@ _REST = ((0, 1, 2, 3), (1, 2, 3), (2, 3), (3,), ())
 def _permutations() -> dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]]:
     """Every axes tuple ``ctx.permute`` takes (2 to 4 axes, the missing ones in place) ->
     (the 4 axes, their inverse: result dim j is a's dim inverse[j])."""
-    import itertools
     table = {}
     for perm in itertools.permutations(range(4)):
         inverse = tuple(perm.index(j) for j in range(4))
