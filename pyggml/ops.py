@@ -556,12 +556,13 @@ class Ops(UncheckedOps):
         with a.ne2 % d2 == 0 and a.ne3 % d3 == 0. ``max_bias`` > 0 (ALiBi) needs a mask.
         """
         a = _t(a, "a")
+        if mask is not None:
+            mask = _t(mask, "mask")  # a closed mask is reported before a's layout
         if not is_contiguous(a):
             raise ValueError("soft_max needs a contiguous tensor: use cont() first")
         inputs: tuple[Tensor, ...] = (a,)
         m_ptr = ffi.NULL
         if mask is not None:
-            mask = _t(mask, "mask")
             if mask._type not in (_F32, _F16):
                 raise TypeError("soft_max mask must be F32 or F16")
             if not is_contiguous(mask):
@@ -779,6 +780,8 @@ class Ops(UncheckedOps):
         Raises ValueError for another mode (multi-section and vision ropes take sections:
         ``ctx.op("rope_multi", ...)``), bad positions, n_dims or freq_factors."""
         a, pos = _t(a, "a"), _t(pos, "pos")
+        if freq_factors is not None:
+            freq_factors = _t(freq_factors, "freq_factors")  # every tensor first: ClosedError
         if mode & 1:
             raise ValueError("rope mode & 1 is no longer supported by ggml")
         if mode & lib.GGML_ROPE_TYPE_MROPE:
@@ -793,7 +796,6 @@ class Ops(UncheckedOps):
         c = ffi.NULL
         inputs: tuple[Tensor, ...] = (a, pos)
         if freq_factors is not None:
-            freq_factors = _t(freq_factors, "freq_factors")
             if freq_factors._type != _F32 or freq_factors._ne[0] < n_dims // 2:
                 raise ValueError("rope: freq_factors must be F32 with >= n_dims/2 entries")
             c = freq_factors._ptr
@@ -804,13 +806,14 @@ class Ops(UncheckedOps):
 
     def _glu(self, fn: Any, fn_split: Any, a: Tensor, b: Tensor | None) -> Tensor:
         a = _t(a, "a")
+        if b is not None:
+            b = _t(b, "b")  # every tensor first: a closed one raises ClosedError before a layout error
         if not lib.ggml_is_contiguous_1(a._ptr):
             raise ValueError("glu ops need a contiguous tensor")
         if b is None:
             if a._ne[0] % 2:
                 raise ValueError("glu on one tensor needs an even ne[0] (it is split in halves)")
             return _make(self, fn, (a,), a._ptr)
-        b = _t(b, "b")
         if not lib.ggml_is_contiguous_1(b._ptr) or a._ne != b._ne or a._type != b._type:
             raise ValueError("glu on two tensors needs contiguous tensors of the same ne and type")
         return _make(self, fn_split, (a, b), a._ptr, b._ptr)
@@ -922,6 +925,8 @@ class Ops(UncheckedOps):
         k ne [D, n_kv, H_kv, B], v ne [Dv, n_kv, H_kv, B] (H % H_kv == 0), mask F16
         [n_kv, >= n_q, ...] -> F32 ne [Dv, H, n_q, B]."""
         q, k, v = _t(q, "q"), _t(k, "k"), _t(v, "v")
+        if mask is not None:
+            mask = _t(mask, "mask")  # every tensor first: ClosedError before a shape error
         qn, kn, vn = q._ne, k._ne, v._ne
         if kn[0] != qn[0] or not _divides(kn[2], qn[2]) or not _divides(kn[3], qn[3]):
             raise ValueError(f"flash_attn: k ne={list(kn)} does not fit q ne={list(qn)}")
@@ -930,7 +935,6 @@ class Ops(UncheckedOps):
         inputs: tuple[Tensor, ...] = (q, k, v)
         m_ptr = ffi.NULL
         if mask is not None:
-            mask = _t(mask, "mask")
             mn = mask._ne
             if mask._type != _F16 or not is_contiguous(mask):
                 raise TypeError("flash_attn mask must be a contiguous F16 tensor")

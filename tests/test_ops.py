@@ -288,3 +288,28 @@ def test_a_node_of_an_allocating_context_gives_no_data_to_another_contexts_tenso
         assert t._ptr.data == ffi.NULL    # `plan`'s tensor does not
         with pytest.raises(ValueError, match="no data"):
             t.set(np.zeros(250, np.int32), reshape=True)
+
+
+def test_a_closed_tensor_argument_is_reported_before_a_layout_or_shape_error():
+    """Fuzz seed 6020: soft_max of a non-contiguous a with a mask from a closed context raised
+    "needs a contiguous tensor" (checked first) instead of ClosedError. Every op constructor
+    checks all its tensor arguments before anything else (soft_max, rope's freq_factors, the
+    glu ops, flash_attn's mask)."""
+    from pyggml import ClosedError
+    ctx = pyggml.Context.for_tensors(64)
+    gone = pyggml.Context.for_tensors(8)
+    mask = gone.new_tensor("f32", [4, 4])
+    ff = gone.new_tensor("f32", [2])
+    b = gone.new_tensor("f32", [4, 4])
+    mask16 = gone.new_tensor("f16", [4, 4])
+    gone.close()
+    a = ctx.new_tensor("f32", [4, 4])
+    pos = ctx.new_tensor("i32", [4])
+    with pytest.raises(ClosedError):
+        ctx.soft_max(ctx.transpose(a), mask)
+    with pytest.raises(ClosedError):
+        ctx.rope(a, pos, 3, freq_factors=ff)              # odd n_dims checked after the tensors
+    with pytest.raises(ClosedError):
+        ctx.swiglu(ctx.transpose(a), b)
+    with pytest.raises(ClosedError):
+        ctx.flash_attn(a, ctx.new_tensor("f32", [5, 4]), a, mask16)
