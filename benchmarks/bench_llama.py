@@ -18,7 +18,7 @@ still, run it when nothing else runs).
 Also printed: the Python time per decode step, i.e. the step's wall time minus the time spent
 inside :meth:`pyggml.Scheduler.compute` (``ggml_backend_sched_graph_compute`` and pyggml's
 checks of a graph it holds, cached: a C check of the graph's memory) -- setting the five inputs,
-reading the logits, the bookkeeping, and the cost of pyggml's per-node Python abort callback (``interruptible=True``),
+reading the logits, the bookkeeping, and the cost of pyggml's Ctrl-C check in the CPU backend (``interruptible=True``, a C throttle that asks Python at most every 10 ms),
 which the example switches off by default. Nothing here is asserted.
 """
 from __future__ import annotations
@@ -133,7 +133,7 @@ def main() -> None:
             print(f"| {name} | {test}{N} | {ours[test]:.1f} | {theirs} | {ratio} | {per_round} |")
         notes.append(f"{name}: decode step {ours['step'] * 1e3:.2f} ms, of which Python outside ggml compute "
                      f"{ours['python'] * 1e3:.3f} ms ({100 * ours['python'] / ours['step']:.1f} %); with pyggml's "
-                     f"per-node Python abort callback (interruptible=True) the step takes "
+                     f"Ctrl-C check (interruptible=True, throttled) the step takes "
                      f"{ours['step_interruptible'] * 1e3:.2f} ms "
                      f"({100 * (ours['step_interruptible'] / ours['step'] - 1):+.1f} %)")
     print()

@@ -90,9 +90,10 @@ class LlamaModel:
     ones are freed). ``dequantize``: load every weight as F32 (dequantized by ggml's own
     ``to_float``), for checking the graph against a float32 reference without the error of the
     quantized matmuls (which quantize the activations too); about 5x the memory of Q4_1.
-    ``interruptible``: keep pyggml's Ctrl-C check inside the CPU backend's computation. It is a
-    Python function ggml calls after every node (about 600 calls per decode step here), so by
-    default it is switched off: Ctrl-C then stops generation when the current graph returns.
+    ``interruptible``: keep pyggml's Ctrl-C check inside the CPU backend's computation (a C
+    throttle that asks Python at most every 10 ms, :data:`pyggml.cpu.ABORT_INTERVAL_US`; it
+    used to call Python after every node, and was off by default then). False: Ctrl-C stops
+    generation when the current graph returns.
 
     Raises :class:`ModelError` for a file it cannot run, ValueError for bad settings,
     :class:`pyggml.BackendNotAvailableError` for an unknown device.
@@ -101,7 +102,7 @@ class LlamaModel:
     def __init__(self, gguf: GGUFFile, *, backend: str = "cpu", n_threads: int | None = None,
                  n_ctx: int = 2048, n_batch: int = 512, flash_attn: bool = False, kv_type: str = "f16",
                  kv_pad: int = 256, max_graphs: int = 8, dequantize: bool = False,
-                 interruptible: bool = False):
+                 interruptible: bool = True):
         if n_ctx < 1 or n_batch < 1 or kv_pad < 1 or max_graphs < 1:
             raise ValueError("n_ctx, n_batch, kv_pad and max_graphs must be >= 1")
         if n_threads is not None and n_threads < 1:
