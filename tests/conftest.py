@@ -3,6 +3,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -177,3 +178,21 @@ def rpc_session():
         pytest.skip("built without rpc (scripts/check_variants.sh vulkan-rpc builds it)")
     with rpc.Server(devices=["CPU"], n_threads=1) as server:
         yield server, rpc.add_server(server.endpoint)
+
+
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt) for a Ctrl-C test, whatever pytest was
+    started with: a background job of a non-interactive shell starts with SIGINT ignored, and
+    then no Ctrl-C reaches the code under test. Also ``default_sigint.preexec`` for child
+    processes, which inherit an ignored SIGINT."""
+    prev = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    class _Restore:
+        @staticmethod
+        def preexec() -> None:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    yield _Restore
+    signal.signal(signal.SIGINT, prev)

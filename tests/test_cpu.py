@@ -14,7 +14,7 @@ from pyggml import Context, CPUBackend, GGMLType
 from pyggml.cpu import cpu_kernel_supports
 
 
-def test_ctrl_c_interrupts_a_cpu_compute():
+def test_ctrl_c_interrupts_a_cpu_compute(default_sigint):
     """SIGINT during compute: the abort callback stops it and KeyboardInterrupt is raised."""
     with CPUBackend(n_threads=1) as be, Context(256 << 20) as ctx:
         x = ctx.new_tensor(GGMLType.F32, [512, 512])

@@ -255,7 +255,7 @@ def test_progress_bar_falls_back_to_ggmls(capfd, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # Ctrl-C
 
-def test_ctrl_c_stops_after_the_batch_and_keeps_the_model():
+def test_ctrl_c_stops_after_the_batch_and_keeps_the_model(default_sigint):
     model = MLP()
     before = model.state_dict()
 
@@ -270,7 +270,7 @@ def test_ctrl_c_stops_after_the_batch_and_keeps_the_model():
     assert opt.evaluate(model, blob_data(64)).ndata == 64
 
 
-def test_second_ctrl_c_raises_keyboard_interrupt():
+def test_second_ctrl_c_raises_keyboard_interrupt(default_sigint):
     def cb(info):
         if info.ibatch == 2:
             os.kill(os.getpid(), signal.SIGINT)
@@ -281,7 +281,7 @@ def test_second_ctrl_c_raises_keyboard_interrupt():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_ctrl_c_during_an_evaluation_raises():
+def test_ctrl_c_during_an_evaluation_raises(default_sigint):
     """Only training is stopped cleanly: an evaluation has nothing to keep."""
     model, data = MLP(), blob_data(64)
     with opt.OptContext(model, batch_size=32, dataset=data, build_type="forward") as octx:
@@ -290,7 +290,7 @@ def test_ctrl_c_during_an_evaluation_raises():
     assert opt.evaluate(model, data).ndata == 64
 
 
-def test_ctrl_c_from_outside_in_a_real_process(tmp_path):
+def test_ctrl_c_from_outside_in_a_real_process(tmp_path, default_sigint):
     """SIGINT sent to a training process: it stops cleanly, saves, exits 0."""
     script = tmp_path / "train_forever.py"
     script.write_text(textwrap.dedent(f"""
@@ -310,7 +310,7 @@ def test_ctrl_c_from_outside_in_a_real_process(tmp_path):
     """))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
+                         text=True, env=env, preexec_fn=default_sigint.preexec)
     try:
         assert p.stdout.readline().strip() == "started"
         p.send_signal(signal.SIGINT)
