@@ -402,9 +402,11 @@ int pyggml_graph_check_memory(struct ggml_cgraph *graph, const struct pyggml_liv
             struct ggml_tensor *t = j < 0 ? nd : nd->src[j];
             if (!t) continue;
             *bad = t; *node = nd;
-            if (!t->data && !(t->view_src && t->view_src->data)) {
+            if (!t->data) {
+                /* to compute, every tensor needs data, views too: a view made before its source
+                   had data keeps NULL until an allocator inits it (ggml_backend_view_init) */
                 if (need_data) return 1;
-                continue;
+                if (!(t->view_src && t->view_src->data)) continue;
             }
             ggml_backend_buffer_t b = pyggml_buffer_of(t);
             if (!b) continue;  /* context memory */

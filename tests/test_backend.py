@@ -73,3 +73,34 @@ def test_a_custom_op_that_raises_under_a_graph_plan_is_raised_by_the_plan():
         with pytest.raises(KeyError, match="custom op"):
             plan.compute()
         plan.close()
+
+
+def test_a_view_made_before_its_source_had_data_is_refused_until_placed(run_isolated):
+    """Fuzz seed 7017: a view (in an allocating context) of a tensor of a no_alloc context made
+    before that tensor had data keeps data NULL; alloc_tensors then gave the source a buffer,
+    and computing the graph directly read the view's NULL data (a crash in the SUB kernel): the
+    memory check let a view without data pass when its source had data. Now it is refused
+    (nothing inits the view but an allocator); a GraphAllocator places it and it computes."""
+    r = run_isolated("""
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
+        be = CPUBackend(n_threads=1)
+        actx, nctx = Context(1 << 20), Context(1 << 20, no_alloc=True)
+        src = nctx.new_tensor(GGMLType.F32, [4, 8])
+        v = actx.view(src, [3, 3], [src.nb[1]])
+        y = actx.add(v, v)
+        g = actx.new_graph(16).build_forward(y)
+        nctx.alloc_tensors(be)
+        src.set(np.arange(32, dtype=np.float32).reshape(8, 4))
+        try:
+            g.compute(be)
+            print("computed")
+        except ValueError as e:
+            print("ValueError", "has no data" in str(e))
+        GraphAllocator(be).alloc_graph(g)
+        g.compute(be)
+        print(y.numpy().tolist())
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = (2 * np.arange(32, dtype=np.float32).reshape(8, 4)[:3, :3]).tolist()
+    assert r.stdout.splitlines() == ["ValueError True", str(want)], r.stdout
