@@ -92,7 +92,7 @@ class Placer:
         self._zero_byte_homes: dict[Any, buffer.LiveBuffer] = {}  # buft -> its small buffer
         # ggml's allocator after a failed reservation: its plan kept for that graph, its buffer
         # NULL. Allocating that graph again would place tensors in the NULL buffer (a crash):
-        # the next allocation reserves first (see _unbreak).
+        # the next allocation reserves first (GraphAllocator/Scheduler.alloc_graph).
         self._broken = False
 
     def _may_chunk(self) -> bool:
@@ -246,11 +246,9 @@ class Placer:
         when it was placed (a tensor added to that graph since, by ``build_forward``, keeps
         a place it had before, which may hold the placed graph's values now)."""
         g = self._graph
-        if g is graph and graph._node_set is self._placed_nodes and self._placed_nodes:
-            return not graph.closed  # unchanged since placed (node_set() is cached until a change)
-        if g is None or g.closed or graph.closed:
+        if g is None or graph.closed or (g is not graph and g.closed):
             return False
-        nodes = graph.node_set()
+        nodes = graph.node_set()  # cached until the graph changes: the same object if it did not
         return nodes is self._placed_nodes or nodes <= self._placed_nodes
 
     def check_placed(self, tensor: Tensor) -> None:

@@ -346,9 +346,14 @@ class CPUBackend(Backend):
             return _layout_hint(p)
         return super()._why_not(p)
 
-    def _prepare(self, graph: "Graph") -> Any:
+    def _restart_abort_clock(self) -> None:
+        """Before a compute (this backend's or a scheduler's): with a user ``abort_callback``,
+        its first node asks Python, whenever the throttle last did."""
         if self.abort_callback is not None:
-            self._abort_throttle.last_us = 0  # the first node of each compute asks Python
+            self._abort_throttle.last_us = 0
+
+    def _prepare(self, graph: "Graph") -> Any:
+        self._restart_abort_clock()
         return super()._prepare(graph)
 
     def _check_graph(self, graph: "Graph", n_nodes: int) -> Any:

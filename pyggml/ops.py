@@ -45,6 +45,7 @@ _INT64_MAX = 2**63 - 1
 
 _NONE = lib.GGML_OP_NONE
 
+
 def host_array(t: Tensor) -> np.ndarray:
     """A NumPy view of a plain-type tensor's host memory, NumPy order (shape ``ne`` reversed,
     strides ``nb`` reversed), writable. No ownership or placement checks: for code ggml calls
@@ -110,10 +111,11 @@ def _check_nelements(ne: Sequence[int], what: str) -> None:
 
 
 def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
-                type: Any, *args: Any, n_objects: int = 1) -> Tensor:
+                type: Any, *args: Any, n_objects: int = 1, contig: bool | None = None) -> Tensor:
     """The new node ``fn(ctx, *args)``, its ``ne`` and type as the caller computed them the way
     ggml.c does (``tests/test_ops.py`` compares them with C's for every op that passes them), or
-    read from C when ``ne`` is None.
+    read from C when ``ne`` is None. ``contig=True``: the result is known to be contiguous (a new
+    tensor, or a reshape), so later contiguity checks of it need no C call (``Tensor._contig``).
 
     The context's free space is checked first. In a ``no_alloc`` context (the common case) that
     is all. In an allocating context the node is made with allocation switched off, so its data
@@ -144,7 +146,7 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
         p = _make_allocating(ctx, fn, inputs, args)
     if ne is None:
         return Tensor(p, ctx)
-    return Tensor._known(p, ctx, ne, type)
+    return Tensor._known(p, ctx, ne, type, contig)
 
 
 def _record_deps(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
@@ -227,9 +229,7 @@ def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
         if an != bn and not can_repeat(bn, an):
             raise ValueError(f"b (ne={list(bn)}) does not tile a (ne={list(an)}): ggml broadcasts "
                              "by repeating b, so each a.ne[i] must be a multiple of b.ne[i]")
-        r = _make_known(self, fn, (a, b), an, a._type, a._ptr, b._ptr)
-        r._contig = True  # a new tensor (ggml_dup_tensor of a)
-        return r
+        return _make_known(self, fn, (a, b), an, a._type, a._ptr, b._ptr, contig=True)
     op.__doc__ = doc
     return op
 
@@ -466,9 +466,7 @@ class Ops(UncheckedOps):
         # ggml_is_padded_1d (static in ggml.c)
         if not (nb[0] == lib.ggml_type_size(a._type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]):
             raise ValueError("scale needs a tensor whose rows are packed: use cont() first")
-        r = _make_known(self, lib.ggml_scale, (a,), ne, a._type, a._ptr, float(s))
-        r._contig = True
-        return r
+        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, a._ptr, float(s), contig=True)
 
     def clamp(self, a: Tensor, min: float, max: float) -> Tensor:
         """``ggml_clamp``: a clipped to [min, max] (a new tensor since ggml 0.25; a view computed
@@ -525,9 +523,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"norm: eps must be >= 0, not {eps}")
-        r = _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, a._ptr, eps)
-        r._contig = True
-        return r
+        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, a._ptr, eps, contig=True)
 
     def rms_norm(self, a: Tensor, eps: float = 1e-6) -> Tensor:
         """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]. Raises ValueError unless
@@ -536,9 +532,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"rms_norm: eps must be >= 0, not {eps}")
-        r = _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, a._ptr, eps)
-        r._contig = True
-        return r
+        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, a._ptr, eps, contig=True)
 
     def l2_norm(self, a: Tensor, eps: float = 1e-12) -> Tensor:
         """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]. Raises ValueError unless eps >= 0."""
@@ -573,10 +567,8 @@ class Ops(UncheckedOps):
             inputs, m_ptr = (a, mask), mask._ptr
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
-        r = _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, a._ptr, m_ptr,
-                        float(scale), float(max_bias))
-        r._contig = True
-        return r
+        return _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, a._ptr, m_ptr,
+                           float(scale), float(max_bias), contig=True)
 
     # ------------------------------------------------------------------ matrix
     def mul_mat(self, a: Tensor, b: Tensor) -> Tensor:
@@ -595,10 +587,8 @@ class Ops(UncheckedOps):
         if an[1] > bn[0]:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
             _check_nelements((an[1], bn[1], bn[2], bn[3]), "mul_mat")
-        r = _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32,
-                        a._ptr, b._ptr)
-        r._contig = True
-        return r
+        return _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32,
+                           a._ptr, b._ptr, contig=True)
 
     def out_prod(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_out_prod``: ne [M, K] x [N, K] -> [M, N] (Σ_k a[k, m]·b[k, n] in ggml order)."""
@@ -613,9 +603,7 @@ class Ops(UncheckedOps):
     def cont(self, a: Tensor) -> Tensor:
         """``ggml_cont``: a contiguous copy of a."""
         a = _t(a, "a")
-        r = _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, a._ptr)
-        r._contig = True
-        return r
+        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, a._ptr, contig=True)
 
     def cpy(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_cpy``: copy a into b (converting the type); returns a view of b."""
@@ -646,9 +634,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"cannot reshape {a.nelements} elements to ne={list(ne)}")
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "reshape")
-        r = _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, a._ptr, *ne)
-        r._contig = True  # a view of contiguous a
-        return r
+        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, a._ptr, *ne, contig=True)
 
     def view(self, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None,
              offset: int = 0) -> Tensor:
@@ -739,10 +725,8 @@ class Ops(UncheckedOps):
         if rows._ne[0] > a._ne[1]:  # else a's ne bounds the result's ne size by size (_check_nelements)
             _check_nelements((a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]), "get_rows")
         # as ggml_get_rows: F32 unless a is I32
-        r = _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
-                        _I32 if a._type == _I32 else _F32, a._ptr, rows._ptr)
-        r._contig = True
-        return r
+        return _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
+                           _I32 if a._type == _I32 else _F32, a._ptr, rows._ptr, contig=True)
 
     def set_rows(self, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
         """``ggml_set_rows``: write the rows of b (F32/F16) into a at I32/I64 indices ``rows``;

@@ -340,8 +340,8 @@ class Scheduler(_cobject.CObject, Placer):
     def _compute(self, graph: Graph, fn: Any) -> bool:
         for b in self._backends:
             b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
-            if isinstance(b, CPUBackend) and b.abort_callback is not None:
-                b._abort_throttle.last_us = 0  # its first node asks Python (cpu.CPUBackend)
+            if isinstance(b, CPUBackend):
+                b._restart_abort_clock()
         if not (self._is_alloc and self._graph is graph and graph.split_by is self):
             self.alloc_graph(graph)
         g = self._check_graph(graph)

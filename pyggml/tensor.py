@@ -218,16 +218,18 @@ class Tensor(_cobject.CBorrowed):
         self._contig = None
 
     @classmethod
-    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, ...], type: GGMLType) -> "Tensor":
-        """A new node whose ``ne`` and type the caller knows already (the op constructors compute
-        them as ggml.c does), saving the read of the C struct."""
+    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, ...], type: GGMLType,
+               contig: bool | None = None) -> "Tensor":
+        """A new node whose ``ne`` and type (and, unless None, contiguity) the caller knows
+        already (the op constructors compute them as ggml.c does), saving the read of the C
+        struct."""
         t = _new(cls)
         t._ptr = ptr
         t._owner = ctx
         t._gen = ctx._gen
         t._ne = ne
         t._type = type
-        t._contig = None
+        t._contig = contig
         return t
 
     @classmethod
