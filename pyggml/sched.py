@@ -96,6 +96,9 @@ class Scheduler(_cobject.CObject, Placer):
         self._eval: callbacks.Callback | None = None
         self._eval_func: EvalCallback | None = None
         self._stopped = False
+        # set_tensor_backend's pins for the next split, kept here: ggml keeps them in the hash
+        # set that a reset empties, and pyggml resets before every split (see alloc_graph)
+        self._pins: dict[Any, tuple[Tensor, Backend]] = {}
         self._init_placer()
 
     def _free(self, ptr: Any) -> None:
@@ -250,6 +253,11 @@ class Scheduler(_cobject.CObject, Placer):
         """``ggml_backend_sched_reserve``: size the compute buffers for a worst-case graph
         (its sources are put back afterwards). Raises MemoryError if they cannot be allocated."""
         g = self._take(graph)
+        self._check_pins(graph)
+        # ggml's reserve splits without resetting first: the tensors of a split that no reset
+        # followed (a failed alloc_graph or reserve) would stay in the scheduler's hash set,
+        # which holds graph_size tensors, and fill it (an abort in ggml_hash_find_or_insert)
+        self._reset()
         saved = graph._save_sources(None)
         try:
             self._pin_loose_leafs(graph)
@@ -272,8 +280,8 @@ class Scheduler(_cobject.CObject, Placer):
         whose CPU kernel cannot compute it (the allocation is then reset)."""
         g = self._take(graph)
         state = graph.checked.get(self._ptr)
-        if self._is_alloc or self._graph is not None:
-            self.reset()
+        self._check_pins(graph)
+        self._reset()  # always: ggml's alloc_graph does not, and its hash set may hold a failed split's tensors
         if self._broken:
             # a reservation failed (its own or alloc_graph's): ggml's allocator kept the plan and
             # a NULL buffer, and would place this graph's tensors there: reserve again first
@@ -315,14 +323,39 @@ class Scheduler(_cobject.CObject, Placer):
 
     def reset(self) -> None:
         """``ggml_backend_sched_reset``: forget the allocation (tensor data becomes invalid; the
-        graph's sources are put back)."""
+        graph's sources are put back) and the pins of :meth:`set_tensor_backend`."""
+        self._pins.clear()
+        self._reset()
+
+    def _reset(self) -> None:
+        """``ggml_backend_sched_reset``, then the pins set since the last split made again."""
+        s = self.ptr
         with calling():
-            lib.ggml_backend_sched_reset(self.ptr)
+            lib.ggml_backend_sched_reset(s)
         self._is_alloc = False
         old = self._graph
         self._graph = None
         if old is not None:
             old.restore_sources()
+        if self._pins:
+            for p, (t, b) in list(self._pins.items()):
+                if t._owner._gen != t._gen or b._ptr is None:  # its context or backend closed since
+                    del self._pins[p]
+                else:
+                    lib.ggml_backend_sched_set_tensor_backend(s, p, b._ptr)
+
+    def _check_pins(self, graph: Graph) -> None:
+        """The hash set of the split holds the graph's nodes and leafs, one more key, and the
+        pinned tensors outside the graph: refuse (ValueError) what would fill it (an abort)."""
+        if not self._pins:
+            return
+        nodes = graph.raw_nodes()
+        inside = set(nodes) | set(graph._raw_leafs(nodes))
+        outside = sum(1 for p in self._pins if p not in inside)
+        if len(inside) + outside >= self.graph_size:
+            raise ValueError(f"graph has {len(inside)} nodes and leafs and {outside} tensors pinned by "
+                             f"set_tensor_backend are not in it: the scheduler's graph_size "
+                             f"{self.graph_size} must be larger than their sum")
 
     # ------------------------------------------------------------------ compute
     def compute(self, graph: Graph) -> bool:
@@ -410,14 +443,37 @@ class Scheduler(_cobject.CObject, Placer):
         return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
 
     def set_tensor_backend(self, tensor: Tensor, backend: Backend) -> None:
-        """``ggml_backend_sched_set_tensor_backend``: pin a node to ``backend``."""
+        """``ggml_backend_sched_set_tensor_backend``: pin ``tensor`` to ``backend`` for the
+        splits to come (:meth:`alloc_graph`, :meth:`reserve`, :meth:`compute` of a graph not
+        held) until :meth:`reset` forgets the pins (or the tensor's context closes).
+
+        Raises ClosedError (closed scheduler or tensor), ValueError if ``backend`` is not one of
+        the scheduler's or ``graph_size - 1`` tensors are pinned already (ggml keeps the pins in
+        its hash set of ``graph_size`` tensors and aborts when it is full)."""
+        self.ptr
         self._index(backend)
-        lib.ggml_backend_sched_set_tensor_backend(self.ptr, tensor_arg(tensor, "tensor")._ptr, backend.ptr)
+        p = tensor_arg(tensor, "tensor")._ptr
+        if p not in self._pins and len(self._pins) + 1 >= self.graph_size:
+            raise ValueError(f"{len(self._pins)} tensors are pinned already: the scheduler's graph_size "
+                             f"{self.graph_size} must be larger than the number of pins")
+        # made in ggml by the reset before every split (_reset): made now, under a held graph, it
+        # would change the backend that graph's split inputs are copied from
+        self._pins[p] = (tensor, backend)
 
     def get_tensor_backend(self, tensor: Tensor) -> Backend | None:
-        """The backend the last split put ``tensor`` on, or None."""
-        p = lib.ggml_backend_sched_get_tensor_backend(self.ptr, tensor_arg(tensor, "tensor")._ptr)
-        return next((b for b in self._backends if b._ptr == p), None)
+        """``ggml_backend_sched_get_tensor_backend``: the backend the split of the graph this
+        scheduler holds put ``tensor`` on; else the backend it is pinned to; else None."""
+        s = self.ptr
+        t = tensor_arg(tensor, "tensor")
+        graph = self._graph
+        if graph is not None:
+            nodes = graph.raw_nodes()
+            # only the graph's tensors: ggml's lookup inserts the tensor into the hash set
+            if t._ptr in nodes or t._ptr in graph._raw_leafs(nodes):
+                p = lib.ggml_backend_sched_get_tensor_backend(s, t._ptr)
+                return next((b for b in self._backends if b._ptr == p), None)
+        pin = self._pins.get(t._ptr)
+        return pin[1] if pin is not None else None
 
     # ------------------------------------------------------------------ eval callback
     @property

@@ -245,3 +245,114 @@ def test_zero_byte_tensors_under_a_scheduler_of_two_backends(run_isolated, backe
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split("\n")[:3] == ["True (4, 0) True"] * 2 + ["(4, 0)"], r.stdout
+
+
+def test_a_reserve_after_a_failed_alloc_graph_starts_from_an_empty_hash_set(run_isolated):
+    """Fuzz seed 8020: ``ggml_backend_sched_reserve`` splits the graph without resetting the
+    scheduler first; after a failed ``alloc_graph`` (its split filled the hash set, no reset
+    followed) the tensors of the failed graph were still in the set, the new graph's did not
+    fit, and ggml aborted (``ggml_hash_find_or_insert``: a full hash set) on a graph well
+    within ``graph_size``."""
+    r = run_isolated("""
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, Scheduler
+        with CPUBackend(n_threads=1) as be, Context.for_tensors(16, graph_size=16) as ctx:
+            big = ctx.new_tensor(GGMLType.F32, [2**40, 2**20]).set_input()
+            g = ctx.new_graph(16).build_forward(ctx.sqr(ctx.sqr(big)))
+            small = ctx.new_tensor(GGMLType.F32, [8]).set_input()
+            y = ctx.sqr(ctx.sqr(small))
+            g2 = ctx.new_graph(16).build_forward(y)
+            sched = Scheduler([be], graph_size=4)  # a hash set of 5: one graph of 3 fits
+            for call in ("alloc_graph", "reserve"):
+                try:
+                    getattr(sched, call)(g)
+                except MemoryError:
+                    print(call, "MemoryError")
+            sched.reserve(g2)
+            sched.alloc_graph(g2)
+            small.set(np.arange(8, dtype=np.float32))
+            sched.compute(g2)
+            print("small", y.numpy().tolist())
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:3] == ["alloc_graph MemoryError", "reserve MemoryError",
+                                         f"small {[float(i ** 4) for i in range(8)]}"], r.stdout
+
+
+def _two_cpu_scheduler(a, b, graph_size=16):
+    """A scheduler of two CPU backends whose first keeps its tensors in a Python host buffer
+    type: ggml moves a node pinned to ``b`` to ``a`` when both have one buffer type."""
+    from pyggml.impl.buffer import HostBuffer, PyBufferType
+
+    class HostType(PyBufferType):
+        def get_name(self):
+            return "HOST_PY"
+
+        def alloc_buffer(self, size):
+            return HostBuffer(size)
+
+        def is_host(self):
+            return True
+
+    return Scheduler([a, b], bufts=[HostType().as_buffer_type(), b.default_buffer_type], graph_size=graph_size)
+
+
+def test_a_pin_holds_for_every_split_until_reset():
+    """``set_tensor_backend`` pins a node for the splits to come: the reset pyggml makes before
+    each split (ggml's hash set, where the pins live, must be empty of an earlier split's
+    tensors) makes the pins again; ``reset`` forgets them."""
+    x = np.arange(8, dtype=np.float32)
+    with CPUBackend(n_threads=1) as a, CPUBackend(n_threads=1) as b, \
+            Context.for_tensors(16, graph_size=16) as ctx:
+        inp = ctx.new_tensor(GGMLType.F32, [8]).set_input()
+        y = ctx.sqr(inp)
+        z = ctx.sqr(y)
+        g = ctx.new_graph(16).build_forward(z)
+        sched = _two_cpu_scheduler(a, b)
+        sched.alloc_graph(g)
+        assert (sched.get_tensor_backend(y), sched.get_tensor_backend(z), sched.n_splits) == (a, a, 1)
+        sched.set_tensor_backend(y, a)
+        sched.set_tensor_backend(z, b)
+        assert sched.get_tensor_backend(z) is a  # the held graph's split is unchanged
+        for _ in range(2):
+            sched.alloc_graph(g)
+            assert (sched.get_tensor_backend(y), sched.get_tensor_backend(z), sched.n_splits) == (a, b, 2)
+            inp.set(x)
+            sched.compute(g)
+            np.testing.assert_array_equal(z.numpy(), x ** 4)
+        sched.reset()
+        assert sched.get_tensor_backend(z) is None
+        sched.alloc_graph(g)
+        assert (sched.get_tensor_backend(z), sched.n_splits) == (a, 1)
+        sched.close()
+
+
+def test_pins_and_lookups_cannot_fill_the_hash_set(run_isolated):
+    """ggml keeps pins, and inserts every tensor ``get_tensor_backend`` looks up, in the hash set
+    of ``graph_size`` tensors, and aborts when it is full: pyggml refuses the pin that would
+    fill it (at ``set_tensor_backend``, or at the split when the graph's own tensors leave no
+    room) and looks up only the held graph's tensors."""
+    r = run_isolated("""
+        import pytest
+        from pyggml import Context, CPUBackend, GGMLType, Scheduler
+        with CPUBackend(n_threads=1) as be, Context.for_tensors(64, graph_size=16) as ctx:
+            others = [ctx.new_tensor(GGMLType.F32, [4]) for _ in range(40)]
+            x = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+            g = ctx.new_graph(16).build_forward(ctx.sqr(ctx.sqr(x)))
+            sched = Scheduler([be], graph_size=8)
+            sched.alloc_graph(g)
+            print([sched.get_tensor_backend(t) for t in others] == [None] * 40)
+            for t in others[:7]:
+                sched.set_tensor_backend(t, be)
+            with pytest.raises(ValueError, match="pinned already"):
+                sched.set_tensor_backend(others[7], be)
+            with pytest.raises(ValueError, match="set_tensor_backend"):
+                sched.alloc_graph(g)   # 3 tensors of the graph + 7 pins outside it
+            sched.reset()
+            for t in others[:4]:
+                sched.set_tensor_backend(t, be)
+            sched.alloc_graph(g)
+            print("placed")
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:2] == ["True", "placed"], r.stdout
