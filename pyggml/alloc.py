@@ -206,11 +206,16 @@ class Placer:
         """After ggml allocated (or reserved for) ``graph``: notice reallocated buffers, and
         record the graph as the one the memory holds (unless ``placed`` is False: a reserve)."""
         sizes = self._sizes()
+        freed = []
         if sizes != self._last_sizes or self._may_chunk():
-            self._retire()
+            freed = [rec.ptr for rec in self._records if rec.alive]
+            self._retire(sweep=False)
             self._last_sizes = sizes
         if graph is not None:
             self._track_buffers(graph)
+        for ptr in freed:
+            if buffer.lookup(ptr) is None:  # not the address of one of the new buffers
+                buffer.forget(ptr, by_placer=True)
         if placed and graph is not None:
             old = self._graph
             if old is not None and old is not graph:
@@ -233,10 +238,10 @@ class Placer:
                     not bufts or lib.ggml_backend_buffer_get_type(buf) in bufts):
                 self._records.append(buffer.track(buf, self))
 
-    def _retire(self) -> None:
+    def _retire(self, sweep: bool = True) -> None:
         for rec in self._records:
             if rec.alive:
-                buffer.retire(rec.ptr, by_placer=True)
+                buffer.retire(rec.ptr, by_placer=True, sweep=sweep)
         self._records.clear()
         if self._graph is not None:
             self._graph.checked.clear()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .buffer_type import BufferType
     from .tensor import Tensor
 
-__all__ = ["Buffer", "LiveBuffer", "track", "retire", "lookup", "live_table", "graph_buffers",
+__all__ = ["Buffer", "LiveBuffer", "track", "retire", "forget", "FREED", "lookup", "live_table", "graph_buffers",
            "retired_by_placer", "check_graph_memory", "IndexCheck", "host_array_owner"]
 
 
@@ -77,6 +77,13 @@ _LIVE: dict[Any, LiveBuffer] = {}
 #: in them may be placed again by an allocator, unlike those of a closed Buffer of the user's
 _RETIRED_BY_PLACERS: "OrderedDict[Any, None]" = OrderedDict()
 _MAX_RETIRED = 4096
+#: what the tensors of a freed buffer are pointed at instead (``pyggml_ctx_forget_buffer``), for
+#: a buffer of the user's and one of a graph allocator or scheduler: a new buffer that malloc puts
+#: at the freed one's address (struct and data) must not make them look placed in it
+FREED = (lib.pyggml_freed_buffer(0), lib.pyggml_freed_buffer(1))
+#: called with (buffer, stand-in) when a buffer is freed; pyggml.tensor, which knows the open
+#: contexts, registers the function that points their tensors in it at the stand-in
+forgetters: list[Callable[[Any, Any], None]] = []
 _table: list[Any] = [None, 0, -1]  # [C array of struct pyggml_live_buffer, length, version]
 _version = 0
 
@@ -94,10 +101,14 @@ def track(ptr: Any, owner: Any) -> LiveBuffer:
     return rec
 
 
-def retire(ptr: Any, *, by_placer: bool = False) -> None:
+def retire(ptr: Any, *, by_placer: bool = False, sweep: bool = True) -> None:
     """Forget ``ptr``: it was freed (or is about to be). Tensors in it become unusable (and,
-    ``by_placer``: an allocator may place them again)."""
+    ``by_placer``: an allocator may place them again); ``sweep``: the tensors of open contexts
+    in it are pointed at a stand-in now (:func:`forget`; a placer that reallocated calls it
+    itself once it knows its new buffers)."""
     global _version
+    if sweep:
+        forget(ptr, by_placer=by_placer)
     rec = _LIVE.pop(ptr, None)
     if rec is not None:
         rec.alive = False
@@ -108,9 +119,17 @@ def retire(ptr: Any, *, by_placer: bool = False) -> None:
             _RETIRED_BY_PLACERS.popitem(last=False)
 
 
+def forget(ptr: Any, *, by_placer: bool = False) -> None:
+    """Point the tensors of every open context that are in buffer ``ptr`` (freed, or about to
+    be) at the stand-in of :data:`FREED`: using them raises ClosedError (by_placer: an
+    allocator places them again), even once malloc gives a new buffer the same address."""
+    for f in forgetters:
+        f(ptr, FREED[1 if by_placer else 0])
+
+
 def retired_by_placer(ptr: Any) -> bool:
     """Whether ``ptr`` is a buffer a graph allocator or scheduler freed (and nothing live now)."""
-    return ptr in _RETIRED_BY_PLACERS and ptr not in _LIVE
+    return ptr == FREED[1] or (ptr in _RETIRED_BY_PLACERS and ptr not in _LIVE)
 
 
 def lookup(ptr: Any) -> LiveBuffer | None:

@@ -150,6 +150,18 @@ def register_arena(ctx: Any, start: int, size: int) -> None:
     bisect.insort(_ARENAS, (start, start + size, weakref.ref(ctx)), key=lambda a: a[0])
 
 
+def _forget_buffer(buf: Any, freed: Any) -> None:
+    """:data:`pyggml.buffer.forgetters`: the tensors of every open context in ``buf`` point at
+    ``freed`` instead."""
+    for _, _, ref in _ARENAS:
+        ctx = ref()
+        if ctx is not None and ctx._ptr is not None:
+            lib.pyggml_ctx_forget_buffer(ctx._ptr, buf, freed)
+
+
+buffer.forgetters.append(_forget_buffer)
+
+
 def context_of(p: Any) -> Any:
     """The context (open or closed) whose arena holds tensor struct ``p``, or None."""
     addr = int(ffi.cast("uintptr_t", p))

@@ -291,6 +291,8 @@ int pyggml_graph_buffers(struct ggml_cgraph *graph, ggml_backend_buffer_t *out, 
 int pyggml_graph_check_memory(struct ggml_cgraph *graph, const struct pyggml_live_buffer *live, int n_live,
                               int need_data, struct ggml_tensor **bad, struct ggml_tensor **node);
 int pyggml_graph_unplace(struct ggml_cgraph *graph, ggml_backend_buffer_t *buffers, int n_buffers);
+ggml_backend_buffer_t pyggml_freed_buffer(int by_placer);
+int pyggml_ctx_forget_buffer(struct ggml_context *ctx, ggml_backend_buffer_t buffer, ggml_backend_buffer_t freed);
 int pyggml_check_indices(struct ggml_tensor **idx, const int64_t *bound, int n, int64_t *value);
 struct pyggml_abort_throttle { ggml_abort_callback callback; void *data; int64_t interval_us; int64_t last_us; };
 bool pyggml_abort_throttled(void *throttle);
@@ -419,6 +421,49 @@ int pyggml_graph_check_memory(struct ggml_cgraph *graph, const struct pyggml_liv
     }
     *bad = NULL; *node = NULL;
     return 0;
+}
+
+/* Stand-ins for freed buffers (pyggml.buffer.retire): the tensors of a context that pointed at a
+   buffer being freed point at one of these instead, so that a new buffer malloc puts at the same
+   address (struct and data) does not make them look placed in it. pyggml never records them as
+   live (using such a tensor raises ClosedError); ggml may still ask them their name, type,
+   alignment or size, and their data functions do nothing. */
+static const char *pyggml_freed_buft_name(ggml_backend_buffer_type_t buft) { (void) buft; return "freed"; }
+static ggml_backend_buffer_t pyggml_freed_buft_alloc(ggml_backend_buffer_type_t buft, size_t size) {
+    (void) buft; (void) size; return NULL;
+}
+static size_t pyggml_freed_buft_alignment(ggml_backend_buffer_type_t buft) { (void) buft; return 1; }
+static void pyggml_freed_memset(ggml_backend_buffer_t b, struct ggml_tensor *t, uint8_t v, size_t o, size_t n) {
+    (void) b; (void) t; (void) v; (void) o; (void) n;
+}
+static void pyggml_freed_set(ggml_backend_buffer_t b, struct ggml_tensor *t, const void *d, size_t o, size_t n) {
+    (void) b; (void) t; (void) d; (void) o; (void) n;
+}
+static void pyggml_freed_get(ggml_backend_buffer_t b, const struct ggml_tensor *t, void *d, size_t o, size_t n) {
+    (void) b; (void) t; (void) d; (void) o; (void) n;
+}
+static void pyggml_freed_clear(ggml_backend_buffer_t b, uint8_t v) { (void) b; (void) v; }
+static struct ggml_backend_buffer_type pyggml_freed_buft = {
+    .iface = { .get_name = pyggml_freed_buft_name, .alloc_buffer = pyggml_freed_buft_alloc,
+               .get_alignment = pyggml_freed_buft_alignment },
+    .device = NULL, .context = NULL,
+};
+#define PYGGML_FREED_BUFFER { \
+    .iface = { .memset_tensor = pyggml_freed_memset, .set_tensor = pyggml_freed_set, \
+               .get_tensor = pyggml_freed_get, .clear = pyggml_freed_clear }, \
+    .buft = &pyggml_freed_buft, .context = NULL, .size = 0, .usage = GGML_BACKEND_BUFFER_USAGE_ANY }
+/* [0]: a user's buffer; [1]: a graph allocator's or scheduler's (its tensors may be placed again) */
+static struct ggml_backend_buffer pyggml_freed_buffers[2] = { PYGGML_FREED_BUFFER, PYGGML_FREED_BUFFER };
+
+ggml_backend_buffer_t pyggml_freed_buffer(int by_placer) { return &pyggml_freed_buffers[by_placer ? 1 : 0]; }
+
+/* Point the tensors of `ctx` that are in `buffer` (views too) at `freed`. Returns how many. */
+int pyggml_ctx_forget_buffer(struct ggml_context *ctx, ggml_backend_buffer_t buffer, ggml_backend_buffer_t freed) {
+    int n = 0;
+    for (struct ggml_tensor *t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+        if (t->buffer == buffer) { t->buffer = freed; n++; }
+    }
+    return n;
 }
 
 /* Forget where the tensors of `graph` that sit in one of `buffers` were placed: data and buffer

@@ -106,3 +106,61 @@ def test_indices_a_node_computes_are_not_checked_before_compute():
             tt.set(table)
             graph.compute(cpu)
             np.testing.assert_array_equal(out.numpy(), table[np.argsort(a[0], kind="stable")])
+
+
+# --- a freed buffer's address given to a new buffer (fuzz seed 8002)
+
+def _buffer_at(address, base_holds, size):
+    """A new CPU buffer of ``size`` bytes whose struct is at ``address`` and whose memory holds
+    ``base_holds`` (malloc gives freed blocks back; each miss is freed again at once)."""
+    for _ in range(64):
+        b = pyggml.cpu.cpu_buffer_type().alloc_buffer(size)
+        if b.ptr == address and b.base <= base_holds < b.base + b.size:
+            return b
+        b.close()
+    pytest.skip("malloc did not give the freed addresses back")
+
+
+def test_a_tensor_of_a_closed_buffer_stays_closed_when_its_address_is_reused():
+    """A tensor keeps pointing at its buffer's struct and data after the buffer is closed; a
+    new buffer at the same addresses made it look placed there, and ``numpy`` read the new
+    buffer's memory (another tensor's values) where ClosedError was due. Closing a buffer
+    points the tensors in it at a stand-in for freed buffers."""
+    with Context.for_tensors(4) as ctx:
+        t = ctx.new_tensor("f32", [4096])
+        v = ctx.view(t, [16], offset=64)
+        buf = ctx.alloc_tensors(pyggml.cpu.cpu_buffer_type())
+        t.set(np.ones(4096, np.float32))
+        address, data = buf.ptr, int(pyggml.raw.ffi.cast("uintptr_t", t.ptr.data))
+        buf.close()
+        new = _buffer_at(address, data, 4 * 4096)
+        new.clear(7)
+        for x in (t, v):
+            with pytest.raises(pyggml.ClosedError, match="freed"):
+                x.numpy()
+            with pytest.raises(pyggml.ClosedError, match="freed"):
+                x.set(np.zeros(x.shape, np.float32))
+        assert (new.numpy() == 7).all()
+
+
+def test_a_graph_of_a_closed_allocator_is_placed_again_when_its_address_is_reused():
+    """The same for a graph allocator's memory: a new user buffer at the freed address made its
+    tensors look placed in the user's buffer, where computing the graph wrote."""
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=8) as ctx:
+        a = ctx.new_tensor("f32", [4096]).set_input()
+        y = ctx.sqr(a)
+        g = ctx.new_graph(8).build_forward(y)
+        galloc = GraphAllocator(be)
+        galloc.alloc_graph(g)
+        address, data, size = y.buffer_ptr, int(pyggml.raw.ffi.cast("uintptr_t", y.ptr.data)), galloc.buffer_size
+        galloc.close()
+        new = _buffer_at(address, data, size)
+        new.clear(7)
+        with pytest.raises(pyggml.ClosedError):
+            y.numpy()
+        with GraphAllocator(be) as galloc2:
+            galloc2.alloc_graph(g)
+            a.set(np.full(4096, 3, np.float32))
+            g.compute(be)
+            np.testing.assert_array_equal(y.numpy(), np.full(4096, 9, np.float32))
+        assert (new.numpy() == 7).all()
