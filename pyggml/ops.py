@@ -30,7 +30,7 @@ from .buffer import host_array_owner
 from .enums import GGMLType, PoolOp, SortOrder
 from .raw import callbacks, ffi, lib, requires
 from .errors import ClosedError
-from .tensor import BorrowScope, Tensor, can_repeat, is_contiguous, tensor_arg
+from .tensor import BorrowScope, Tensor, can_repeat, is_contiguous, row_strides, tensor_arg
 
 __all__ = ["Ops", "UNARY_OPS", "host_array", "op_constructors"]
 
@@ -264,6 +264,7 @@ def _give_data(ctx: Any, ptr: Any) -> None:
 
 _RESHAPE = (None, lib.ggml_reshape_1d, lib.ggml_reshape_2d, lib.ggml_reshape_3d, lib.ggml_reshape_4d)
 _ONES = ((1, 1, 1, 1), (1, 1, 1), (1, 1), (1,), ())
+_VIEW = (None, lib.ggml_view_1d, lib.ggml_view_2d, lib.ggml_view_3d, lib.ggml_view_4d)
 # per ggml type: elements per block and bytes per block (ggml_blck_size, ggml_type_size), read once
 _BLCK = tuple(int(lib.ggml_blck_size(t)) for t in range(lib.GGML_TYPE_COUNT))
 _TSIZE = tuple(int(lib.ggml_type_size(t)) for t in range(lib.GGML_TYPE_COUNT))
@@ -581,8 +582,10 @@ class Ops(UncheckedOps):
         if an[0] != bn[0] or not _divides(an[2], bn[2]) or not _divides(an[3], bn[3]):
             raise ValueError(f"cannot mul_mat a ne={list(an)} with b ne={list(bn)}: needs "
                              "a.ne0 == b.ne0 and b.ne2/ne3 multiples of a.ne2/ne3")
-        # ggml_is_transposed: nb[0] > nb[1], which a contiguous a with ne[0] > 0 is not
-        if not (an[0] and is_contiguous(a)) and lib.ggml_is_transposed(a._ptr):
+        # ggml_is_transposed: nb[0] > nb[1], which a contiguous a is not when ne[0] is more than
+        # one block and ne[1] > 1 (ggml_is_contiguous ignores the strides of dims of size 1,
+        # and a transposed [2, 1] is a contiguous [1, 2])
+        if not (an[0] > _BLCK[a._type] and an[1] > 1 and is_contiguous(a)) and lib.ggml_is_transposed(a._ptr):
             raise ValueError("mul_mat: a must not be transposed (use cont())")
         if an[1] > bn[0]:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
@@ -643,19 +646,19 @@ class Ops(UncheckedOps):
         Raises ValueError if the view reaches outside a."""
         a = _t(a, "a")
         ne = [int(n) for n in ne]
-        if not 1 <= len(ne) <= 4 or min(ne) < 0 or offset < 0:
+        n = len(ne)
+        if not 1 <= n <= 4 or min(ne) < 0 or offset < 0:
             raise ValueError("view takes 1 to 4 non-negative sizes and offset >= 0")
-        t, p = a._type, a._ptr
+        t = a._type
         blck = _BLCK[t]
         if ne[0] % blck:
             raise ValueError("view: ne[0] is not a multiple of the block size")
         if nb is None:
-            pnb = p.nb
-            nb = [pnb[1], pnb[2], pnb[3]][:len(ne) - 1]
+            nb = row_strides(a)[1:n]
         else:
             nb = [int(x) for x in nb]
-            if len(nb) != len(ne) - 1 or any(x < 0 for x in nb):
-                raise ValueError(f"view of {len(ne)} dims takes {len(ne) - 1} strides")
+            if len(nb) != n - 1 or any(x < 0 for x in nb):
+                raise ValueError(f"view of {n} dims takes {n - 1} strides")
         # as ggml_new_tensor_impl: the view's contiguous size, whatever its strides (Python
         # integers: no size_t wrap-around)
         size = _TSIZE[t] * (ne[0] // blck) * _prod(ne[1:])
@@ -663,17 +666,15 @@ class Ops(UncheckedOps):
             an = a._ne
             # ggml_nbytes of a, in Python when a is contiguous (packed rows)
             a_bytes = (_TSIZE[t] * (an[0] // blck) * an[1] * an[2] * an[3] if is_contiguous(a)
-                       else int(lib.ggml_nbytes(p)))
+                       else int(lib.ggml_nbytes(a._ptr)))
             if offset + size > a_bytes:
                 raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a "
                                  f"({a_bytes} bytes)")
         if not size or size >= _VIEW_SAFE_BYTES:  # else fewer than _NE_SAFE elements
             _check_nelements(ne, "view")
-        full = tuple(ne) + _ONES[len(ne)]
-        if len(ne) == 1:
-            return _make_known(self, lib.ggml_view_1d, (a,), full, a._type, a._ptr, ne[0], offset)
-        fn = (lib.ggml_view_2d, lib.ggml_view_3d, lib.ggml_view_4d)[len(ne) - 2]
-        return _make_known(self, fn, (a,), full, a._type, a._ptr, *ne, *nb, offset)
+        if n == 1:
+            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, a._ptr, ne[0], offset)
+        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, a._ptr, *ne, *nb, offset)
 
     def permute(self, a: Tensor, *axes: int) -> Tensor:
         """``ggml_permute``: dim i of a becomes dim ``axes[i]`` (ggml order); 2 to 4 axes

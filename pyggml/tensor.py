@@ -195,6 +195,14 @@ def is_contiguous(t: "Tensor") -> bool:
     return c
 
 
+def row_strides(t: "Tensor") -> tuple[int, ...]:
+    """``nb`` of open tensor ``t`` (4 byte strides), read from C once and cached on the object."""
+    nb = t._nb
+    if nb is None:
+        nb = t._nb = tuple(t._ptr.nb)
+    return nb
+
+
 def _closed_message(t: "Tensor") -> str:
     owner = t._owner
     if isinstance(owner, BorrowScope):
@@ -214,10 +222,11 @@ class Tensor(_cobject.CBorrowed):
     ``struct ggml_tensor *`` of ``ctx``.
     """
 
-    __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type", "_contig")
+    __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type", "_contig", "_nb")
     _kind = "tensor"
     _ne: tuple[int, ...]  # always 4 sizes
     _contig: bool | None  # ggml_is_contiguous, once known (ne and nb never change)
+    _nb: tuple[int, ...] | None  # nb (4 byte strides), once read (row_strides)
 
     def __init__(self, ptr: Any, ctx: "Context | BorrowScope"):
         if ptr == ffi.NULL:
@@ -228,6 +237,7 @@ class Tensor(_cobject.CBorrowed):
         self._ne = tuple(ptr.ne)
         self._type = _TYPE_OF[ptr.type]
         self._contig = None
+        self._nb = None
 
     @classmethod
     def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, ...], type: GGMLType,
@@ -242,6 +252,7 @@ class Tensor(_cobject.CBorrowed):
         t._ne = ne
         t._type = type
         t._contig = contig
+        t._nb = None
         return t
 
     @classmethod

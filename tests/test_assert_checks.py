@@ -811,3 +811,23 @@ def test_fixed_g3_g7_do_not_over_refuse(cpu):
         gb.compute(cpu)
         sig = 1 / (1 + np.exp(-v))
         np.testing.assert_allclose(gb.grad(p).numpy(), sig * (1 + v * (1 - sig)), rtol=1e-5, atol=1e-6)
+
+
+def test_mul_mat_of_a_transposed_tensor_that_ggml_calls_contiguous(run_isolated):
+    """Fuzz seeds 9026/9028/9031: ``ggml_is_contiguous`` ignores the strides of a dim of size 1,
+    so the transpose of an ne [2, 1] tensor is a contiguous ne [1, 2] one, and transposed
+    (nb[0] > nb[1]): mul_mat skipped its ``ggml_is_transposed`` check for contiguous ``a`` and
+    ggml asserted."""
+    r = run_isolated("""
+        import pytest
+        from pyggml import Context
+        with Context.for_tensors(16) as ctx:
+            for ne in ([2, 1, 3, 3], [2, 1], [5, 1, 2]):
+                a = ctx.transpose(ctx.new_tensor("f32", ne))
+                b = ctx.new_tensor("f32", [a.ne[0], 4, *a.ne[2:]])
+                with pytest.raises(ValueError, match="transposed"):
+                    ctx.mul_mat(a, b)
+        print("refused")
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "refused"
