@@ -529,6 +529,12 @@ class Tensor(_cobject.CBorrowed):
                     raise ClosedError(f"tensor {self._label()} is a view of a tensor whose context was "
                                       "closed or reset since")
         if p.data == ffi.NULL:
+            if v != ffi.NULL and v.data != ffi.NULL and not isinstance(owner, BorrowScope):
+                # a view no allocator has inited, of a source with data: if the source's memory
+                # is gone (ClosedError), that is what the caller must learn first
+                src_ctx = context_of(v)
+                if src_ctx is not None and not src_ctx.closed:
+                    Tensor(v, src_ctx)._memory()
             raise ValueError(f"tensor {self._label()} has no data yet: allocate it in a buffer "
                              "(Context.alloc_tensors, a graph allocator or a scheduler)")
         if (v.buffer if v != ffi.NULL else p.buffer) == ffi.NULL:

@@ -688,8 +688,10 @@ class PyggmlMachine(RuleBasedStateMachine):
             if before is None or before == "dead" or isinstance(before, PlacerM):
                 # a placer places again what sits in any placer's memory (pyggml.alloc)
                 allowed: tuple[Any, ...] = (p,)
-            elif before == "arena" and b.nelements == 0:
-                allowed = (before, p)  # zero bytes in an allocating context: data NULL, placeable
+            elif b.nelements == 0 and (before == "arena" or isinstance(before, BufM)):
+                # zero bytes in an allocating context or at the NULL base of an empty buffer:
+                # data NULL, placeable (pyggml.alloc places zero-byte tensors without data)
+                allowed = (before, p)
             else:
                 allowed = (before,)
             if not any(now is a or now == a for a in allowed):

@@ -383,3 +383,22 @@ def test_a_placer_can_be_used_again_after_a_memory_error(run_isolated, placer):
     assert r.stdout.split("\n")[:6] == ["reserve MemoryError", "alloc_graph MemoryError", "alloc_graph MemoryError",
                                          "reserve MemoryError", "alloc_graph MemoryError",
                                          f"small {[float(i * i) for i in range(8)]}"], r.stdout
+
+
+def test_an_uninited_view_of_a_tensor_whose_memory_moved_on_raises_closed_error():
+    """Fuzz seed 9011: a view made before its source had data keeps no data until an allocator
+    inits it; reading it said "no data yet" (ValueError) even when its source's memory had
+    been given to another graph since, where ClosedError is what the caller must learn."""
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(16, graph_size=16) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [8]).set_input()
+        vx = ctx.view(x, [4])
+        g1 = ctx.new_graph(16).build_forward(ctx.sqr(x))
+        z = ctx.new_tensor(GGMLType.F32, [8]).set_input()
+        g2 = ctx.new_graph(16).build_forward(ctx.sqr(z))
+        with GraphAllocator(be) as galloc:
+            galloc.alloc_graph(g1)
+            with pytest.raises(ValueError, match="no data yet"):
+                vx.numpy()
+            galloc.alloc_graph(g2)
+            with pytest.raises(ClosedError, match="placed another graph"):
+                vx.numpy()
