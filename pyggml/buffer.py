@@ -11,7 +11,10 @@ made or that an allocator of its made (:func:`track`), retired when the buffer i
 (:func:`retire`). Data access (``Tensor.numpy``, ``Tensor.set``) and computing a graph check
 that every tensor's buffer has a live record and that its data lies inside it; a tensor in a
 freed or replaced buffer raises :class:`~pyggml.errors.ClosedError` instead of reading freed
-memory.
+memory. A record is looked up by the buffer's address, and ``malloc`` hands a freed buffer's
+addresses (its struct and its memory) to the next buffer of that size at once: so retiring a
+buffer also points the tensors of every open context that were in it at a stand-in
+(:data:`FREED`, :func:`forget`), which no record will ever match.
 """
 from __future__ import annotations
 
