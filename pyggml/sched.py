@@ -302,7 +302,12 @@ class Scheduler(_cobject.CObject, Placer):
         try:
             self._check_cpu_kernels(graph)
         except ValueError:
+            # nothing of the refused split stays: its tensors are not left placed in memory
+            # this scheduler now regards as free (they would stay there, as ggml keeps a
+            # tensor that has data where it is, and an alloc_tensors would skip them)
             self.reset()
+            self._unplace(graph)
+            self._unplace_zero_byte(zero)
             raise
         if state is not None:  # the check made before splitting still holds for the split graph
             graph.checked[self._ptr] = state

@@ -356,3 +356,18 @@ def test_pins_and_lookups_cannot_fill_the_hash_set(run_isolated):
     """)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split("\n")[:2] == ["True", "placed"], r.stdout
+
+
+def test_a_split_refused_for_the_cpu_kernels_leaves_nothing_placed():
+    """Fuzz seed 10032: ``alloc_graph`` refused a split that put on the CPU a node whose kernel
+    cannot compute it (ValueError), but the graph's tensors stayed placed in the scheduler's
+    memory; ``alloc_tensors`` then skipped them (they had data) instead of giving them room."""
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(16, graph_size=16) as ctx:
+        x = ctx.new_tensor(GGMLType.F16, [4]).set_input()
+        y = ctx.rms_norm(x, 1e-6)   # ggml makes it; the CPU kernel takes F32 only
+        g = ctx.new_graph(16).build_forward(y)
+        with Scheduler([be], graph_size=16) as sched:
+            with pytest.raises(ValueError, match="cannot compute it"):
+                sched.alloc_graph(g)
+        buf = ctx.alloc_tensors(be)
+        assert x.buffer_ptr == buf.ptr and y.buffer_ptr == buf.ptr
