@@ -55,7 +55,14 @@ class Scheduler(_cobject.CObject, Placer):
 
     ``backends`` in priority order, the last one a CPU backend (ggml requires it); ``bufts``
     optional, one per backend, each supported by its backend. ``graph_size`` must exceed nodes +
-    leafs of the graphs it takes. The scheduler keeps the backends alive.
+    leafs of the graphs it takes (plus the tensors pinned outside them). The scheduler keeps
+    the backends alive.
+
+    Every split (:meth:`alloc_graph`, :meth:`reserve`, :meth:`compute` of a graph it does not
+    hold) starts from ``ggml_backend_sched_reset``: ggml keeps the split's tensors, and the pins
+    of :meth:`set_tensor_backend`, in one hash set of ``graph_size`` tensors that only a reset
+    empties, and aborts when it is full. pyggml keeps the pins and makes them again after that
+    reset, until :meth:`reset`.
 
     Raises ValueError for what ggml would assert on.
     """
