@@ -256,6 +256,17 @@ class Placer:
         nodes = graph.node_set()  # cached until the graph changes: the same object if it did not
         return nodes is self._placed_nodes or nodes <= self._placed_nodes
 
+    def still_holds(self, p: Any) -> bool:
+        """Whether tensor struct ``p`` is in this placer's memory as part of the graph it
+        placed last (:func:`pyggml.buffer.check_placements`)."""
+        g = self._graph
+        return g is not None and not g.closed and p in self._placed_nodes
+
+    def holding(self) -> Any:
+        """A token of what this placer holds now, which changes when it places another graph
+        or is reset (compared by identity)."""
+        return self._placed_nodes if self._graph is not None else None
+
     def check_placed(self, tensor: Tensor) -> None:
         """Raise unless ``tensor``'s data may be read: ClosedError if the memory holds another
         graph now (or the tensor was added to the placed graph after it was placed),

@@ -63,11 +63,12 @@ def _check_range(t: Tensor, offset: int, size: int) -> None:
 class _Checked:
     """What a backend's check of a graph found, valid while nothing it depends on changes."""
 
-    __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices")
+    __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign")
 
     def __init__(self, graph: "Graph", n_nodes: int, records: list[buffer.LiveBuffer],
-                 contexts: list[tuple[Any, int]]):
+                 contexts: list[tuple[Any, int]], foreign: list[tuple[Any, Any]]):
         self.indices = buffer.IndexCheck.of(graph.raw_nodes())  # run before each compute
+        self.foreign = foreign  # other placers whose memory holds tensors of the graph
         self.version = graph.version
         self.n_nodes = n_nodes
         self.records = records
@@ -82,6 +83,9 @@ class _Checked:
                 return False
         for ctx, gen in self.contexts:
             if ctx._gen != gen:
+                return False
+        for owner, holding in self.foreign:
+            if owner.holding() is not holding:
                 return False
         return self.placer is None or self.placer.covers(graph)
 
@@ -264,6 +268,7 @@ class Backend(_cobject.CObject):
         g = graph.ptr
         buffer.check_graph_memory(g, need_data=True)
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
+        foreign = buffer.check_placements(graph, records, placer)
         supports = self._supports_raw
         for i in range(n_nodes):
             node = lib.ggml_graph_node(g, i)
@@ -273,7 +278,7 @@ class Backend(_cobject.CObject):
             raise ValueError(f"backend {self.name} cannot compute node {t._label()} "
                              f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]}): "
                              f"{self._why_not(node)}")
-        return _Checked(graph, n_nodes, records, contexts)
+        return _Checked(graph, n_nodes, records, contexts, foreign)
 
     def _why_not(self, p: Any) -> str:
         """What to say when this backend cannot compute node ``p`` (``_supports_raw`` false)."""

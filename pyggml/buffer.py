@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 __all__ = ["Buffer", "LiveBuffer", "track", "retire", "forget", "FREED", "lookup", "live_table", "graph_buffers",
-           "retired_by_placer", "check_graph_memory", "IndexCheck", "host_array_owner"]
+           "retired_by_placer", "check_graph_memory", "check_placements", "IndexCheck", "host_array_owner"]
 
 
 def _str(p: Any) -> str:
@@ -210,6 +210,29 @@ def check_graph_memory(g: Any, *, need_data: bool) -> None:
         raise ClosedError(f"tensor {label(bad[0])} of this graph is in a buffer that was freed or "
                           "replaced (its buffer, graph allocator or scheduler was closed, or "
                           "reallocated for a larger graph): allocate the graph again")
+
+
+def check_placements(graph: Any, records: list[LiveBuffer], placer: Any) -> list[tuple[Any, Any]]:
+    """ClosedError for a tensor of ``graph`` (a pyggml Graph) in the memory of a graph
+    allocator or scheduler other than ``placer`` that no longer holds it there (it placed
+    another graph since, or was reset): a compute would read or write another graph's memory.
+    Such memory is live, so :func:`check_graph_memory` passes it; its owner says what it holds
+    (``still_holds``). Costs nothing when no tensor of the graph is in such memory. Returns
+    those placers with what they hold now (``holding()``): the check holds while that does not
+    change."""
+    foreign = {r.ptr: o for r in records
+               if (o := r.owner) is not None and o is not placer and hasattr(o, "still_holds")}
+    if not foreign:
+        return []
+    for p in graph.node_set():
+        v = p.view_src
+        root = v if v != ffi.NULL else p
+        owner = foreign.get(root.buffer)
+        if owner is not None and root.data != ffi.NULL and not owner.still_holds(root):
+            raise ClosedError(f"tensor {label(root)} of this graph was placed by a graph allocator or "
+                              "scheduler that has since placed another graph or was reset (its memory "
+                              "holds other values now): allocate this graph again")
+    return [(o, o.holding()) for o in {id(o): o for o in foreign.values()}.values()]
 
 
 # ops whose CPU kernels read row indices from data: (index source, the node's tensor and

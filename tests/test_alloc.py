@@ -402,3 +402,30 @@ def test_an_uninited_view_of_a_tensor_whose_memory_moved_on_raises_closed_error(
             galloc.alloc_graph(g2)
             with pytest.raises(ClosedError, match="placed another graph"):
                 vx.numpy()
+
+
+@pytest.mark.parametrize("placer", ["GraphAllocator(be)", "Scheduler([be], graph_size=16)"])
+def test_a_graph_reading_a_tensor_another_placer_moved_on_from_raises_closed_error(placer):
+    """Fuzz seed 12023: a graph computed on a backend that reads a tensor placed by a graph
+    allocator or scheduler which has placed another graph since (or was reset): the memory is
+    live, so the memory check passed and the compute read the other graph's values. The check
+    is cached with the graph; the placer moving on invalidates it."""
+    from pyggml import Scheduler  # noqa: F401 - for eval
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(32, graph_size=16) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [8]).set_input()
+        g1 = ctx.new_graph(16).build_forward(ctx.sqr(x))
+        z = ctx.new_tensor(GGMLType.F32, [8]).set_input()
+        g2 = ctx.new_graph(16).build_forward(ctx.sqr(z))
+        p = eval(placer)
+        p.alloc_graph(g1)
+        x.set(np.full(8, 2, np.float32))
+        y3 = ctx.add(x, x)
+        g3 = ctx.new_graph(16).build_forward(y3)
+        buf = ctx.alloc_tensors(be)           # y3 in a buffer of the user's; x stays where p put it
+        g3.compute(be)                        # p still holds x: fine
+        np.testing.assert_array_equal(y3.numpy(), np.full(8, 4, np.float32))
+        p.alloc_graph(g2)                     # p's memory holds g2 now
+        with pytest.raises(ClosedError, match="placed another graph or was reset"):
+            g3.compute(be)
+        p.close()
+        buf.close()
