@@ -507,8 +507,9 @@ class Tensor(_cobject.CBorrowed):
     # ------------------------------------------------------------------ data
     @property
     def buffer_ptr(self) -> Any:
-        """The ``ggml_backend_buffer_t`` holding the data (``view_src``'s for views), or NULL.
-        Compare it, do not dereference it: it may have been freed."""
+        """The ``ggml_backend_buffer_t`` holding the data (``view_src``'s for views), or NULL;
+        once that buffer is freed, one of :data:`pyggml.buffer.FREED` (stand-ins). Compare it,
+        do not dereference it."""
         p = self.ptr
         return p.view_src.buffer if p.view_src != ffi.NULL else p.buffer
 
