@@ -550,10 +550,12 @@ class Ops(UncheckedOps):
         a must be contiguous; mask (F32 or F16, contiguous) has ne [a.ne0, >= a.ne1, d2, d3]
         with a.ne2 % d2 == 0 and a.ne3 % d3 == 0. ``max_bias`` > 0 (ALiBi) needs a mask.
         """
-        a = _t(a, "a")
+        if a.__class__ is not Tensor or a._owner._gen != a._gen:  # _t inlined (hot path)
+            a = _t(a, "a")
         if mask is not None:
             mask = _t(mask, "mask")  # a closed mask is reported before a's layout
-        if not is_contiguous(a):
+        c = a._contig
+        if not (c if c is not None else is_contiguous(a)):
             raise ValueError("soft_max needs a contiguous tensor: use cont() first")
         inputs: tuple[Tensor, ...] = (a,)
         m_ptr = ffi.NULL
@@ -563,7 +565,8 @@ class Ops(UncheckedOps):
             if not is_contiguous(mask):
                 raise ValueError("soft_max mask must be contiguous")
             m, n = mask._ne, a._ne
-            if m[0] != n[0] or m[1] < n[1] or not _divides(m[2], n[2]) or not _divides(m[3], n[3]):
+            if (m[0] != n[0] or m[1] < n[1] or not (m[2] > 0 and n[2] % m[2] == 0)
+                    or not (m[3] > 0 and n[3] % m[3] == 0)):  # _divides inlined
                 raise ValueError(f"mask ne={list(m)} does not fit a ne={list(n)}")
             inputs, m_ptr = (a, mask), mask._ptr
         elif max_bias > 0:
@@ -577,15 +580,21 @@ class Ops(UncheckedOps):
         result[n, m] = Σ_k a[m, k]·b[n, k] in NumPy order (``b @ a.T``); a's batch dims are
         broadcast (e2 % d2 == 0, e3 % d3 == 0). a must not be transposed.
         """
-        a, b = _t(a, "a"), _t(b, "b")
+        if a.__class__ is not Tensor or a._owner._gen != a._gen:  # _t inlined (hot path)
+            a = _t(a, "a")
+        if b.__class__ is not Tensor or b._owner._gen != b._gen:
+            b = _t(b, "b")
         an, bn = a._ne, b._ne
-        if an[0] != bn[0] or not _divides(an[2], bn[2]) or not _divides(an[3], bn[3]):
+        if (an[0] != bn[0] or not (an[2] > 0 and bn[2] % an[2] == 0)
+                or not (an[3] > 0 and bn[3] % an[3] == 0)):  # _divides inlined
             raise ValueError(f"cannot mul_mat a ne={list(an)} with b ne={list(bn)}: needs "
                              "a.ne0 == b.ne0 and b.ne2/ne3 multiples of a.ne2/ne3")
         # ggml_is_transposed: nb[0] > nb[1], which a contiguous a is not when ne[0] is more than
         # one block and ne[1] > 1 (ggml_is_contiguous ignores the strides of dims of size 1,
         # and a transposed [2, 1] is a contiguous [1, 2])
-        if not (an[0] > _BLCK[a._type] and an[1] > 1 and is_contiguous(a)) and lib.ggml_is_transposed(a._ptr):
+        c = a._contig
+        if (not (an[0] > _BLCK[a._type] and an[1] > 1 and (c if c is not None else is_contiguous(a)))
+                and lib.ggml_is_transposed(a._ptr)):
             raise ValueError("mul_mat: a must not be transposed (use cont())")
         if an[1] > bn[0]:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
@@ -625,12 +634,14 @@ class Ops(UncheckedOps):
 
     def reshape(self, a: Tensor, *ne: int) -> Tensor:
         """``ggml_reshape_{1..4}d``: a view of contiguous ``a`` with ``ne`` (ggml order)."""
-        a = _t(a, "a")
+        if a.__class__ is not Tensor or a._owner._gen != a._gen:  # _t inlined (hot path)
+            a = _t(a, "a")
         ne = tuple(map(int, ne))
         n = len(ne)
         if not 1 <= n <= 4:
             raise ValueError("reshape takes 1 to 4 sizes")
-        if not is_contiguous(a):
+        c = a._contig
+        if not (c if c is not None else is_contiguous(a)):
             raise ValueError("reshape needs a contiguous tensor: use cont() first")
         count = _prod(ne)
         if min(ne) < 0 or count != _prod(a._ne):
