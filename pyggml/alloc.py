@@ -94,6 +94,8 @@ class Placer:
         # NULL. Allocating that graph again would place tensors in the NULL buffer (a crash):
         # the next allocation reserves first (GraphAllocator/Scheduler.alloc_graph).
         self._broken = False
+        # (graph, version, its leafs without data) when GraphAllocator last reserved
+        self._leaf_plan: tuple[Any, int, frozenset[Any]] | None = None
 
     def _may_chunk(self) -> bool:
         return False
@@ -339,12 +341,29 @@ class GraphAllocator(_cobject.CObject, Placer):
         # placed, and init a view of it through the freed buffer
         buffer.check_graph_memory(g, need_data=False)
         self._check_outputs_memory(graph)
+        nodata = self._leaf_plan_holds(graph)[1]
         with calling():
             ok = lib.ggml_gallocr_reserve(self.ptr, g)
             self._broken = not ok
+            self._leaf_plan = (graph, graph.version, nodata) if ok else None
             self._placed(graph, placed=False)
             if not ok:
                 raise MemoryError("ggml_gallocr_reserve could not allocate its buffer")
+
+    def _leaf_plan_holds(self, graph: "Graph") -> tuple[bool, frozenset[Any]]:
+        """Whether ggml's plan (made by the last reservation) places every leaf of ``graph``
+        that has no data now, and those leafs. ggml plans no place for a leaf that had data
+        when it planned, and does not plan again for a graph of as many nodes and leafs
+        whose nodes fit: a leaf without data there is placed through buffer -1 (a crash)."""
+        cached = graph.__dict__.get("_plan_leafs")
+        if cached is None or cached[0] != graph.version:
+            nodes = set(graph.raw_nodes())
+            cached = graph.__dict__["_plan_leafs"] = (
+                graph.version, [p for p in graph.node_set() if p not in nodes and p.view_src == ffi.NULL])
+        nodata = frozenset(p for p in cached[1] if p.data == ffi.NULL)
+        plan = self._leaf_plan
+        holds = plan is not None and plan[0] is graph and plan[1] == graph.version and nodata <= plan[2]
+        return holds, nodata
 
     def alloc_graph(self, graph: "Graph") -> None:
         """``ggml_gallocr_alloc_graph``: give every tensor of ``graph`` that has no data a place
@@ -361,10 +380,16 @@ class GraphAllocator(_cobject.CObject, Placer):
         buffer.check_graph_memory(g, need_data=False)
         self._check_outputs_memory(graph)
         zero = self._place_zero_byte(graph)
+        holds, nodata = self._leaf_plan_holds(graph)
         with calling():
             # after a failed reservation ggml would skip its own (the plan looks current) and
-            # place the tensors in its NULL buffer: reserve again first
-            ok = not self._broken or lib.ggml_gallocr_reserve(self.ptr, g)
+            # place the tensors in its NULL buffer; and ggml re-plans only when the node or
+            # leaf counts or the nodes changed, never for the leafs: reserve first unless the
+            # plan of this graph gives every leaf without data a place
+            ok = True
+            if self._broken or not holds:
+                ok = lib.ggml_gallocr_reserve(self.ptr, g)
+                self._leaf_plan = (graph, graph.version, nodata) if ok else None
             if ok:
                 ok = lib.ggml_gallocr_alloc_graph(self.ptr, g)
             self._broken = not ok

@@ -429,3 +429,26 @@ def test_a_graph_reading_a_tensor_another_placer_moved_on_from_raises_closed_err
             g3.compute(be)
         p.close()
         buf.close()
+
+
+def test_a_leaf_the_last_plan_gave_no_place_is_planned_again(run_isolated):
+    """Fuzz seed 16001, a crash: ggml's allocator plans again only when the node or leaf
+    counts or the nodes change, never for the leafs. A graph of one leaf that had data when
+    planned (a zero-byte tensor pyggml places itself), then another graph of one leaf without
+    data: ggml placed that leaf through buffer -1 (SIGSEGV). pyggml reserves first now."""
+    r = run_isolated('''
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
+        with CPUBackend(n_threads=1) as be, Context.for_tensors(16, graph_size=16) as ctx:
+            z = ctx.new_tensor(GGMLType.F32, [1, 1, 2, 0])
+            g1 = ctx.new_graph(16).build_forward(z)
+            x = ctx.new_tensor(GGMLType.F32, [8])
+            g2 = ctx.new_graph(16).build_forward(x)
+            with GraphAllocator(be) as galloc:
+                galloc.alloc_graph(g1)
+                galloc.alloc_graph(g2)
+                x.set(np.arange(8, dtype=np.float32))
+                print(x.numpy().tolist())
+    ''')
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == str([float(i) for i in range(8)])
