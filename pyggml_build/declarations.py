@@ -404,19 +404,21 @@ int pyggml_graph_check_memory(struct ggml_cgraph *graph, const struct pyggml_liv
             struct ggml_tensor *t = j < 0 ? nd : nd->src[j];
             if (!t) continue;
             *bad = t; *node = nd;
+            ggml_backend_buffer_t b = pyggml_buffer_of(t);
             if (!t->data) {
                 /* to compute, every tensor needs data, views too: a view made before its source
-                   had data keeps NULL until an allocator inits it (ggml_backend_view_init) */
-                if (need_data) return 1;
+                   had data keeps NULL until an allocator inits it (ggml_backend_view_init); but
+                   a source whose buffer was freed is the error to report first (2 below) */
+                if (need_data && !(t->view_src && t->view_src->data && b)) return 1;
                 if (!(t->view_src && t->view_src->data)) continue;
             }
-            ggml_backend_buffer_t b = pyggml_buffer_of(t);
             if (!b) continue;  /* context memory */
             int k = 0;
             while (k < n_live && live[k].buffer != b) k++;
             if (k == n_live) return 2;
             uintptr_t d = (uintptr_t) (t->data ? t->data : t->view_src->data);
             if (d < live[k].base || d > live[k].base + live[k].size) return 3;
+            if (!t->data && need_data) return 1;  /* its source is live: the view has no data */
         }
     }
     *bad = NULL; *node = NULL;

@@ -452,3 +452,20 @@ def test_a_leaf_the_last_plan_gave_no_place_is_planned_again(run_isolated):
     ''')
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == str([float(i) for i in range(8)])
+
+
+def test_compute_reports_a_freed_source_before_an_uninited_view_of_it():
+    """Fuzz seed 16015: a view made before its source had data keeps none; once the source's
+    buffer is closed, computing a graph that reads the view said "has no data" (ValueError)
+    where ClosedError (the memory is gone) is what the caller must learn."""
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(4) as ctx1, Context(1 << 16) as ctx2:
+        x = ctx1.new_tensor(GGMLType.F32, [8])
+        vx = ctx2.view(x, [4])         # x has no data yet: neither has the view
+        y = ctx2.sqr(vx)
+        g = ctx2.new_graph(8).build_forward(y)
+        buf = ctx1.alloc_tensors(be)   # x placed; the view of another context stays without
+        with pytest.raises(ValueError, match="has no data"):
+            be.graph_compute(g)
+        buf.close()
+        with pytest.raises(ClosedError, match="freed"):
+            be.graph_compute(g)
