@@ -274,12 +274,13 @@ class Placer:
         graph now (or the tensor was added to the placed graph after it was placed),
         ValueError if ``tensor`` is computed by a graph that has not been computed since it
         was placed."""
-        g = self._graph
         p = tensor._ptr
-        if g is None or g.closed or p not in self._placed_nodes:
+        if not self.still_holds(p):
             raise ClosedError(f"tensor {tensor._label()} was placed by a {self._kind_name()} that has since "
                               "placed another graph (its memory holds that graph's values now): "
                               "allocate this tensor's graph again")
+        g = self._graph
+        assert g is not None  # still_holds
         if not g.computed and _needs_compute(p) and not any(
                 not h.closed and p in h.node_set() for h in self._computed_too):
             raise ValueError(f"tensor {tensor._label()} has not been computed yet: its graph was "

@@ -361,8 +361,7 @@ class Scheduler(_cobject.CObject, Placer):
         pinned tensors outside the graph: refuse (ValueError) what would fill it (an abort)."""
         if not self._pins:
             return
-        nodes = graph.raw_nodes()
-        inside = set(nodes) | set(graph._raw_leafs(nodes))
+        inside = graph.node_set()
         outside = sum(1 for p in self._pins if p not in inside)
         if len(inside) + outside >= self.graph_size:
             raise ValueError(f"graph has {len(inside)} nodes and leafs and {outside} tensors pinned by "
@@ -478,12 +477,10 @@ class Scheduler(_cobject.CObject, Placer):
         s = self.ptr
         t = tensor_arg(tensor, "tensor")
         graph = self._graph
-        if graph is not None:
-            nodes = graph.raw_nodes()
-            # only the graph's tensors: ggml's lookup inserts the tensor into the hash set
-            if t._ptr in nodes or t._ptr in graph._raw_leafs(nodes):
-                p = lib.ggml_backend_sched_get_tensor_backend(s, t._ptr)
-                return next((b for b in self._backends if b._ptr == p), None)
+        # only the held graph's tensors: ggml's lookup inserts the tensor into the hash set
+        if graph is not None and t._ptr in graph.node_set():
+            p = lib.ggml_backend_sched_get_tensor_backend(s, t._ptr)
+            return next((b for b in self._backends if b._ptr == p), None)
         pin = self._pins.get(t._ptr)
         return pin[1] if pin is not None else None
 
