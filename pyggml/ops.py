@@ -97,6 +97,29 @@ def _divides(d: int, n: int) -> bool:
 _prod = math.prod
 
 
+def _overlaps(dst: Tensor, src: Tensor, same_ok: bool = True) -> bool:
+    """Whether ``src`` reads memory that a node writing into ``dst`` (a view of it: ``cpy``,
+    ``set_rows``) writes, other than the very same elements in the very same layout. ggml
+    copies element by element on several threads, so the result of such a node would depend on
+    the order (the transpose of x copied into x gives neither x nor its transpose). Views share
+    their root's memory (``view_src`` is always the root in ggml); different roots never
+    overlap. ``same_ok=False``: the very same layout counts too (``set_rows`` moves rows)."""
+    d, s = dst._ptr, src._ptr
+    rd, rs = d.view_src, s.view_src
+    if rd == ffi.NULL:
+        rd = d
+    if rs == ffi.NULL:
+        rs = s
+    if rd != rs:
+        return False
+    lo_d, lo_s = d.view_offs, s.view_offs
+    hi_d, hi_s = lo_d + lib.ggml_nbytes(d), lo_s + lib.ggml_nbytes(s)
+    if hi_d <= lo_s or hi_s <= lo_d:
+        return False
+    return not (same_ok and lo_d == lo_s and d.type == s.type and tuple(d.ne) == tuple(s.ne)
+                and tuple(d.nb) == tuple(s.nb))
+
+
 def _check_nelements(ne: Sequence[int], what: str) -> None:
     """ggml_new_tensor_impl's own int64 check of the element count of a tensor of ``ne`` (ggml
     order), which it asserts (``INT64_MAX / ne[i] > current_nelements``, skipping sizes <= 1):
@@ -618,10 +641,17 @@ class Ops(UncheckedOps):
         return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, a._ptr, contig=True)
 
     def cpy(self, a: Tensor, b: Tensor) -> Tensor:
-        """``ggml_cpy``: copy a into b (converting the type); returns a view of b."""
+        """``ggml_cpy``: copy a into b (converting the type); returns a view of b.
+
+        Raises ValueError when the element counts differ, or when a reads b's memory in another
+        layout (a view of the same tensor that overlaps b: the copy's result would depend on
+        the order ggml's threads copy in; copy ``cont(a)`` instead)."""
         a, b = _t(a, "a"), _t(b, "b")
         if a.nelements != b.nelements:
             raise ValueError(f"cpy: {a.nelements} elements into {b.nelements}")
+        if _overlaps(b, a):
+            raise ValueError("cpy: a reads memory of b in another layout; ggml would copy the "
+                             "elements over each other in an order of its threads: cont(a) first")
         return _make(self, lib.ggml_cpy, (a, b), a._ptr, b._ptr)
 
     def cast(self, a: Tensor, type: types.TypeLike) -> Tensor:
@@ -742,7 +772,8 @@ class Ops(UncheckedOps):
 
     def set_rows(self, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
         """``ggml_set_rows``: write the rows of b (F32/F16) into a at I32/I64 indices ``rows``;
-        returns a view of a."""
+        returns a view of a. Raises ValueError when b or rows overlap a's memory (views of the
+        same tensor)."""
         a, b, rows = _t(a, "a"), _t(b, "b"), _t(rows, "rows")
         if b._type not in (_F32, _F16):
             raise TypeError("set_rows: b must be F32 or F16")
@@ -755,6 +786,9 @@ class Ops(UncheckedOps):
             raise ValueError(f"set_rows: a ne={list(an)}, b ne={list(bn)}, rows ne={list(rn)} do not fit")
         if not (_rows_contiguous(a) and _rows_contiguous(b)):
             raise ValueError("set_rows: a and b need contiguous rows")
+        if _overlaps(a, b, False) or _overlaps(a, rows, False):
+            raise ValueError("set_rows: b or rows read memory of a; ggml would write rows over "
+                             "what it still reads: cont() them first")
         return _make(self, lib.ggml_set_rows, (a, b, rows), a._ptr, b._ptr, rows._ptr)
 
     def diag_mask_inf(self, a: Tensor, n_past: int) -> Tensor:

@@ -313,3 +313,28 @@ def test_a_closed_tensor_argument_is_reported_before_a_layout_or_shape_error():
         ctx.swiglu(ctx.transpose(a), b)
     with pytest.raises(ClosedError):
         ctx.flash_attn(a, ctx.new_tensor("f32", [5, 4]), a, mask16)
+
+
+def test_cpy_and_set_rows_refuse_overlapping_views():
+    """Fuzz seed 17026: cpy(transpose(x), x) copied x's elements over each other (ggml copies in
+    place, element by element) and read back neither x nor its transpose, silently. A copy
+    that reads the memory it writes in another layout is refused; disjoint views of one tensor,
+    and the identical view (a no-op), still copy."""
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    with Context(1 << 20) as ctx:
+        tx = ctx.from_numpy(x)
+        with pytest.raises(ValueError, match="cpy"):
+            ctx.cpy(ctx.transpose(ctx.view(tx, (4, 4), offset=0)), ctx.view(tx, (4, 4), offset=0))
+        row = 6 * 4
+        with pytest.raises(ValueError, match="cpy"):  # rows 0..1 into rows 1..2: overlapping
+            ctx.cpy(ctx.view(tx, (6, 2), offset=0), ctx.view(tx, (6, 2), offset=row))
+        same = ctx.cpy(tx, tx)
+        np.testing.assert_array_equal(compute(ctx, same), x)
+        moved = ctx.cpy(ctx.view(tx, (6, 2), offset=0), ctx.view(tx, (6, 2), offset=2 * row))
+        want = x.copy()
+        want[2:4] = x[0:2]
+        np.testing.assert_array_equal(compute(ctx, moved), x[0:2])
+        np.testing.assert_array_equal(tx.numpy(), want)
+        idx = ctx.from_numpy(np.array([1, 0], dtype=np.int32))
+        with pytest.raises(ValueError, match="set_rows"):
+            ctx.set_rows(tx, ctx.view(tx, (6, 2), offset=0), idx)
