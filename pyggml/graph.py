@@ -92,7 +92,7 @@ class Graph(_cobject.CObject):
         self._seen: set[Any] = set()  # every node and leaf added so far
         self._n_leafs = 0
         self._keep: list[Any] = []
-        self._deps: dict[Any, int] = {}  # contexts of the outputs -> their generation then
+        self._deps: dict[Any, int] = {}  # contexts its tensors come from -> their generation then
         # set by allocators, schedulers and backends (pyggml.alloc, pyggml.sched, pyggml.backend)
         self.placed_by: Any = None    # the allocator or scheduler that placed it last
         self.computed = False         # computed since it was placed
@@ -154,7 +154,7 @@ class Graph(_cobject.CObject):
                                  f"{n_nodes} nodes and {self._n_leafs + len(new_leafs)} leafs "
                                  "(Context.new_graph(size=...))")
             lib.ggml_build_forward_expand(g, out._ptr)
-            self._deps.setdefault(owner, out._gen)
+            self._record_deps(owner, out._gen)
             seen |= new_nodes | new_leafs
             self._n_leafs += len(new_leafs)
             self._keep.append(out)
@@ -236,7 +236,7 @@ class Graph(_cobject.CObject):
                               for i in range(n_before, lib.ggml_graph_n_nodes(g)))
         self._backward = True
         self._keep.append(ctx)
-        self._deps.setdefault(ctx, ctx._gen)
+        self._record_deps(ctx, ctx._gen)
         self._changed()
         return self
 
@@ -285,24 +285,38 @@ class Graph(_cobject.CObject):
                     out.append(s)
         return out
 
+    def _record_deps(self, ctx: Any, gen: int) -> None:
+        """Record ``ctx`` (generation ``gen``) and the contexts its tensors read *now*
+        (``Context._deps``, transitively) as contexts the graph's tensors come from, each with
+        the oldest generation seen. Taken when tensors are added: nodes a context makes later
+        from other contexts' tensors are not in this graph, and a reset of those contexts does
+        not concern it (fuzz seed 16027: an allocator refused such a graph as closed while
+        the backend computed it)."""
+        deps = self._deps
+        visited: set[Any] = set()
+        todo = [(ctx, gen)]
+        while todo:
+            c, g = todo.pop()
+            old = deps.get(c)
+            if old is None or g < old:
+                deps[c] = g
+            if c not in visited:
+                visited.add(c)
+                todo.extend(getattr(c, "_deps", {}).items())
+
     def contexts(self) -> list[tuple[Any, int]]:
         """(context, generation) of the context holding the graph and of every context its
-        tensors come from, with the generation they had when the graph or its nodes were made
-        (the outputs' contexts, and what op constructors recorded: ``Context._deps``,
-        transitively). A context whose generation differs now was reset or closed since: the
-        graph points at memory that is gone."""
+        tensors come from, with the generation they had when the graph's tensors were added
+        (the outputs' contexts, and what op constructors had recorded then:
+        ``Context._deps``, transitively). A context whose generation differs now was reset or
+        closed since: the graph points at memory that is gone."""
         owner = self._owner
         if isinstance(owner, BorrowScope):
             return []
-        out: dict[Any, int] = {}
-        todo = [(owner, self._gen), *self._deps.items()]
-        while todo:
-            ctx, gen = todo.pop()
-            seen = out.get(ctx)
-            if seen is not None and seen <= gen:
-                continue
-            out[ctx] = gen  # the oldest generation any of its tensors was used in
-            todo.extend(getattr(ctx, "_deps", {}).items())
+        out = dict(self._deps)
+        gen = out.get(owner)
+        if gen is None or self._gen < gen:
+            out[owner] = self._gen
         return list(out.items())
 
     def check_contexts(self) -> list[tuple[Any, int]]:

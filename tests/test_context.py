@@ -99,6 +99,37 @@ def test_a_reset_context_makes_the_graphs_reading_its_tensors_refused(run_isolat
     assert "refused 5" in r.stdout
 
 
+def test_a_reset_of_a_context_only_nodes_made_after_the_graph_read_leaves_the_graph_usable():
+    """Fuzz seed 16027: after a graph of ctx2's tensors was built, ctx2 made a node from a
+    tensor of ctx1 (not in the graph), and ctx1 was reset. Graph allocators refused the graph as
+    closed (its contexts were ctx2's dependencies as they were *then*), while the backend,
+    which had checked the graph before, computed it. The graph's contexts are those its
+    tensors came from when they were added; a graph that does read ctx1 is still refused."""
+    from pyggml import GraphAllocator
+
+    x = np.arange(4, dtype=np.float32)
+    with Context(1 << 16) as c1, Context.for_tensors(16, graph_size=16) as c2:
+        be = CPUBackend()
+        a = c2.new_tensor(GGMLType.F32, [4])
+        g = c2.new_graph(16).build_forward(c2.sqr(a))
+        galloc = GraphAllocator(be)
+        galloc.alloc_graph(g)
+        a.set(x)
+        be.graph_compute(g)
+        other = c1.new_tensor(GGMLType.F32, [4])
+        late = c2.neg(other)  # c2 reads c1 from now on, but g does not
+        reads_c1 = c2.new_graph(16).build_forward(late)
+        c1.reset()
+        galloc.alloc_graph(g)
+        a.set(x)
+        be.graph_compute(g)
+        np.testing.assert_array_equal(g.nodes[-1].numpy(), x * x)
+        with pytest.raises(ClosedError):
+            galloc.alloc_graph(reads_c1)
+        with pytest.raises(ClosedError):
+            be.graph_compute(reads_c1)
+
+
 def test_a_graph_across_contexts_is_refused_once_the_outputs_context_is_closed(run_isolated):
     """The graph lives in c2, its nodes in c1: closing c1 left the graph computable (reading
     c1's freed structs)."""
