@@ -112,13 +112,49 @@ def test_indices_a_node_computes_are_not_checked_before_compute():
 
 def _buffer_at(address, base_holds, size):
     """A new CPU buffer of ``size`` bytes whose struct is at ``address`` and whose memory holds
-    ``base_holds`` (malloc gives freed blocks back; each miss is freed again at once)."""
-    for _ in range(64):
-        b = pyggml.cpu.cpu_buffer_type().alloc_buffer(size)
-        if b.ptr == address and b.base <= base_holds < b.base + b.size:
-            return b
-        b.close()
+    ``base_holds``. malloc gives freed blocks back, but not always the first time (another
+    block of that size may have been freed since): misses are kept until the end, so that
+    each try takes another free block."""
+    misses = []
+    try:
+        for _ in range(256):
+            b = pyggml.cpu.cpu_buffer_type().alloc_buffer(size)
+            if b.ptr == address and b.base <= base_holds < b.base + b.size:
+                return b
+            misses.append(b)
+    finally:
+        for b in misses:
+            b.close()
     pytest.skip("malloc did not give the freed addresses back")
+
+
+def test_a_closed_buffers_tensors_no_longer_point_at_its_address():
+    """What makes the two tests below hold whatever malloc does: a tensor of a closed buffer
+    (or of a closed placer's memory) is pointed at a stand-in (``buffer.FREED``), so no buffer
+    made later at the freed address can be taken for its buffer."""
+    with Context.for_tensors(4) as ctx:
+        t = ctx.new_tensor("f32", [64])
+        v = ctx.view(t, [16], offset=64)
+        buf = ctx.alloc_tensors(pyggml.cpu.cpu_buffer_type())
+        address = buf.ptr
+        assert t.ptr.buffer == address
+        buf.close()
+        assert t.ptr.buffer == pyggml.buffer.FREED[0] and v.ptr.buffer in (pyggml.buffer.FREED[0], ffi_null())
+        with pytest.raises(pyggml.ClosedError, match="freed"):
+            t.numpy()
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=8) as ctx:
+        a = ctx.new_tensor("f32", [64]).set_input()
+        y = ctx.sqr(a)
+        g = ctx.new_graph(8).build_forward(y)
+        galloc = GraphAllocator(be)
+        galloc.alloc_graph(g)
+        address = y.buffer_ptr
+        galloc.close()
+        assert a.ptr.buffer == y.ptr.buffer == pyggml.buffer.FREED[1] != address
+
+
+def ffi_null():
+    return pyggml.raw.ffi.NULL
 
 
 def test_a_tensor_of_a_closed_buffer_stays_closed_when_its_address_is_reused():
