@@ -130,34 +130,38 @@ class Graph(_cobject.CObject):
         """``ggml_build_forward_expand`` for each output: add it and everything it depends on.
 
         Raises ValueError if the graph would exceed its size (ggml would abort), TypeError for
-        something that is not a tensor, ClosedError for a tensor of a closed context.
+        something that is not a tensor, ClosedError for a tensor of a closed context; every
+        output is checked first, so a call that raises adds none of them.
         """
         g = self.ptr
-        for out in outputs:
-            out = tensor_arg(out, "output")
+        # every output checked before anything is walked or added: a bad one (closed, not a
+        # tensor) or a graph too small leaves the graph as it was
+        outs = [tensor_arg(out, "output") for out in outputs]
+        for out in outs:
             owner = out._owner
             if not isinstance(owner, BorrowScope) and owner._stale:  # its nodes may point at
                 owner._check_deps()                                   # memory that is gone
-            new_nodes: set[Any] = set()
-            new_leafs: set[Any] = set()
-            stack = [out._ptr]
-            seen = self._seen
-            while stack:
-                p = stack.pop()
-                if p in seen or p in new_nodes or p in new_leafs:
-                    continue
-                (new_nodes if _is_node(p) else new_leafs).add(p)
-                stack.extend(s for s in p.src if s != ffi.NULL)
-            n_nodes = int(lib.ggml_graph_n_nodes(g)) + len(new_nodes)
-            if n_nodes > self.size or self._n_leafs + len(new_leafs) > self.size:
-                raise ValueError(f"graph of size {self.size} is too small: it would hold "
-                                 f"{n_nodes} nodes and {self._n_leafs + len(new_leafs)} leafs "
-                                 "(Context.new_graph(size=...))")
+        new_nodes: set[Any] = set()
+        new_leafs: set[Any] = set()
+        stack = [out._ptr for out in outs]
+        seen = self._seen
+        while stack:
+            p = stack.pop()
+            if p in seen or p in new_nodes or p in new_leafs:
+                continue
+            (new_nodes if _is_node(p) else new_leafs).add(p)
+            stack.extend(s for s in p.src if s != ffi.NULL)
+        n_nodes = int(lib.ggml_graph_n_nodes(g)) + len(new_nodes)
+        if n_nodes > self.size or self._n_leafs + len(new_leafs) > self.size:
+            raise ValueError(f"graph of size {self.size} is too small: it would hold "
+                             f"{n_nodes} nodes and {self._n_leafs + len(new_leafs)} leafs "
+                             "(Context.new_graph(size=...))")
+        for out in outs:
             lib.ggml_build_forward_expand(g, out._ptr)
-            self._record_deps(owner, out._gen)
-            seen |= new_nodes | new_leafs
-            self._n_leafs += len(new_leafs)
+            self._record_deps(out._owner, out._gen)
             self._keep.append(out)
+        seen |= new_nodes | new_leafs
+        self._n_leafs += len(new_leafs)
         self._changed()
         return self
 

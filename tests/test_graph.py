@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import pyggml
 from pyggml import Context, GGMLType
 
 rng = np.random.default_rng(1)
@@ -51,3 +52,25 @@ def test_backward_refuses_what_ggml_aborts_on():
             ctx.new_graph(8, grads=True).build_forward(ok).build_backward(ctx)
         with pytest.raises(ValueError, match="scalar"):
             a.set_loss()
+
+
+def test_build_forward_checks_every_output_before_adding_any():
+    """Fuzz seed 20011: build_forward(a, closed) added a's nodes, or raised that the graph was
+    too small for a, before it saw that the second output was of a reset context (ClosedError).
+    Every output is checked first; a call that raises leaves the graph as it was."""
+    with pyggml.Context.for_tensors(16, graph_size=16) as ctx:
+        gone = ctx.new_tensor("f32", [4])
+        ctx.reset()
+        x = ctx.new_tensor("f32", [4])
+        y = ctx.neg(ctx.sqr(ctx.exp(x)))
+        for size in (2, 16):  # too small for y's three nodes, and big enough
+            g = ctx.new_graph(size)
+            with pytest.raises(pyggml.ClosedError):
+                g.build_forward(y, gone)
+            with pytest.raises(TypeError):
+                g.build_forward(y, "not a tensor")
+            assert g.n_nodes == 0 and g.leafs == []
+        g = ctx.new_graph(16).build_forward(y)
+        assert g.n_nodes == 3 and len(g.leafs) == 1
+        with pytest.raises(ValueError, match="too small"):
+            ctx.new_graph(2).build_forward(y)
