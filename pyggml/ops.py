@@ -44,6 +44,7 @@ _INT64_MAX = 2**63 - 1
 
 
 _NONE = lib.GGML_OP_NONE
+_new_object = object.__new__
 
 
 def host_array(t: Tensor) -> np.ndarray:
@@ -169,7 +170,17 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
         p = _make_allocating(ctx, fn, inputs, args)
     if ne is None:
         return Tensor(p, ctx)
-    return Tensor._known(p, ctx, ne, type, contig)
+    # the Tensor made here, not by Tensor.__init__ (which reads ne and type from C): every
+    # slot of Tensor.__slots__ is set (tests/test_tensor.py checks)
+    t = _new_object(Tensor)
+    t._ptr = p
+    t._owner = ctx
+    t._gen = ctx._gen
+    t._ne = ne
+    t._type = type
+    t._contig = contig
+    t._nb = None
+    return t
 
 
 def _record_deps(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
@@ -666,7 +677,10 @@ class Ops(UncheckedOps):
         """``ggml_reshape_{1..4}d``: a view of contiguous ``a`` with ``ne`` (ggml order)."""
         if a.__class__ is not Tensor or a._owner._gen != a._gen:  # _t inlined (hot path)
             a = _t(a, "a")
-        ne = tuple(map(int, ne))
+        for x in ne:  # sizes that are not ints (NumPy's, say) converted; the usual case costs a loop
+            if x.__class__ is not int:
+                ne = tuple(map(int, ne))
+                break
         n = len(ne)
         if not 1 <= n <= 4:
             raise ValueError("reshape takes 1 to 4 sizes")

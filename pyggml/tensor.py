@@ -240,22 +240,6 @@ class Tensor(_cobject.CBorrowed):
         self._nb = None
 
     @classmethod
-    def _known(cls, ptr: Any, ctx: Any, ne: tuple[int, ...], type: GGMLType,
-               contig: bool | None = None) -> "Tensor":
-        """A new node whose ``ne`` and type (and, unless None, contiguity) the caller knows
-        already (the op constructors compute them as ggml.c does), saving the read of the C
-        struct."""
-        t = _new(cls)
-        t._ptr = ptr
-        t._owner = ctx
-        t._gen = ctx._gen
-        t._ne = ne
-        t._type = type
-        t._contig = contig
-        t._nb = None
-        return t
-
-    @classmethod
     def _of(cls, ptr: Any, default: Any = GGML_INTERNAL) -> "Tensor":
         """Wrap ``ptr`` with the context that holds it (``default`` when no open context does)."""
         return cls(ptr, context_of(ptr) or default)

@@ -138,3 +138,16 @@ def test_a_view_of_a_tensor_of_a_context_closed_since_is_closed(how):
             fn()
     B.close()
     A.close()
+
+
+def test_nodes_made_by_checked_op_constructors_have_every_slot_set():
+    """ops._make_known builds the Tensor of a new node itself (hot path, no C reads): a slot
+    added to Tensor and not set there would raise AttributeError later, far from here."""
+    import pyggml
+    from pyggml.tensor import Tensor
+
+    with pyggml.Context.for_tensors(16) as ctx:
+        a = ctx.new_tensor("f32", [4, 2])
+        for t in (ctx.add(a, a), ctx.reshape(a, 8), ctx.mul_mat(a, a)):
+            for slot in Tensor.__slots__:
+                getattr(t, slot)
