@@ -356,12 +356,7 @@ class GraphAllocator(_cobject.CObject, Placer):
         that has no data now, and those leafs. ggml plans no place for a leaf that had data
         when it planned, and does not plan again for a graph of as many nodes and leafs
         whose nodes fit: a leaf without data there is placed through buffer -1 (a crash)."""
-        cached = graph.__dict__.get("_plan_leafs")
-        if cached is None or cached[0] != graph.version:
-            nodes = set(graph.raw_nodes())
-            cached = graph.__dict__["_plan_leafs"] = (
-                graph.version, [p for p in graph.node_set() if p not in nodes and p.view_src == ffi.NULL])
-        nodata = frozenset(p for p in cached[1] if p.data == ffi.NULL)
+        nodata = frozenset(p for p in graph.root_leafs() if p.data == ffi.NULL)
         plan = self._leaf_plan
         holds = plan is not None and plan[0] is graph and plan[1] == graph.version and nodata <= plan[2]
         return holds, nodata

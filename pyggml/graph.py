@@ -100,6 +100,7 @@ class Graph(_cobject.CObject):
         self._sources: _Sources | None = None  # the sources before that
         self.checked: dict[Any, Any] = {}  # backend pointer -> what the backend's check found
         self._node_set: frozenset[Any] | None = None
+        self._root_leafs: list[Any] | None = None
 
     # ------------------------------------------------------------------ lifetime
     @property
@@ -124,6 +125,7 @@ class Graph(_cobject.CObject):
         self.version += 1
         self.checked.clear()
         self._node_set = None
+        self._root_leafs = None
 
     # ------------------------------------------------------------------ building
     def build_forward(self, *outputs: Tensor) -> "Graph":
@@ -346,6 +348,14 @@ class Graph(_cobject.CObject):
                                       if p != ffi.NULL)
             self._node_set = node_set
         return self._node_set
+
+    def root_leafs(self) -> list[Any]:
+        """The structs of :meth:`node_set` that are leafs and not views: the tensors a graph
+        allocator must place itself when they have no data (cached until the graph changes)."""
+        if self._root_leafs is None:
+            nodes = set(self.raw_nodes())
+            self._root_leafs = [p for p in self.node_set() if p not in nodes and p.view_src == ffi.NULL]
+        return self._root_leafs
 
     def _wrap(self, p: Any) -> Tensor:
         owner = self._owner

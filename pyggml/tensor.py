@@ -41,7 +41,6 @@ __all__ = ["Tensor", "op_name", "can_repeat", "EMPTY_OPS", "BorrowScope", "conte
 EMPTY_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
 
 _TYPE_OF = {int(m): m for m in GGMLType}
-_new = object.__new__
 _OP_OF = {int(m): m for m in Op}
 
 
@@ -196,7 +195,8 @@ def is_contiguous(t: "Tensor") -> bool:
 
 
 def row_strides(t: "Tensor") -> tuple[int, ...]:
-    """``nb`` of open tensor ``t`` (4 byte strides), read from C once and cached on the object."""
+    """``nb`` of open tensor ``t`` (its 4 strides in bytes, ggml order), read from C once and
+    cached on the object."""
     nb = t._nb
     if nb is None:
         nb = t._nb = tuple(t._ptr.nb)
@@ -226,7 +226,7 @@ class Tensor(_cobject.CBorrowed):
     _kind = "tensor"
     _ne: tuple[int, ...]  # always 4 sizes
     _contig: bool | None  # ggml_is_contiguous, once known (ne and nb never change)
-    _nb: tuple[int, ...] | None  # nb (4 byte strides), once read (row_strides)
+    _nb: tuple[int, ...] | None  # nb (the 4 strides in bytes), once read (row_strides)
 
     def __init__(self, ptr: Any, ctx: "Context | BorrowScope"):
         if ptr == ffi.NULL:

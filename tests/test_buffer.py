@@ -139,22 +139,24 @@ def test_a_closed_buffers_tensors_no_longer_point_at_its_address():
         address = buf.ptr
         assert t.ptr.buffer == address
         buf.close()
-        assert t.ptr.buffer == pyggml.buffer.FREED[0] and v.ptr.buffer in (pyggml.buffer.FREED[0], ffi_null())
+        assert t.ptr.buffer == pyggml.buffer.FREED[0] and v.ptr.buffer in (pyggml.buffer.FREED[0], pyggml.raw.ffi.NULL)
         with pytest.raises(pyggml.ClosedError, match="freed"):
             t.numpy()
     with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=8) as ctx:
-        a = ctx.new_tensor("f32", [64]).set_input()
-        y = ctx.sqr(a)
-        g = ctx.new_graph(8).build_forward(y)
-        galloc = GraphAllocator(be)
-        galloc.alloc_graph(g)
+        a, y, g, galloc = _squares_placed(be, ctx, 64)
         address = y.buffer_ptr
         galloc.close()
         assert a.ptr.buffer == y.ptr.buffer == pyggml.buffer.FREED[1] != address
 
 
-def ffi_null():
-    return pyggml.raw.ffi.NULL
+def _squares_placed(be, ctx, n):
+    """Input a (F32, ne [n]), y = a², their graph, and a GraphAllocator that placed it."""
+    a = ctx.new_tensor("f32", [n]).set_input()
+    y = ctx.sqr(a)
+    g = ctx.new_graph(8).build_forward(y)
+    galloc = GraphAllocator(be)
+    galloc.alloc_graph(g)
+    return a, y, g, galloc
 
 
 def test_a_tensor_of_a_closed_buffer_stays_closed_when_its_address_is_reused():
@@ -183,11 +185,7 @@ def test_a_graph_of_a_closed_allocator_is_placed_again_when_its_address_is_reuse
     """The same for a graph allocator's memory: a new user buffer at the freed address made its
     tensors look placed in the user's buffer, where computing the graph wrote."""
     with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=8) as ctx:
-        a = ctx.new_tensor("f32", [4096]).set_input()
-        y = ctx.sqr(a)
-        g = ctx.new_graph(8).build_forward(y)
-        galloc = GraphAllocator(be)
-        galloc.alloc_graph(g)
+        a, y, g, galloc = _squares_placed(be, ctx, 4096)
         address, data, size = y.buffer_ptr, int(pyggml.raw.ffi.cast("uintptr_t", y.ptr.data)), galloc.buffer_size
         galloc.close()
         new = _buffer_at(address, data, size)
