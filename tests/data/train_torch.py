@@ -34,10 +34,12 @@ sys.path.insert(0, str(ROOT / "examples"))
 import train_data  # noqa: E402
 
 #: as examples/train.py DEFAULTS: nbatch_logical (the optimizer's batch), val_split, test images,
-#: and per model the learning rate, (CNN) channels and pools, and init when not ggml's
+#: and per model the learning rate, (CNN) channels and pools, and init, schedule and batch
+#: (``nbatch``) where not the defaults
 DEFAULTS = {
     "digits": (32, 0.05, 357, {"mlp": dict(lr=1e-3), "cnn": dict(lr=2e-3, c1=32, c2=32, pools=1)}),
-    "mnist": (1000, 0.05, None, {"mlp": dict(lr=1e-3), "cnn": dict(lr=1e-3, init="glorot")}),
+    "mnist": (1000, 0.05, None, {"mlp": dict(lr=1e-3),
+                                 "cnn": dict(lr=1e-3, init="glorot", schedule="cosine", nbatch=50)}),
     "mnist5k": (100, 0.05, 1000, {"mlp": dict(lr=1e-3), "cnn": dict(lr=1e-3)}),
 }
 
@@ -100,14 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", choices=["ggml", "glorot"], default=None, help="default: as examples/train.py")
     p.add_argument("--schedule", choices=["constant", "cosine"], default=None,
                    help="learning rate per epoch, as examples/train.py (default: as it)")
+    p.add_argument("--nbatch", type=int, default=None,
+                   help="images per optimizer step (examples/train.py's --nbatch-logical; default: as it)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     nbatch, val_split, _, models = DEFAULTS[a.dataset]
     cfg = dict(models[a.model])
-    lr = cfg.pop("lr") if a.lr is None else a.lr
-    init = cfg.pop("init", "ggml") if a.init is None else a.init
-    schedule = cfg.pop("schedule", "constant") if a.schedule is None else a.schedule
+    # the training recipe leaves cfg (what remains is the model's shape); the command line wins
+    rec = dict(init="ggml", schedule="constant", nbatch=nbatch)
+    rec.update({k: cfg.pop(k) for k in ("lr", "init", "schedule", "nbatch") if k in cfg})
+    rec.update({k: getattr(a, k) for k in ("lr", "init", "schedule", "nbatch") if getattr(a, k) is not None})
+    lr, init, schedule, nbatch = rec["lr"], rec["init"], rec["schedule"], rec["nbatch"]
 
     (x_train, y_train), (x_test, y_test) = load(a.dataset, a.split_seed)
     hw = x_train.shape[1]
