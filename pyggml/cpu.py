@@ -143,6 +143,10 @@ _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
         (p.type == _F32 and p.src[1].type == _F32) or (p.type == _F16 and p.src[1].type in (_F16, _F32))),
     lib.GGML_OP_POOL_1D: _pool_ok,
     lib.GGML_OP_POOL_2D: _pool_ok,
+    # no assert: the gradient (src0) is read as packed F32 planes, the forward input (src1) with
+    # the destination's strides, so a permuted gradient (ggml's backward of a permute feeding a
+    # pool) gives a scrambled result silently
+    lib.GGML_OP_POOL_2D_BACK: lambda p: all(s.type == _F32 and lib.ggml_is_contiguous(s) for s in (p.src[0], p.src[1])),
     lib.GGML_OP_TIMESTEP_EMBEDDING: lambda p: p.src[0].type == _F32 and _unit_stride(p.src[0]),
     lib.GGML_OP_CROSS_ENTROPY_LOSS: lambda p: all(s.type == _F32 and _unit_stride(s) for s in (p.src[0], p.src[1])),
     lib.GGML_OP_PAD: lambda p: p.src[0].type == _F32,

@@ -12,6 +12,7 @@ import pytest
 import pyggml
 from pyggml import Context, CPUBackend, GGMLType
 from pyggml.cpu import cpu_kernel_supports
+from pyggml.enums import Op
 
 
 def test_ctrl_c_interrupts_a_cpu_compute(default_sigint):
@@ -143,3 +144,42 @@ def test_a_threadpool_smaller_than_the_backends_thread_count(run_isolated):
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "3 [64.0, 64.0]"
+
+
+def test_a_pool_gradient_that_arrives_permuted_is_refused_not_computed_wrong():
+    """ggml's backward of a permute is a permuted view of the gradient, and the CPU kernel of
+    POOL_2D_BACK reads its gradient as packed planes: a max pool followed by a permute (the
+    flatten of ggml's MNIST CNN, mnist-common.cpp) got scrambled gradients with no error --
+    found when examples/train.py's CNN learned slower than PyTorch's from the same weights.
+    CPUBackend refuses the node; a reshape between pool and permute (whose backward makes the
+    gradient contiguous) computes the gradient NumPy gives."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((2, 3, 4, 6)).astype(np.float32)        # NumPy (B, C, H, W): ne [6, 4, 3, 2]
+    R = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)        # NumPy (B, H/2, W/2, C): ne [3, 3, 2, 2]
+    # NumPy: d sum(R * permute(maxpool(X))) / dX -- R's value at each window's argmax
+    win = X.reshape(2, 3, 2, 2, 3, 2).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 2, 3, 4)
+    hot = np.eye(4, dtype=np.float32)[win.argmax(-1)] * R.transpose(0, 3, 1, 2)[..., None]
+    expect = hot.reshape(2, 3, 2, 3, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(X.shape)
+
+    def grad(reshape_first: bool):
+        ctx = Context(4 << 20)
+        x = ctx.from_numpy(X).set_param()
+        p = ctx.pool_2d(ctx.mul(x, ctx.from_numpy(np.ones_like(X))), "max", 2, 2, 2, 2)
+        if reshape_first:
+            p = ctx.reshape(p, *p.ne)
+        loss = ctx.sum(ctx.mul(ctx.cont(ctx.permute(p, 1, 2, 0, 3)), ctx.from_numpy(R))).set_loss()
+        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
+        g.reset()
+        return ctx, g, g.grad(x)
+
+    with CPUBackend(1) as cpu:
+        ctx, g, _ = grad(False)
+        with ctx:
+            back = [n for n in g.nodes if n.op == Op.POOL_2D_BACK]
+            assert back and not cpu_kernel_supports(back[0])
+            with pytest.raises(ValueError, match="POOL_2D_BACK.*cont"):
+                cpu.graph_compute(g)
+        ctx, g, gx = grad(True)
+        with ctx:
+            cpu.graph_compute(g)
+            np.testing.assert_allclose(gx.numpy(), expect, rtol=1e-6)
