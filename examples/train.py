@@ -129,7 +129,12 @@ class CNN(opt.Model):
         x = ctx.relu(ctx.add(conv_2d(ctx, self.conv2_kernel, x, self.f32), self.conv2_bias))
         if self.pools == 2:
             x = ctx.pool_2d(x, "max", 2, 2, 2, 2)                                          # [W/4, H/4, c2, B]
-        # channels fastest, then x, then y: ggml_permute(x, 1, 2, 0, 3) as in mnist-common.cpp
+        # channels fastest, then x, then y: ggml_permute(x, 1, 2, 0, 3) as in mnist-common.cpp,
+        # behind a reshape to the same shape: the gradient of the permute is a permuted view,
+        # and ggml's CPU POOL_2D_BACK reads its gradient as if contiguous (the pool's gradient
+        # comes out scrambled: mnist-common.cpp trains on that); ggml's backward of a reshape
+        # makes the gradient contiguous first
+        x = ctx.reshape(x, *x.ne)
         x = ctx.reshape(ctx.cont(ctx.permute(x, 1, 2, 0, 3)), x.ne[0] * x.ne[1] * x.ne[2], batch)
         return ctx.add(ctx.mul_mat(self.dense_weight, x), self.dense_bias)                 # [10, B]
 
