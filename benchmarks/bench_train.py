@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"per epoch at {threads} threads, examples/train.py's recipe: pyggml {ours:.3f} s, PyTorch CPU "
               f"{t['epoch']:.3f} s (medians of {a.torch_epochs}); torch / pyggml = {t['epoch'] / ours:.2f}x "
               "(goal >= 1.0)")
-    elif not tp:
+    else:
         print("no PyTorch: pass --torch-python (e.g. a venv with torch==2.13.0)")
     return 0
 

@@ -150,11 +150,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # the CNN: Glorot init (Keras' default, as upstream's TensorFlow-trained CNN: 98.46 %), an
     # exact F32 im2col, optimizer steps of 50 images (with the C example's 1,000 per step, 30
     # epochs are 1,710 steps: too few for this model) and a cosine schedule: 98.88 % (seed 0;
-    # PyTorch, same recipe: 98.83 %). Measured before
-    # the pool-gradient fix in CNN.forward (scrambled conv gradients): seeds 0/1/2 98.52 /
-    # 98.61 / 98.51 %; the C example's recipe (N(0, 0.01) init, F16 im2col, 500/1000, constant
-    # lr) 97.21 % in 19 min (benchmarks/bench_train.py runs that recipe); Glorot, F32, 500/1000
-    # 98.27 %; steps of 100, constant lr 98.49 %; steps of 100, cosine 98.57 / 98.40 / 98.63 %
+    # PyTorch, same recipe: 98.83 %). Measured before the pool-gradient fix in CNN.forward
+    # (scrambled conv gradients): seeds 0/1/2 98.52 / 98.61 / 98.51 %; the C example's recipe
+    # (N(0, 0.01) init, F16 im2col, 500/1000, constant lr) 97.21 % in 19 min
+    # (benchmarks/bench_train.py runs that recipe); Glorot, F32, 500/1000 98.27 %; steps of
+    # 100, constant lr 98.49 %; steps of 100, cosine 98.57 / 98.40 / 98.63 %
     "mnist": dict(batch_size=500, nbatch_logical=1000, val_split=0.05, shard_size=10, n_test=None, threads=None,
                   mlp=dict(lr=1e-3), cnn=dict(lr=1e-3, schedule="cosine", init="glorot", f32_im2col=True,
                                               batch_size=50, nbatch_logical=50)),
@@ -162,7 +162,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                     mlp=dict(lr=1e-3), cnn=dict(lr=1e-3, f32_im2col=True)),
 }
 RECIPE = {"lr": 1e-3, "schedule": "constant", "init": "ggml"}  # what a model config does not say
-TRAINING = ("lr", "schedule", "batch_size", "nbatch_logical")  # recipe keys that are not the model's
+BATCHES = ("batch_size", "nbatch_logical")  # recipe keys a model config may set for its dataset's
+TRAINING = ("lr", "schedule") + BATCHES      # recipe keys that are not the model's
 
 
 def recipe(dataset: str, kind: str, **overrides: Any) -> dict[str, Any]:
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         over["f32_im2col"] = a.im2col == "f32"
     cfg = recipe(a.dataset, a.model, **over)
     threads = d["threads"] if a.threads is None else a.threads
-    d.update((k, cfg[k]) for k in ("batch_size", "nbatch_logical") if k in cfg)  # the model's batches
+    d.update((k, cfg[k]) for k in BATCHES if k in cfg)  # the model's batches
     for k in ("batch_size", "nbatch_logical", "val_split"):
         if getattr(a, k) is not None:
             d[k] = getattr(a, k)
@@ -258,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
           f"model {a.model} ({sum(t.nelements for t in model.params.values())} parameters) on "
           f"{', '.join(b.name for b in model.backends)}; data ready in {time.perf_counter() - t0:.1f} s",
           flush=True)
-    print("recipe: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if k not in TRAINING[2:])
-          + f", batch {d['batch_size']}/"
+    print("recipe: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if k not in BATCHES) + f", batch {d['batch_size']}/"
           f"{d['nbatch_logical']}, val_split {d['val_split']}, {threads or 'default'} threads", flush=True)
 
     def on_epoch(e: opt.EpochResult) -> None:
