@@ -944,8 +944,9 @@ def _check_graph(g: ModelGraph, loss_type: Loss, build_type: BuildType) -> None:
         for t in g_train.nodes:
             if not t.is_empty_op() and not any(b.supports_op(t) for b in g.model.backends):
                 srcs = ", ".join(s.type_name for s in t.src)
+                why = "; ".join(f"{b.name}: {b._why_not(t._ptr)}" for b in g.model.backends)
                 raise ValueError(f"no backend of the model ({', '.join(b.name for b in g.model.backends)}) "
-                                 f"can compute {t.op_name} of {srcs} -> {t.type_name} ({t.name!r})")
+                                 f"can compute {t.op_name} of {srcs} -> {t.type_name} ({t.name!r}): {why}")
         if build_type == BuildType.FORWARD:
             return
         n_steps = sum(1 for t in g_train.nodes if t.flags & lib.GGML_TENSOR_FLAG_PARAM)

@@ -432,6 +432,24 @@ def test_fit_bad_sizes_and_losses():
     assert opt.evaluate(model, blob_data(64)).ndata == 64  # the model is unharmed
 
 
+def test_fit_refuses_a_gradient_layout_the_cpu_kernel_would_scramble():
+    """A pool followed by a permute (the flatten of ggml's MNIST CNN) hands POOL_2D_BACK a
+    permuted gradient, which ggml's CPU kernel reads as packed planes: fit refuses the model
+    before training, and says how to fix it (pyggml.cpu's kernel table)."""
+    def forward(ctx, x):                                     # x: ne [32, batch]
+        img = ctx.reshape(x, 4, 4, 2, x.ne[1])
+        p = ctx.pool_2d(ctx.mul(img, w), "max", 2, 2, 2, 2)  # ne [2, 2, 2, batch]
+        return ctx.reshape(ctx.cont(ctx.permute(p, 1, 2, 0, 3)), 8, x.ne[1])
+
+    model = opt.Model(forward=forward, n_threads=1)
+    w = model.param("w", np.ones((2, 4, 4)))
+    rng = np.random.default_rng(0)
+    data = opt.Dataset(rng.standard_normal((256, 32)).astype(np.float32),
+                       opt.one_hot(rng.integers(0, 8, 256), 8))
+    with pytest.raises(ValueError, match=r"POOL_2D_BACK .*: CPU: .*make it contiguous with Context.cont"):
+        opt.fit(model, data, batch_size=32, progress=False)
+
+
 def test_bad_optimizer_parameters():
     for make, match in [(lambda: opt.AdamW(alpha=0), "alpha"), (lambda: opt.AdamW(beta1=1.5), "beta1"),
                         (lambda: opt.AdamW(beta2=-0.1), "beta2"), (lambda: opt.AdamW(eps=-1), "eps"),
