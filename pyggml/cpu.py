@@ -147,6 +147,11 @@ _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     # the destination's strides, so a permuted gradient (ggml's backward of a permute feeding a
     # pool) gives a scrambled result silently
     lib.GGML_OP_POOL_2D_BACK: lambda p: all(s.type == _F32 and lib.ggml_is_contiguous(s) for s in (p.src[0], p.src[1])),
+    # plain asserts (compiled out), then row r of the gradient (src0) and of the forward input
+    # (src1) read as a unit-stride array at r * nb[1], r counting the rows of all dims: a
+    # transposed or permuted source (ggml's backward of silu(permute(x)), or of a permute or
+    # transpose of silu(x)) gives wrong values silently, or reads past the tensor
+    lib.GGML_OP_SILU_BACK: lambda p: bool(lib.ggml_is_contiguous_1(p.src[0]) and lib.ggml_is_contiguous_1(p.src[1])),
     lib.GGML_OP_TIMESTEP_EMBEDDING: lambda p: p.src[0].type == _F32 and _unit_stride(p.src[0]),
     lib.GGML_OP_CROSS_ENTROPY_LOSS: lambda p: all(s.type == _F32 and _unit_stride(s) for s in (p.src[0], p.src[1])),
     lib.GGML_OP_PAD: lambda p: p.src[0].type == _F32,

@@ -183,3 +183,52 @@ def test_a_pool_gradient_that_arrives_permuted_is_refused_not_computed_wrong():
         with ctx:
             cpu.graph_compute(g)
             np.testing.assert_allclose(gx.numpy(), expect, rtol=1e-6)
+
+
+def _silu_grad(x):
+    s = 1 / (1 + np.exp(-x))
+    return s * (1 + x * (1 - s))
+
+
+@pytest.mark.parametrize("where", ["input", "gradient"])
+def test_a_silu_gradient_of_a_permuted_tensor_is_refused_not_computed_wrong(where):
+    """The CPU kernel of SILU_BACK reads row r of the gradient and of the forward input at
+    r * nb[1] as unit-stride arrays (its checks are plain asserts, compiled out). ggml's backward
+    of silu(permute(x)) passes the permuted view itself ("input"), and that of permute(silu(x))
+    passes a permuted view of the gradient ("gradient"): both gave wrong gradients with no error
+    (or read past the tensor). CPUBackend refuses the node; with the permuted tensor made
+    contiguous first (cont, or a reshape, whose backward makes the gradient contiguous) the
+    gradient is NumPy's."""
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)         # ne [5, 4, 3, 2]
+    R = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)         # permute(0, 2, 1, 3): ne [5, 3, 4, 2]
+    expect = _silu_grad(X.astype(np.float64)) * R.transpose(0, 2, 1, 3)  # d sum(R * permute(silu(x))) / dx
+
+    def grad(fixed: bool):
+        ctx = Context(4 << 20)
+        x = ctx.from_numpy(X).set_param()
+        if where == "input":
+            p = ctx.permute(x, 0, 2, 1, 3)
+            y = ctx.silu(ctx.cont(p) if fixed else p)
+        else:
+            s = ctx.silu(x)
+            y = ctx.cont(ctx.permute(ctx.reshape(s, *s.ne) if fixed else s, 0, 2, 1, 3))
+        loss = ctx.sum(ctx.mul(y, ctx.from_numpy(R))).set_loss()
+        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
+        g.reset()
+        return ctx, g, g.grad(x)
+
+    with CPUBackend(1) as cpu:
+        ctx, g, _ = grad(False)
+        with ctx:
+            back = [n for n in g.nodes if n.op == Op.SILU_BACK]
+            assert back and not cpu_kernel_supports(back[0])
+            with pytest.raises(ValueError, match="SILU_BACK.*cont"):
+                cpu.graph_compute(g)
+        ctx, g, gx = grad(True)
+        with ctx:
+            cpu.graph_compute(g)
+            if where == "input":  # x's gradient is the permuted view of SILU_BACK's (permute's backward)
+                gx = ctx.cont(gx)
+                cpu.graph_compute(ctx.new_graph(8).build_forward(gx))
+            np.testing.assert_allclose(gx.numpy(), expect, rtol=1e-5, atol=1e-6)
