@@ -152,6 +152,9 @@ _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     # transposed or permuted source (ggml's backward of silu(permute(x)), or of a permute or
     # transpose of silu(x)) gives wrong values silently, or reads past the tensor
     lib.GGML_OP_SILU_BACK: lambda p: bool(lib.ggml_is_contiguous_1(p.src[0]) and lib.ggml_is_contiguous_1(p.src[1])),
+    # no assert: the gradient (src0) is read as a packed [N, OH, OW, IC*KH*KW] array, so a
+    # permuted one (ggml's backward of a permute of im2col's output) gives wrong values silently
+    lib.GGML_OP_IM2COL_BACK: lambda p: p.src[0].type == _F32 and bool(lib.ggml_is_contiguous(p.src[0])),
     lib.GGML_OP_TIMESTEP_EMBEDDING: lambda p: p.src[0].type == _F32 and _unit_stride(p.src[0]),
     lib.GGML_OP_CROSS_ENTROPY_LOSS: lambda p: all(s.type == _F32 and _unit_stride(s) for s in (p.src[0], p.src[1])),
     lib.GGML_OP_PAD: lambda p: p.src[0].type == _F32,

@@ -1,6 +1,7 @@
 """pyggml.cpu: the CPU backend (Ctrl-C)."""
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -232,3 +233,41 @@ def test_a_silu_gradient_of_a_permuted_tensor_is_refused_not_computed_wrong(wher
                 gx = ctx.cont(gx)
                 cpu.graph_compute(ctx.new_graph(8).build_forward(gx))
             np.testing.assert_allclose(gx.numpy(), expect, rtol=1e-5, atol=1e-6)
+
+
+def test_an_im2col_gradient_that_arrives_permuted_is_refused_not_computed_wrong():
+    """The CPU kernel of IM2COL_BACK reads its gradient as a packed [N, OH, OW, IC*KH*KW]
+    array, with no assert; ggml's backward of a permute of im2col's output hands it a permuted
+    view, which gave a wrong gradient silently. CPUBackend refuses the node; a reshape between
+    im2col and permute (whose backward makes the gradient contiguous) gives NumPy's gradient."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((1, 2, 5, 6)).astype(np.float32)        # NumPy (N, IC, H, W): ne [6, 5, 2, 1]
+    K = np.zeros((1, 2, 3, 3), np.float32)                          # ne [KW 3, KH 3, IC 2, OC 1]: shape only
+    R = rng.standard_normal((1, 4, 3, 18)).astype(np.float32)       # permute(0, 2, 1, 3) of im2col ne [18, 4, 3, 1]
+    G = R.transpose(0, 2, 1, 3)                                     # d loss / d im2col: (N, OH 3, OW 4, IC*KH*KW)
+    expect = np.zeros(X.shape)
+    for oh, ow, ic, kh, kw in itertools.product(range(3), range(4), range(2), range(3), range(3)):
+        expect[0, ic, oh + kh, ow + kw] += G[0, oh, ow, ic * 9 + kh * 3 + kw]
+
+    def grad(reshape_first: bool):
+        ctx = Context(4 << 20)
+        x = ctx.from_numpy(X).set_param()
+        c = ctx.im2col(ctx.from_numpy(K), x, 1, 1, 0, 0, 1, 1, True, type=GGMLType.F32)
+        if reshape_first:
+            c = ctx.reshape(c, *c.ne)
+        loss = ctx.sum(ctx.mul(ctx.cont(ctx.permute(c, 0, 2, 1, 3)), ctx.from_numpy(R))).set_loss()
+        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
+        g.reset()
+        return ctx, g, g.grad(x)
+
+    with CPUBackend(1) as cpu:
+        ctx, g, _ = grad(False)
+        with ctx:
+            back = [n for n in g.nodes if n.op == Op.IM2COL_BACK]
+            assert back and not cpu_kernel_supports(back[0])
+            with pytest.raises(ValueError, match="IM2COL_BACK.*cont"):
+                cpu.graph_compute(g)
+        ctx, g, gx = grad(True)
+        with ctx:
+            cpu.graph_compute(g)
+            np.testing.assert_allclose(gx.numpy(), expect[0], rtol=1e-5, atol=1e-6)  # numpy(): N = 1 dropped
