@@ -155,6 +155,10 @@ _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     # no assert: the gradient (src0) is read as a packed [N, OH, OW, IC*KH*KW] array, so a
     # permuted one (ggml's backward of a permute of im2col's output) gives wrong values silently
     lib.GGML_OP_IM2COL_BACK: lambda p: p.src[0].type == _F32 and bool(lib.ggml_is_contiguous(p.src[0])),
+    # the row indices (src1) are read as a packed I32 array (no assert; GET_ROWS itself reads them
+    # with their strides), so ggml's backward of get_rows with a strided index vector added the
+    # gradient rows to the wrong rows silently; the gradient's unit stride is a GGML_ASSERT
+    lib.GGML_OP_GET_ROWS_BACK: lambda p: _unit_stride(p.src[0]) and bool(lib.ggml_is_contiguous(p.src[1])),
     lib.GGML_OP_TIMESTEP_EMBEDDING: lambda p: p.src[0].type == _F32 and _unit_stride(p.src[0]),
     lib.GGML_OP_CROSS_ENTROPY_LOSS: lambda p: all(s.type == _F32 and _unit_stride(s) for s in (p.src[0], p.src[1])),
     lib.GGML_OP_PAD: lambda p: p.src[0].type == _F32,

@@ -271,3 +271,39 @@ def test_an_im2col_gradient_that_arrives_permuted_is_refused_not_computed_wrong(
         with ctx:
             cpu.graph_compute(g)
             np.testing.assert_allclose(gx.numpy(), expect[0], rtol=1e-5, atol=1e-6)  # numpy(): N = 1 dropped
+
+
+def test_a_get_rows_gradient_with_strided_row_indices_is_refused_not_computed_wrong():
+    """GET_ROWS reads its I32 row indices with their strides, but the CPU kernel of its
+    backward, GET_ROWS_BACK, reads them as a packed array (no assert): get_rows with a strided
+    index vector (a column of an index matrix) computed the right rows and a gradient added to
+    the wrong ones, silently. CPUBackend refuses the node; contiguous indices give NumPy's."""
+    rng = np.random.default_rng(6)
+    A = rng.standard_normal((4, 5)).astype(np.float32)               # ne [5, 4]
+    IDX = np.array([[2, 0], [0, 1], [3, 3]], np.int32)               # ne [2, 3]; its column 0: rows 2, 0, 3
+    R = rng.standard_normal((3, 5)).astype(np.float32)
+    expect = np.zeros_like(A)
+    np.add.at(expect, IDX[:, 0], R)                                  # d sum(R * a[rows]) / da
+
+    def grad(fixed: bool):
+        ctx = Context(4 << 20)
+        a = ctx.from_numpy(A).set_param()
+        rows = ctx.transpose(ctx.view(ctx.from_numpy(IDX), [1, 3], [8]))  # ne [3, 1], nb[0] = 8
+        if fixed:
+            rows = ctx.cont(rows)
+        loss = ctx.sum(ctx.mul(ctx.get_rows(a, rows), ctx.from_numpy(R))).set_loss()
+        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
+        g.reset()
+        return ctx, g, g.grad(a)
+
+    with CPUBackend(1) as cpu:
+        ctx, g, _ = grad(False)
+        with ctx:
+            back = [n for n in g.nodes if n.op == Op.GET_ROWS_BACK]
+            assert back and not cpu_kernel_supports(back[0])
+            with pytest.raises(ValueError, match="GET_ROWS_BACK.*cont"):
+                cpu.graph_compute(g)
+        ctx, g, ga = grad(True)
+        with ctx:
+            cpu.graph_compute(g)
+            np.testing.assert_allclose(ga.numpy(), expect, rtol=1e-6)
