@@ -32,6 +32,7 @@ _CPU_SRC0_TYPES = {
     lib.GGML_OP_SCALE: {_F32}, lib.GGML_OP_SOFT_MAX: {_F32}, lib.GGML_OP_DIAG_MASK_INF: {_F32},
     lib.GGML_OP_ARGSORT: {_F32}, lib.GGML_OP_LEAKY_RELU: {_F32, _F16},
     lib.GGML_OP_CLAMP: {_F32, _F16}, lib.GGML_OP_ROPE: {_F32, _F16},  # clamp of BF16: "fatal error"
+    lib.GGML_OP_ROPE_BACK: {_F32, _F16},
     lib.GGML_OP_SET_ROWS: {_F32, _F16},
     # every type with a to_float, and I32 (ggml_compute_forward_get_rows)
     lib.GGML_OP_GET_ROWS: {t for t in range(lib.GGML_TYPE_COUNT) if t not in (
@@ -136,6 +137,15 @@ def _pool_ok(p: Any) -> bool:
     return bool(0 < plane <= nb[2] and (ne[3] == 1 or nb[3] == ne[2] * nb[2]))
 
 
+def _rope_ok(p: Any) -> bool:
+    """ROPE / ROPE_BACK (ggml_compute_forward_rope_flt): unit-stride rows of src0 (asserted), and
+    no assert for the positions (src1) and freq factors (src2), read as packed arrays: a strided
+    position vector gave wrong rotations (forward and backward) silently."""
+    pos, ff = p.src[1], p.src[2]
+    return _unit_stride(p.src[0]) and bool(lib.ggml_is_contiguous(pos)) and (
+        ff == ffi.NULL or bool(lib.ggml_is_contiguous(ff)))
+
+
 #: further conditions the CPU kernels assert on (ggml-cpu/ops.cpp, binary-ops.cpp,
 #: unary-ops.cpp, ggml-cpu.c), per op: types beyond _CPU_SRC0_TYPES, and layouts
 _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
@@ -177,7 +187,8 @@ _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     lib.GGML_OP_LEAKY_RELU: _src0_unit,
     lib.GGML_OP_CLAMP: _src0_unit,
     lib.GGML_OP_OUT_PROD: _src0_unit,
-    lib.GGML_OP_ROPE: _src0_unit,
+    lib.GGML_OP_ROPE: _rope_ok,
+    lib.GGML_OP_ROPE_BACK: _rope_ok,
     lib.GGML_OP_SQR: _src0_unit, lib.GGML_OP_SQRT: _src0_unit, lib.GGML_OP_LOG: _src0_unit,
     lib.GGML_OP_SIN: _src0_unit, lib.GGML_OP_COS: _src0_unit,
     lib.GGML_OP_UNARY: lambda p: lib.ggml_get_unary_op(p) not in _UNARY_UNIT or _unit_stride(p.src[0]),

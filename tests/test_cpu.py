@@ -307,3 +307,47 @@ def test_a_get_rows_gradient_with_strided_row_indices_is_refused_not_computed_wr
         with ctx:
             cpu.graph_compute(g)
             np.testing.assert_allclose(ga.numpy(), expect, rtol=1e-6)
+
+
+def test_a_rope_with_strided_positions_is_refused_not_computed_wrong():
+    """The CPU kernel of ROPE and of its backward ROPE_BACK reads the positions (and freq
+    factors) as packed arrays, with no assert: a position vector that is a strided view (a
+    column of a position matrix) rotated by the wrong positions, forward and backward, silently.
+    CPUBackend refuses both nodes; contiguous positions give NumPy's rotation and gradient."""
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((1, 3, 2, 4)).astype(np.float64)        # ne [head_dim 4, heads 2, tokens 3, 1]
+    R = rng.standard_normal((1, 3, 2, 4)).astype(np.float32)
+    POS = np.array([[3, 0], [1, 2], [4, 1]], np.int32)              # ne [2, 3]; its column 0: 3, 1, 4
+    theta = POS[:, 0, None] * 10000.0 ** (-np.arange(0, 4, 2) / 4)   # (tokens, pairs)
+    cos, sin = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
+    x0, x1, r0, r1 = X[..., 0::2], X[..., 1::2], R[..., 0::2], R[..., 1::2]
+    rope = np.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).reshape(X.shape)
+    expect = np.stack([r0 * cos + r1 * sin, -r0 * sin + r1 * cos], -1).reshape(X.shape)  # d sum(R * rope(x)) / dx
+
+    def build(fixed: bool):
+        ctx = Context(4 << 20)
+        x = ctx.from_numpy(X.astype(np.float32)).set_param()
+        pos = ctx.transpose(ctx.view(ctx.from_numpy(POS), [1, 3], [8]))  # ne [3, 1], nb[0] = 8
+        if fixed:
+            pos = ctx.cont(pos)
+        y = ctx.rope(x, pos, 4)
+        loss = ctx.sum(ctx.mul(y, ctx.from_numpy(R))).set_loss()
+        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
+        g.reset()
+        return ctx, g, y, g.grad(x)
+
+    with CPUBackend(1) as cpu:
+        ctx, g, y, _ = build(False)
+        with ctx:
+            nodes = [n for n in g.nodes if n.op in (Op.ROPE, Op.ROPE_BACK)]
+            assert len(nodes) == 2 and not any(cpu_kernel_supports(n) for n in nodes)
+            with pytest.raises(ValueError, match="ROPE.*cont"):
+                cpu.graph_compute(g)
+            factors = ctx.transpose(ctx.view(ctx.new_tensor(GGMLType.F32, [2, 2]), [1, 2], [8]))  # strided too
+            pos = ctx.from_numpy(POS[:, 0].copy())
+            assert not cpu_kernel_supports(ctx.rope(ctx.from_numpy(X.astype(np.float32)), pos, 4, freq_factors=factors))
+        ctx, g, y, gx = build(True)
+        with ctx:
+            cpu.graph_compute(g)
+            np.testing.assert_allclose(y.numpy(), rope[0], rtol=1e-5, atol=1e-6)  # numpy(): the trailing 1 dropped
+            np.testing.assert_allclose(gx.numpy(), expect[0], rtol=1e-5, atol=1e-6)
