@@ -146,6 +146,19 @@ def _rope_ok(p: Any) -> bool:
         ff == ffi.NULL or bool(lib.ggml_is_contiguous(ff)))
 
 
+def _opt_step_ok(p: Any) -> bool:
+    """OPT_STEP_ADAMW (src: parameter, gradient, m, v, 7 hyperparameters) / OPT_STEP_SGD
+    (parameter, gradient, 2 hyperparameters): the kernels assert only the parameter's unit
+    stride, read the gradient (and AdamW's moments) as F32 at the parameter's byte offsets and
+    the hyperparameters as a packed array. A gradient of other strides (ggml's gradient of a
+    parameter used only through a transpose or permute is such a view) or type gave a scrambled
+    update silently."""
+    w = p.src[0]
+    n = 4 if p.op == lib.GGML_OP_OPT_STEP_ADAMW else 2  # index of the hyperparameters
+    like_w = all(p.src[i].type == _F32 and all(p.src[i].nb[d] == w.nb[d] for d in range(4)) for i in range(1, n))
+    return w.type == _F32 and _unit_stride(w) and like_w and bool(lib.ggml_is_contiguous(p.src[n]))
+
+
 #: further conditions the CPU kernels assert on (ggml-cpu/ops.cpp, binary-ops.cpp,
 #: unary-ops.cpp, ggml-cpu.c), per op: types beyond _CPU_SRC0_TYPES, and layouts
 _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
@@ -189,6 +202,8 @@ _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     lib.GGML_OP_OUT_PROD: _src0_unit,
     lib.GGML_OP_ROPE: _rope_ok,
     lib.GGML_OP_ROPE_BACK: _rope_ok,
+    lib.GGML_OP_OPT_STEP_ADAMW: _opt_step_ok,
+    lib.GGML_OP_OPT_STEP_SGD: _opt_step_ok,
     lib.GGML_OP_SQR: _src0_unit, lib.GGML_OP_SQRT: _src0_unit, lib.GGML_OP_LOG: _src0_unit,
     lib.GGML_OP_SIN: _src0_unit, lib.GGML_OP_COS: _src0_unit,
     lib.GGML_OP_UNARY: lambda p: lib.ggml_get_unary_op(p) not in _UNARY_UNIT or _unit_stride(p.src[0]),

@@ -905,11 +905,13 @@ class ModelGraph:
 # OptContext
 # =============================================================================================
 
-def _check_graph(g: ModelGraph, loss_type: Loss, build_type: BuildType) -> None:
+def _check_graph(g: ModelGraph, loss_type: Loss, build_type: BuildType, opt_period: int = 1) -> None:
     """Build, in a scratch context, what ``ggml_opt_init`` will build (loss, and for training
     the backward graph) with pyggml's checked ops and :meth:`Graph.build_backward`, so that
     anything ggml would abort on raises here; and check the node counts against ggml-opt's
-    graph size."""
+    graph size. Without gradient accumulation (``opt_period`` 1) ggml's optimizer steps read
+    each parameter's gradient as built, at the parameter's strides: a gradient that is a
+    transposed or permuted view is refused."""
     outputs = g.outputs
     params = [t for t in g.model.params.values() if t.flags & lib.GGML_TENSOR_FLAG_PARAM]
     scratch = Context(_compute_mem(2) + 16 * GRAPH_SIZE * lib.ggml_tensor_overhead(), no_alloc=True)
@@ -957,6 +959,16 @@ def _check_graph(g: ModelGraph, loss_type: Loss, build_type: BuildType) -> None:
         for t in g_train.nodes:
             if t.flags & lib.GGML_TENSOR_FLAG_PARAM and t.type != GGMLType.F32:
                 raise TypeError(f"parameter {t.name!r} is {t.type_name}: ggml's optimizer steps are F32 only")
+        if opt_period == 1:  # else ggml-opt accumulates into a contiguous tensor and steps from that
+            for t in params:
+                grad = g_train.grad(t)
+                if grad is not None and not lib.ggml_is_contiguous(grad.ptr):
+                    raise ValueError(
+                        f"parameter {t.name!r} reaches the loss only through a transpose or permute, so "
+                        "ggml's gradient of it is a transposed or permuted view, and ggml's optimizer step "
+                        "(OPT_STEP_ADAMW / OPT_STEP_SGD) reads it at the parameter's strides (a scrambled "
+                        "update, no error): store the parameter in the layout the model uses it in, or "
+                        "accumulate gradients (opt_period > 1, nbatch_logical > batch_size)")
     finally:
         scratch.close()
 
@@ -1029,7 +1041,7 @@ class OptContext(CObject):
         _fill_params(self._c_params, first)
         self.graph = ModelGraph(model, batch_size, ne_datapoint, GGMLType.F32 if type is None else type)
         try:
-            _check_graph(self.graph, self.loss_type, self.build_type)
+            _check_graph(self.graph, self.loss_type, self.build_type, self.opt_period)
             self._get_params_cb = callbacks.Callback("ggml_opt_get_optimizer_params", self._get_params)
             p = lib.ggml_opt_default_params(self.graph.sched.ptr, self.loss_type)
             p.ctx_compute = self.graph.ctx.ptr

@@ -351,3 +351,42 @@ def test_a_rope_with_strided_positions_is_refused_not_computed_wrong():
             cpu.graph_compute(g)
             np.testing.assert_allclose(y.numpy(), rope[0], rtol=1e-5, atol=1e-6)  # numpy(): the trailing 1 dropped
             np.testing.assert_allclose(gx.numpy(), expect[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_an_optimizer_step_from_a_transposed_gradient_is_refused_not_computed_wrong(optimizer):
+    """The CPU kernels of OPT_STEP_SGD / OPT_STEP_ADAMW read the gradient (and AdamW's moments)
+    at the parameter's byte offsets, asserting nothing about them: ggml's gradient of a parameter
+    used only through a transpose is a transposed view, and the step from it updated each
+    weight with another weight's gradient, silently. CPUBackend refuses the node (opt.fit refuses
+    such a model: tests/test_opt.py); from the contiguous gradient the step is NumPy's."""
+    rng = np.random.default_rng(8)
+    W = rng.standard_normal((3, 4)).astype(np.float32)
+    G = rng.standard_normal((4, 3)).astype(np.float32)              # transposed: W's shape
+    alpha, b1, b2, eps, wd = 0.1, 0.9, 0.999, 1e-8, 0.0
+    g = G.T.astype(np.float64)
+    if optimizer == "sgd":
+        hyper, expect = [alpha, wd], W - alpha * g
+    else:  # first step from zero moments, bias corrections 1 / (1 - beta)
+        hyper = [alpha, b1, b2, eps, wd, 1 / (1 - b1), 1 / (1 - b2)]
+        m, v = (1 - b1) * g, (1 - b2) * g * g
+        expect = W - alpha * (m / (1 - b1)) / (np.sqrt(v / (1 - b2)) + eps)
+
+    def step(ctx, grad):
+        w = ctx.from_numpy(W).set_param()
+        h = ctx.from_numpy(np.array(hyper, np.float32))
+        if optimizer == "sgd":
+            return w, ctx.opt_step_sgd(w, grad, h)
+        zeros = lambda: ctx.from_numpy(np.zeros_like(W))  # noqa: E731
+        return w, ctx.opt_step_adamw(w, grad, zeros(), zeros(), h)
+
+    with CPUBackend(1) as cpu:
+        with Context(1 << 20) as ctx:
+            _, s = step(ctx, ctx.transpose(ctx.from_numpy(G)))
+            assert not cpu_kernel_supports(s)
+            with pytest.raises(ValueError, match="OPT_STEP.*cont"):
+                cpu.graph_compute(ctx.new_graph(8).build_forward(s))
+        with Context(1 << 20) as ctx:
+            w, s = step(ctx, ctx.cont(ctx.transpose(ctx.from_numpy(G))))
+            cpu.graph_compute(ctx.new_graph(8).build_forward(s))
+            np.testing.assert_allclose(w.numpy(), expect, rtol=1e-5, atol=1e-6)
