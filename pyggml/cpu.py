@@ -204,6 +204,10 @@ _CPU_CHECKS: dict[int, Callable[[Any], bool]] = {
     lib.GGML_OP_ROPE_BACK: _rope_ok,
     lib.GGML_OP_OPT_STEP_ADAMW: _opt_step_ok,
     lib.GGML_OP_OPT_STEP_SGD: _opt_step_ok,
+    # the kernel (src0, unit stride asserted) is read plane by plane as packed [KH, KW] rows
+    # (src[i01 * ne00 + i00]), so a permuted or row-padded kernel gave wrong values silently
+    lib.GGML_OP_CONV_TRANSPOSE_2D: lambda p: _unit_stride(p.src[0]) and _unit_stride(p.src[1]) and (
+        p.src[0].ne[1] == 1 or p.src[0].nb[1] == p.src[0].ne[0] * p.src[0].nb[0]),
     lib.GGML_OP_SQR: _src0_unit, lib.GGML_OP_SQRT: _src0_unit, lib.GGML_OP_LOG: _src0_unit,
     lib.GGML_OP_SIN: _src0_unit, lib.GGML_OP_COS: _src0_unit,
     lib.GGML_OP_UNARY: lambda p: lib.ggml_get_unary_op(p) not in _UNARY_UNIT or _unit_stride(p.src[0]),

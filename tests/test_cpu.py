@@ -390,3 +390,25 @@ def test_an_optimizer_step_from_a_transposed_gradient_is_refused_not_computed_wr
             w, s = step(ctx, ctx.cont(ctx.transpose(ctx.from_numpy(G))))
             cpu.graph_compute(ctx.new_graph(8).build_forward(s))
             np.testing.assert_allclose(w.numpy(), expect, rtol=1e-5, atol=1e-6)
+
+
+def test_conv_transpose_2d_of_a_permuted_kernel_is_refused_not_computed_wrong():
+    """The CPU kernel of CONV_TRANSPOSE_2D reads each [KH, KW] plane of its kernel as packed rows
+    (src[i01 * ne00 + i00]), with no assert: a permuted kernel gave a wrong result silently.
+    CPUBackend refuses the node; the contiguous kernel gives NumPy's transposed convolution."""
+    rng = np.random.default_rng(9)
+    K = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)        # NumPy (Cin, Cout, KH, KW): ne [3, 3, 2, 2]
+    X = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)        # NumPy (N, Cin, H, W): ne [4, 4, 2, 1]
+    s = 2
+    expect = np.zeros((1, 2, 3 * s + 3, 3 * s + 3))
+    for ic, y, x in itertools.product(range(2), range(4), range(4)):
+        expect[0, :, y * s:y * s + 3, x * s:x * s + 3] += X[0, ic, y, x] * K[ic]
+    with Context(1 << 20) as ctx, CPUBackend(1) as cpu:
+        kernel = ctx.permute(ctx.from_numpy(K.transpose(0, 2, 1, 3).copy()), 0, 2, 1, 3)  # ne [3, 3, 2, 2], nb[1] = 24
+        out = ctx.conv_transpose_2d_p0(kernel, ctx.from_numpy(X), s)
+        assert not cpu_kernel_supports(out)
+        with pytest.raises(ValueError, match="CONV_TRANSPOSE_2D.*cont"):
+            cpu.graph_compute(ctx.new_graph(8).build_forward(out))
+        fixed = ctx.conv_transpose_2d_p0(ctx.cont(kernel), ctx.from_numpy(X), s)
+        cpu.graph_compute(ctx.new_graph(8).build_forward(fixed))
+        np.testing.assert_allclose(fixed.numpy(), expect[0], rtol=1e-5, atol=1e-5)  # numpy(): N = 1 dropped
