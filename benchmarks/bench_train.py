@@ -7,6 +7,9 @@ against PyTorch CPU, side by side, same model, epochs and threads.
     python benchmarks/bench_train.py --model cnn --repeat 1
     python benchmarks/bench_train.py --model mlp --torch-python /work/venv-train/bin/python --torch-epochs 3
     python benchmarks/bench_train.py --model cnn --c-epochs 2   # only the first 2 epochs of each
+    python benchmarks/bench_train.py --model mlp --skip-c --skip-python --backend BLAS \
+        --pyggml-python build/venv-blas/bin/python --torch-python /work/venv-train/bin/python
+        # pyggml's BLAS variant (scripts/check_variants.sh blas) training on [BLAS, CPU]
 
 1. **C**: ``build/mnist/mnist-train mnist-fc|mnist-cnn`` (upstream's program, unmodified, linked
    against pyggml's own ggml libraries): 30 epochs (fixed in the program), AdamW defaults,
@@ -93,9 +96,15 @@ def run_c_epochs(model: str, tmp: Path, k: int) -> dict:
     return {"epoch": (starts[k] - starts[0]) / k}
 
 
+#: the Python that runs examples/train.py, and whether it uses this checkout's in-place pyggml
+#: (else the pyggml installed in that Python: --pyggml-python, e.g. a variant's venv)
+PYGGML_PYTHON = [sys.executable, True]
+
+
 def run_py(model: str, epochs: int, threads: int, extra: list[str] | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    wall, log = run([sys.executable, str(ROOT / "examples" / "train.py"), "--dataset", "mnist", "--model", model,
+    python, in_place = PYGGML_PYTHON
+    env = dict(os.environ, PYTHONPATH=str(ROOT)) if in_place else None
+    wall, log = run([str(python), str(ROOT / "examples" / "train.py"), "--dataset", "mnist", "--model", model,
                      "--epochs", str(epochs), "--threads", str(threads)] + (extra or []), env=env)
     train = float(re.search(r"training took ([\d.]+) s", log).group(1))
     epoch_times = [float(t) for t in re.findall(r"^epoch +\d+/\d+: .*\(([\d.]+) s\)$", log, re.M)]
@@ -129,7 +138,14 @@ def main(argv: list[str] | None = None) -> int:
                         "mean seconds per epoch, for models too slow for 30")
     p.add_argument("--skip-c", action="store_true")
     p.add_argument("--skip-python", action="store_true", help="no Python run of the C recipe (the PyTorch row still runs)")
+    p.add_argument("--backend", default=None, help="examples/train.py's --backend (e.g. BLAS, CUDA0); default CPU")
+    p.add_argument("--pyggml-python", default=None,
+                   help="a Python with pyggml installed (e.g. build/venv-blas/bin/python); default: this "
+                        "Python with this checkout's in-place build")
     a = p.parse_args(argv)
+    if a.pyggml_python:
+        PYGGML_PYTHON[:] = [a.pyggml_python, False]
+    backend = ["--backend", a.backend] if a.backend else []
     threads = a.threads or ggml_threads()
     have_c = (MNIST / "mnist-train").is_file() and not a.skip_c
     if not have_c and not a.skip_c:
@@ -137,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     if have_c and (a.epochs != 30 or threads != ggml_threads()):
         print("note: the C example runs 30 epochs with ggml's thread rule; the runs are not the same work")
     print(f"MNIST {a.model}: {a.epochs} epochs, {threads} threads, {os.cpu_count()} cores; "
-          f"C and Python alternate {a.repeat}x")
+          f"C and Python alternate {a.repeat}x; pyggml: {a.pyggml_python or 'in place'}, "
+          f"backend {a.backend or 'CPU'}")
     rows: dict[str, list[dict]] = {"C (mnist-train)": [], "Python (pyggml.opt)": []}
     tmp = Path(tempfile.mkdtemp())
     # the C example's recipe, whatever examples/train.py's defaults are
     same_as_c = (["--init", "ggml", "--schedule", "constant", "--lr", "1e-3", "--batch-size", "500",
-                  "--nbatch-logical", "1000"] + (["--im2col", "f16"] if a.model == "cnn" else []))
+                  "--nbatch-logical", "1000"] + (["--im2col", "f16"] if a.model == "cnn" else []) + backend)
     if a.c_epochs:
         try:
             for _ in range(a.repeat):
@@ -178,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     tp = torch_python(a.torch_python)
     if tp:
         # both on examples/train.py's own recipe (tests/data/train_torch.py mirrors it), not the C one
-        ours = run_py(a.model, a.torch_epochs, threads)["epoch"]
+        ours = run_py(a.model, a.torch_epochs, threads, backend)["epoch"]
         t = run_torch(tp, a.model, a.torch_epochs, threads)
-        print(f"per epoch at {threads} threads, examples/train.py's recipe: pyggml {ours:.3f} s, PyTorch CPU "
+        print(f"per epoch at {threads} threads, examples/train.py's recipe: pyggml ({a.backend or 'CPU'}) "
+              f"{ours:.3f} s, PyTorch CPU "
               f"{t['epoch']:.3f} s (medians of {a.torch_epochs}); torch / pyggml = {t['epoch'] / ours:.2f}x "
               "(goal >= 1.0)")
     else:

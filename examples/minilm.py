@@ -74,6 +74,7 @@ class MiniLM:
             if backend.upper() == numpy_backend.NAME:
                 numpy_backend.register()
             self.extra = device_by_name(backend).init()  # BackendNotAvailableError says why not
+            self.extra.set_n_threads(self.backend.n_threads)  # BLAS: as the CPU (a GPU: no-op)
         # weights: a no_alloc context holds the tensor structs, one backend buffer the data
         weights = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items()
                    if v.dtype == np.float32}  # skips embeddings.position_ids (int64)

@@ -165,6 +165,21 @@ class Backend(_cobject.CObject):
         """A buffer of the default buffer type (``ggml_backend_alloc_buffer``)."""
         return self.default_buffer_type.alloc_buffer(size)
 
+    def set_n_threads(self, n: int) -> bool:
+        """Threads for this backend's compute, through its registry's
+        ``ggml_backend_set_n_threads`` (``ggml_backend_reg_get_proc_address``: the CPU and BLAS
+        backends have it; a GPU backend has not). Returns whether the backend took it. Raises
+        ValueError outside 1..GGML_MAX_N_THREADS."""
+        if not isinstance(n, int) or not 1 <= n <= lib.GGML_MAX_N_THREADS:
+            raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}, not {n!r}")
+        fn = self.device.registry.get_proc_address("ggml_backend_set_n_threads",
+                                                   "ggml_backend_set_n_threads_t")
+        if fn is None:
+            return False
+        with calling():
+            fn(self.ptr, n)
+        return True
+
     # --- capabilities
     def supports_op(self, op: Tensor) -> bool:
         """``ggml_backend_supports_op``: can this backend compute node ``op``? Raises what a

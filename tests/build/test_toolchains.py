@@ -1,4 +1,4 @@
-"""pyggml_build.toolchains: prerequisites of CUDA and Vulkan checked before a long build."""
+"""pyggml_build.toolchains: prerequisites of CUDA, Vulkan and BLAS checked before a long build."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,3 +39,56 @@ def test_the_pinned_cublas_wheel_is_checked(tmp_path):
     (tmp_path / filename).write_bytes(b"not cuBLAS")
     with pytest.raises(BuildError, match="sha256 mismatch"):
         source.fetch_pinned(project, filename, sha, tmp_path)
+
+
+def test_the_pinned_openblas_wheel_is_checked(tmp_path):
+    project, filename, sha = toolchains.OPENBLAS_WHEEL
+    (tmp_path / filename).write_bytes(b"not OpenBLAS")
+    with pytest.raises(BuildError, match="sha256 mismatch"):
+        source.fetch_pinned(project, filename, sha, tmp_path)
+
+
+def _fake_openblas_wheel(path: Path, header: str) -> Path:
+    import zipfile
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("scipy_openblas32/include/cblas.h", header)
+        z.writestr("scipy_openblas32/lib/libscipy_openblas.so", b"")
+        z.writestr("scipy_openblas32-0.dist-info/METADATA", "")
+    return path
+
+
+def test_blas_args_map_the_prefixed_cblas_names_ggml_blas_calls(tmp_path, monkeypatch):
+    """scipy-openblas32 declares scipy_cblas_sgemm...; ggml-blas.cpp calls cblas_sgemm and
+    openblas_set_num_threads: the generated cblas.h maps every prefixed name its header
+    declares (checked with the C preprocessor), and the FindBLAS module names the library."""
+    import shutil
+    import subprocess
+    header = ("#ifndef CBLAS_H\n#define CBLAS_H\n"
+              "void scipy_openblas_set_num_threads(int num_threads);\n"
+              "void scipy_cblas_sgemm(int Order, int TransA);\n#endif\n")
+    wheel = _fake_openblas_wheel(tmp_path / "fake.whl", header)
+    monkeypatch.setattr(toolchains, "fetch_pinned", lambda *a: wheel)
+    args, rpath = toolchains._blas_args(tmp_path, [])
+    assert "-DGGML_BLAS=ON" in args and "-DGGML_BLAS_VENDOR=OpenBLAS" in args
+    assert rpath[0] == "$ORIGIN/../../scipy_openblas32/lib"
+    shim = Path(next(a for a in args if a.startswith("-DCMAKE_MODULE_PATH=")).partition("=")[2])
+    find = (shim / "FindBLAS.cmake").read_text()
+    assert "set(BLAS_FOUND TRUE)" in find and "libscipy_openblas.so" in find
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for the preprocessor check")
+    src = tmp_path / "use.c"
+    src.write_text("#include <cblas.h>\nvoid f(void) { openblas_set_num_threads(2); cblas_sgemm(1, 2); }\n")
+    out = subprocess.run(["cc", "-E", "-I", str(shim), str(src)], capture_output=True, text=True, check=True).stdout
+    assert "scipy_openblas_set_num_threads(2); scipy_cblas_sgemm(1, 2);" in out
+
+
+def test_blas_args_leave_a_named_vendor_to_cmake(tmp_path, monkeypatch):
+    monkeypatch.setattr(toolchains, "fetch_pinned", lambda *a: pytest.fail("fetched the pinned wheel"))
+    assert toolchains._blas_args(tmp_path, ["-DGGML_BLAS_VENDOR=OpenBLAS"]) == (["-DGGML_BLAS=ON"], [])
+
+
+def test_blas_args_refuse_a_wheel_without_cblas(tmp_path, monkeypatch):
+    wheel = _fake_openblas_wheel(tmp_path / "fake.whl", "void scipy_dgemm_(void);\n")
+    monkeypatch.setattr(toolchains, "fetch_pinned", lambda *a: wheel)
+    with pytest.raises(BuildError, match="scipy_cblas_sgemm"):
+        toolchains._blas_args(tmp_path, [])

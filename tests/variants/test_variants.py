@@ -251,6 +251,70 @@ def test_upstream_test_backend_ops_passes_on_vulkan(test_backend_ops):
     print(f"test-backend-ops on {dev.name}: {passed.group(0)}")
 
 
+# ------------------------------------------------------------------ BLAS
+def _blas_sched():
+    _need("blas")
+    blas = device_by_name("BLAS").init()
+    assert blas.set_n_threads(2)  # ggml_backend_set_n_threads, from the BLAS registry
+    return blas, pyggml.CPUBackend(n_threads=2)
+
+
+def test_blas_computes_the_matrix_products_of_a_scheduled_graph():
+    """[BLAS, CPU]: the scheduler gives MUL_MAT and OUT_PROD (what ggml-blas takes, at least 32
+    rows and columns) to OpenBLAS's sgemm and the rest to the CPU; NumPy is the reference."""
+    blas, cpu = _blas_sched()
+    a = rng.standard_normal((48, 64)).astype(np.float32)   # NumPy (rows, cols): ne [64, 48]
+    b = rng.standard_normal((40, 64)).astype(np.float32)   # ne [64, 40]
+    c = rng.standard_normal((40, 48)).astype(np.float32)   # ne [48, 40]
+    with blas, cpu, pyggml.Scheduler([blas, cpu]) as sched, pyggml.Context.for_tensors(16, graph_size=64) as ctx:
+        ta, tb, tc = (ctx.from_numpy(x) for x in (a, b, c))
+        mm = ctx.mul_mat(ta, tb).set_output()              # ne [48, 40]: b @ a.T
+        op = ctx.out_prod(tb, tc)                          # ne [64, 48]: c.T @ b
+        out = ctx.relu(ctx.add(mm, tc))
+        g = ctx.new_graph(64).build_forward(out).build_forward(op)
+        sched.alloc_graph(g)
+        for t, x in ((ta, a), (tb, b), (tc, c)):
+            t.set(x)
+        sched.compute(g)
+        assert sched.get_tensor_backend(mm) is blas and sched.get_tensor_backend(op) is blas
+        assert sched.get_tensor_backend(out) is cpu
+        np.testing.assert_allclose(mm.numpy(), b @ a.T, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(op.numpy(), c.T @ b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out.numpy(), np.maximum(b @ a.T + c, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_training_on_blas_matches_the_cpu(tmp_path):
+    """opt.fit on [BLAS, CPU] (the weight gradients' OUT_PROD on OpenBLAS; these matrices are
+    too small for ggml-blas's MUL_MAT) learns what the CPU alone learns from the same initial
+    weights and batches."""
+    _need("blas")
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_opt import MLP, blob_data, opt
+
+    states = []
+    for backend in ("BLAS", None):
+        model = MLP(n_hidden=64, backend=backend, n_threads=2)
+        assert [b.name for b in model.backends] == (["BLAS", "CPU"] if backend else ["CPU"])
+        opt.fit(model, blob_data(256), batch_size=64, epochs=5, optimizer=opt.AdamW(alpha=0.01),
+                progress=False)
+        assert opt.evaluate(model, blob_data(64)).accuracy > 0.9
+        states.append(model.state_dict())
+    for k in states[0]:
+        np.testing.assert_allclose(states[0][k], states[1][k], rtol=1e-3, atol=1e-4, err_msg=k)
+
+
+def test_minilm_on_blas_and_cpu_scheduler(minilm_dir, minilm_reference):
+    _need("blas")
+    sentences, expected = minilm_reference
+    minilm = load_example("minilm")
+    with minilm.MiniLM(minilm_dir, n_threads=2, backend="BLAS") as m:
+        got = m.embed(sentences[:6], batch_size=6)
+        assert m.n_splits > 1  # OpenBLAS takes the matrix products, the CPU the rest
+    cos = (got * expected[:6]).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected[:6], axis=1)
+    assert cos.min() >= 0.9999, cos
+
+
 def test_cpu_functions_need_the_cpu_module(monkeypatch):
     """If no CPU module could load (e.g. an x86-64-v3 module on an older processor), the CPU
     backend raises instead of calling an unbound function (which aborts)."""
