@@ -50,6 +50,7 @@ from .event import Event
 from .device import Device, devices
 from .registry import Registry, registries
 from .cpu import CPUBackend, Threadpool
+from .blas import BLASBackend
 from .sched import Scheduler
 from .graph_cache import GraphCache
 from . import utils
@@ -66,6 +67,6 @@ dl.load_modules()  # GGML_BACKEND_DL builds: load pyggml/lib's backend modules, 
 
 __all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR", "__version__",
            "GGMLError", "ClosedError", "BackendNotAvailableError", "Context", "Tensor", "Graph",
-           "GraphAllocator", "Backend", "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool",
+           "GraphAllocator", "Backend", "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool", "BLASBackend",
            "Device", "Registry", "devices", "registries", "Scheduler", "GraphCache", "GGMLType", "enums", "types", "from_dlpack",
            "utils", "callbacks", "dl"]

@@ -295,6 +295,14 @@ class Backend(_cobject.CObject):
                              f"{self._why_not(node)}")
         return _Checked(graph, n_nodes, records, contexts, foreign)
 
+    #: whether :meth:`_kernel_ok` narrows what ggml's scheduler may give this backend (a table
+    #: of what its kernels assume beyond its ``supports_op``: CPU, BLAS)
+    _has_kernel_table = False
+
+    def _kernel_ok(self, p: Any) -> bool:
+        """Whether this backend's kernel computes node ``p``, given that its supports_op said yes."""
+        return True
+
     def _why_not(self, p: Any) -> str:
         """What to say when this backend cannot compute node ``p`` (``_supports_raw`` false)."""
         return "its supports_op refuses the op or these types (compute it on another backend)"
@@ -392,9 +400,12 @@ class GraphPlan(_cobject.CObject):
 
 
 def _wrap_backend(ptr: Any) -> Backend:
-    """An owned Backend for ``ptr`` (a CPUBackend when it is ggml's CPU backend)."""
+    """An owned Backend for ``ptr`` (a CPUBackend when it is ggml's CPU backend, a BLASBackend
+    when it is ggml-blas)."""
     if dl.is_bound("ggml_backend_is_cpu") and lib.ggml_backend_is_cpu(ptr):
         return _cobject.wrap("cpu_backend", ptr)  # type: ignore[no-any-return]
+    if hasattr(lib, "ggml_backend_is_blas") and dl.is_bound("ggml_backend_is_blas") and lib.ggml_backend_is_blas(ptr):
+        return _cobject.wrap("blas_backend", ptr)  # type: ignore[no-any-return]
     return Backend(ptr)
 
 

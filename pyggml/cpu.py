@@ -391,8 +391,13 @@ class CPUBackend(Backend):
             pool._users.add(self)
         self._apply_n_threads()
 
+    _has_kernel_table = True
+
     def _supports_raw(self, p: Any) -> bool:
         return bool(lib.ggml_backend_supports_op(self._ptr, p)) and _cpu_kernel_supports_raw(p)
+
+    def _kernel_ok(self, p: Any) -> bool:
+        return _cpu_kernel_supports_raw(p)
 
     def _why_not(self, p: Any) -> str:
         if lib.ggml_backend_supports_op(self._ptr, p):

@@ -121,6 +121,17 @@ def _overlaps(dst: Tensor, src: Tensor, same_ok: bool = True) -> bool:
                 and tuple(d.nb) == tuple(s.nb))
 
 
+def _check_rows_stay(a: Tensor, op: str) -> None:
+    """A view that moves dim 0 of a block-quantized tensor (Q4_0...: a row is whole blocks of
+    ``ggml_blck_size`` elements) has no meaning, and ggml's kernels read it as a packed tensor
+    (wrong values, or NaN, silently: when the rows are one block long its strides are even those
+    of a contiguous tensor)."""
+    if _BLCK[a._type] > 1:
+        raise ValueError(f"{op}: {a.type_name} is block-quantized ({_BLCK[a._type]} elements per "
+                         "block along ne[0]): dim 0 cannot move; dequantize first (Context.cast "
+                         "to F32 or F16)")
+
+
 def _check_nelements(ne: Sequence[int], what: str) -> None:
     """ggml_new_tensor_impl's own int64 check of the element count of a tensor of ``ne`` (ggml
     order), which it asserts (``INT64_MAX / ne[i] > current_nelements``, skipping sizes <= 1):
@@ -741,6 +752,8 @@ class Ops(UncheckedOps):
             raise ValueError(f"permute axes {axes} are not a permutation of 0..3 "
                              "(2 to 4 axes, the missing ones stay in place)")
         axes, inv = known
+        if axes[0] != 0:
+            _check_rows_stay(a, "permute")
         n = a._ne
         ne = (n[inv[0]], n[inv[1]], n[inv[2]], n[inv[3]])  # as ggml_permute: dim i goes to axes[i]
         count = n[0] * n[1] * n[2] * n[3]
@@ -749,8 +762,10 @@ class Ops(UncheckedOps):
         return _make_known(self, lib.ggml_permute, (a,), ne, a._type, a._ptr, *axes)
 
     def transpose(self, a: Tensor) -> Tensor:
-        """``ggml_transpose``: swap ne[0] and ne[1] (a view)."""
+        """``ggml_transpose``: swap ne[0] and ne[1] (a view). Raises ValueError for a
+        block-quantized tensor (its rows are whole blocks)."""
         a = _t(a, "a")
+        _check_rows_stay(a, "transpose")
         n = a._ne
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop

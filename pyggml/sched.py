@@ -18,7 +18,7 @@ from . import _cobject, _trial, buffer
 from .alloc import Placer
 from .backend import Backend, _callback_owners
 from .buffer_type import BufferType
-from .cpu import CPUBackend, _cpu_kernel_supports_raw, _layout_hint, graph_trial_ops
+from .cpu import CPUBackend, graph_trial_ops
 from .enums import DeviceType
 from .graph import Graph
 from .raw import callbacks, ffi, lib
@@ -307,7 +307,7 @@ class Scheduler(_cobject.CObject, Placer):
             self._is_alloc = True
             self._placed(graph)
         try:
-            self._check_cpu_kernels(graph)
+            self._check_kernels(graph)
         except ValueError:
             # nothing of the refused split stays: its tensors are not left placed in memory
             # this scheduler now regards as free (they would stay there, as ggml keeps a
@@ -319,19 +319,22 @@ class Scheduler(_cobject.CObject, Placer):
         if state is not None:  # the check made before splitting still holds for the split graph
             graph.checked[self._ptr] = state
 
-    def _check_cpu_kernels(self, graph: Graph) -> None:
-        """After the split: each node the scheduler put on a CPU backend must pass the CPU kernel
-        table (:func:`pyggml.cpu.cpu_kernel_supports`), which is stricter than the CPU
-        ``supports_op`` the scheduler asks (a node it refuses would abort in its kernel)."""
-        cpus = {b._ptr for b in self._backends if isinstance(b, CPUBackend)}
-        if not cpus:
+    def _check_kernels(self, graph: Graph) -> None:
+        """After the split: each node the scheduler put on a backend with a kernel table (CPU:
+        :func:`pyggml.cpu.cpu_kernel_supports`; BLAS: :func:`pyggml.blas.blas_kernel_supports`)
+        must pass it; the table is stricter than the ``supports_op`` the scheduler asks (a node
+        it refuses would abort in its kernel, or be computed wrong)."""
+        tables = {b._ptr: b for b in self._backends if b._has_kernel_table}
+        if not tables:
             return
         s = self.ptr
         for p in graph.raw_nodes():
-            if (p.op not in EMPTY_OPS and not _cpu_kernel_supports_raw(p)
-                    and lib.ggml_backend_sched_get_tensor_backend(s, p) in cpus):
-                raise ValueError(f"the scheduler put node {buffer.label(p)} on the CPU backend, "
-                                 f"which cannot compute it: {_layout_hint(p)}")
+            if p.op in EMPTY_OPS:
+                continue
+            b = tables.get(lib.ggml_backend_sched_get_tensor_backend(s, p))
+            if b is not None and not b._kernel_ok(p):
+                raise ValueError(f"the scheduler put node {buffer.label(p)} on the {b.name} backend, "
+                                 f"which cannot compute it: {b._why_not(p)}")
 
     def reset(self) -> None:
         """``ggml_backend_sched_reset``: forget the allocation (tensor data becomes invalid; the

@@ -338,3 +338,38 @@ def test_cpy_and_set_rows_refuse_overlapping_views():
         idx = ctx.from_numpy(np.array([1, 0], dtype=np.int32))
         with pytest.raises(ValueError, match="set_rows"):
             ctx.set_rows(tx, ctx.view(tx, (6, 2), offset=0), idx)
+
+
+def test_dim_0_of_a_block_quantized_tensor_cannot_move():
+    """A Q4_0 row is whole blocks of 32 along ne[0]: a transpose, or a permute moving dim 0, has
+    no meaning, and ggml's kernels read such a view as packed (wrong values or NaN on the CPU
+    and in ggml-blas; for rows of one block its strides even equal a contiguous tensor's).
+    Permutes that keep dim 0 stay allowed (llama.cpp permutes quantized KV caches so)."""
+    with Context.for_tensors(8) as ctx:
+        q = ctx.new_tensor(GGMLType.Q4_0, [32, 32, 2])
+        with pytest.raises(ValueError, match="transpose: q4_0 is block-quantized"):
+            ctx.transpose(q)
+        for axes in ((1, 0), (2, 1, 0), (1, 2, 0, 3)):
+            with pytest.raises(ValueError, match="permute: q4_0 is block-quantized"):
+                ctx.permute(q, *axes)
+        assert ctx.permute(q, 0, 2, 1).ne == (32, 2, 32, 1)
+        f = ctx.new_tensor(GGMLType.F16, [32, 32])
+        assert ctx.transpose(f).ne == (32, 32, 1, 1)
+
+
+def test_blas_kernel_table_refuses_what_ggml_blas_computes_wrong():
+    """pyggml.blas.blas_kernel_supports (pure ne/nb conditions, checked in any build):
+    ggml-blas's OUT_PROD reads a transposed src1 as the transpose of a packed matrix (a padded
+    one gave wrong values), and its MUL_MAT asserts an ordered result (an empty batch aborted)."""
+    from pyggml.blas import blas_kernel_supports
+
+    with Context.for_tensors(16) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [64, 40])
+        packed = ctx.new_tensor(GGMLType.F32, [40, 48])
+        padded = ctx.view(ctx.new_tensor(GGMLType.F32, [48, 48]), [40, 48], [48 * 4], 0)
+        assert blas_kernel_supports(ctx.out_prod(a, ctx.transpose(packed)))
+        assert not blas_kernel_supports(ctx.out_prod(a, ctx.transpose(padded)))
+        assert blas_kernel_supports(ctx.out_prod(a, ctx.new_tensor(GGMLType.F32, [48, 40])))
+        w = ctx.new_tensor(GGMLType.F32, [64, 48, 2])
+        assert blas_kernel_supports(ctx.mul_mat(w, ctx.new_tensor(GGMLType.F32, [64, 40, 2])))
+        assert not blas_kernel_supports(ctx.mul_mat(w, ctx.new_tensor(GGMLType.F32, [64, 40, 0, 1])))

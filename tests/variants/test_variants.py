@@ -283,6 +283,31 @@ def test_blas_computes_the_matrix_products_of_a_scheduled_graph():
         np.testing.assert_allclose(out.numpy(), np.maximum(b @ a.T + c, 0), rtol=1e-5, atol=1e-5)
 
 
+def test_blas_refuses_a_transposed_view_its_out_prod_would_read_wrong():
+    """ggml-blas's supports_op takes OUT_PROD with any transposed src1, but its kernel reads it
+    as the transpose of a packed matrix: a transposed view of a row-padded matrix gave wrong
+    values (relative error 1.4-1.95). The scheduler's split is refused, saying how to fix it;
+    with ``cont`` the product is NumPy's. The BLAS backend alone says no too."""
+    blas, cpu = _blas_sched()
+    a = rng.standard_normal((40, 64)).astype(np.float32)       # ne [64, 40]
+    root = rng.standard_normal((48, 48)).astype(np.float32)    # ne [48, 48]; a view of 40 columns
+    with blas, cpu, pyggml.Scheduler([blas, cpu]) as sched, pyggml.Context.for_tensors(16, graph_size=64) as ctx:
+        ta, tr = ctx.from_numpy(a), ctx.from_numpy(root)
+        src1 = ctx.transpose(ctx.view(tr, [40, 48], [48 * 4], 0))   # ne [48, 40], row-padded
+        bad = ctx.out_prod(ta, src1)
+        assert blas.supports_op(bad) is False and cpu.supports_op(bad)
+        with pytest.raises(ValueError, match="on the BLAS backend, which cannot compute it: .*Context.cont"):
+            sched.alloc_graph(ctx.new_graph(64).build_forward(bad))
+        good = ctx.out_prod(ta, ctx.cont(src1))
+        g = ctx.new_graph(64).build_forward(good)
+        sched.alloc_graph(g)
+        ta.set(a)
+        tr.set(root)
+        sched.compute(g)
+        assert sched.get_tensor_backend(good) is blas
+        np.testing.assert_allclose(good.numpy(), root[:, :40] @ a, rtol=1e-4, atol=1e-4)
+
+
 def test_training_on_blas_matches_the_cpu(tmp_path):
     """opt.fit on [BLAS, CPU] (the weight gradients' OUT_PROD on OpenBLAS; these matrices are
     too small for ggml-blas's MUL_MAT) learns what the CPU alone learns from the same initial
