@@ -324,17 +324,17 @@ class Scheduler(_cobject.CObject, Placer):
         :func:`pyggml.cpu.cpu_kernel_supports`; BLAS: :func:`pyggml.blas.blas_kernel_supports`)
         must pass it; the table is stricter than the ``supports_op`` the scheduler asks (a node
         it refuses would abort in its kernel, or be computed wrong)."""
-        tables = {b._ptr: b for b in self._backends if b._has_kernel_table}
+        tables = [b for b in self._backends if b._has_kernel_table]
         if not tables:
             return
         s = self.ptr
         for p in graph.raw_nodes():
             if p.op in EMPTY_OPS:
                 continue
-            b = tables.get(lib.ggml_backend_sched_get_tensor_backend(s, p))
-            if b is not None and not b._kernel_ok(p):
-                raise ValueError(f"the scheduler put node {buffer.label(p)} on the {b.name} backend, "
-                                 f"which cannot compute it: {b._why_not(p)}")
+            for b in tables:  # the table first (Python): the C call only for a node it refuses
+                if not b._kernel_ok(p) and lib.ggml_backend_sched_get_tensor_backend(s, p) == b._ptr:
+                    raise ValueError(f"the scheduler put node {buffer.label(p)} on the {b.name} backend, "
+                                     f"which cannot compute it: {b._why_not(p)}")
 
     def reset(self) -> None:
         """``ggml_backend_sched_reset``: forget the allocation (tensor data becomes invalid; the
