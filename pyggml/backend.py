@@ -404,7 +404,7 @@ def _wrap_backend(ptr: Any) -> Backend:
     when it is ggml-blas)."""
     if dl.is_bound("ggml_backend_is_cpu") and lib.ggml_backend_is_cpu(ptr):
         return _cobject.wrap("cpu_backend", ptr)  # type: ignore[no-any-return]
-    if hasattr(lib, "ggml_backend_is_blas") and dl.is_bound("ggml_backend_is_blas") and lib.ggml_backend_is_blas(ptr):
+    if hasattr(lib, "ggml_backend_is_blas") and dl.is_bound("ggml_backend_is_blas") and getattr(lib, "ggml_backend_is_blas")(ptr):
         return _cobject.wrap("blas_backend", ptr)  # type: ignore[no-any-return]
     return Backend(ptr)
 

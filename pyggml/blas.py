@@ -16,7 +16,7 @@ from .backend import Backend
 from .raw import dl, lib
 from .tensor import Tensor, tensor_arg
 
-__all__ = ["BLASBackend", "blas_kernel_supports", "is_blas"]
+__all__ = ["BLASBackend", "blas_kernel_supports"]
 
 _F32 = lib.GGML_TYPE_F32
 
@@ -59,12 +59,6 @@ def blas_kernel_supports(node: Tensor) -> bool:
     return _blas_kernel_supports_raw(tensor_arg(node, "node")._ptr)
 
 
-def is_blas(backend_ptr: Any) -> bool:
-    """``ggml_backend_is_blas``, False in a build without the BLAS backend."""
-    return bool(hasattr(lib, "ggml_backend_is_blas") and dl.is_bound("ggml_backend_is_blas")
-                and lib.ggml_backend_is_blas(backend_ptr))
-
-
 class BLASBackend(Backend):
     """The BLAS backend (``ggml_backend_blas_init``, or ``device_by_name("BLAS").init()``),
     owned. Its ``supports_op`` is narrowed by :func:`blas_kernel_supports`.
@@ -73,7 +67,9 @@ class BLASBackend(Backend):
 
     def __init__(self, n_threads: int | None = None):
         dl.require("blas")
-        super().__init__(lib.ggml_backend_blas_init())
+        # getattr: ggml-blas.h is bound only in a build with the BLAS backend (the type stub of
+        # the default build does not have it)
+        super().__init__(getattr(lib, "ggml_backend_blas_init")())
         if n_threads is not None:
             self.set_n_threads(n_threads)
 
@@ -88,7 +84,7 @@ class BLASBackend(Backend):
         returns True. Raises ValueError outside 1..GGML_MAX_N_THREADS."""
         if not isinstance(n, int) or not 1 <= n <= lib.GGML_MAX_N_THREADS:
             raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}, not {n!r}")
-        lib.ggml_backend_blas_set_n_threads(self.ptr, n)
+        getattr(lib, "ggml_backend_blas_set_n_threads")(self.ptr, n)
         return True
 
     def _supports_raw(self, p: Any) -> bool:
