@@ -94,8 +94,9 @@ class Placer:
         # NULL. Allocating that graph again would place tensors in the NULL buffer (a crash):
         # the next allocation reserves first (GraphAllocator/Scheduler.alloc_graph).
         self._broken = False
-        # (graph, version, its leafs without data) when GraphAllocator last reserved
-        self._leaf_plan: tuple[Any, int, frozenset[Any]] | None = None
+        # (graph, version, its leafs without data, Graph.io_flags) when GraphAllocator last
+        # reserved
+        self._leaf_plan: tuple[Any, int, frozenset[Any], Any] | None = None
 
     def _may_chunk(self) -> bool:
         return False
@@ -346,19 +347,23 @@ class GraphAllocator(_cobject.CObject, Placer):
         with calling():
             ok = lib.ggml_gallocr_reserve(self.ptr, g)
             self._broken = not ok
-            self._leaf_plan = (graph, graph.version, nodata) if ok else None
+            self._leaf_plan = (graph, graph.version, nodata, graph.io_flags()) if ok else None
             self._placed(graph, placed=False)
             if not ok:
                 raise MemoryError("ggml_gallocr_reserve could not allocate its buffer")
 
     def _leaf_plan_holds(self, graph: "Graph") -> tuple[bool, frozenset[Any]]:
         """Whether ggml's plan (made by the last reservation) places every leaf of ``graph``
-        that has no data now, and those leafs. ggml plans no place for a leaf that had data
-        when it planned, and does not plan again for a graph of as many nodes and leafs
-        whose nodes fit: a leaf without data there is placed through buffer -1 (a crash)."""
+        that has no data now, with the input/output flags its tensors have now; and those
+        leafs. ggml plans no place for a leaf that had data when it planned, and does not plan
+        again for a graph of as many nodes and leafs whose nodes fit: a leaf without data there
+        is placed through buffer -1 (a crash), and a tensor marked ``set_output`` since would
+        keep a place the plan gave to a node too (a NEG in place over a leaf read once: fuzz
+        seed 2535)."""
         nodata = frozenset(p for p in graph.root_leafs() if p.data == ffi.NULL)
         plan = self._leaf_plan
-        holds = plan is not None and plan[0] is graph and plan[1] == graph.version and nodata <= plan[2]
+        holds = (plan is not None and plan[0] is graph and plan[1] == graph.version and nodata <= plan[2]
+                 and plan[3] == graph.io_flags())
         return holds, nodata
 
     def alloc_graph(self, graph: "Graph") -> None:
@@ -385,7 +390,7 @@ class GraphAllocator(_cobject.CObject, Placer):
             ok = True
             if self._broken or not holds:
                 ok = lib.ggml_gallocr_reserve(self.ptr, g)
-                self._leaf_plan = (graph, graph.version, nodata) if ok else None
+                self._leaf_plan = (graph, graph.version, nodata, graph.io_flags()) if ok else None
             if ok:
                 ok = lib.ggml_gallocr_alloc_graph(self.ptr, g)
             self._broken = not ok

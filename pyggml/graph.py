@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator
 
 from . import _cobject, _trial
+from . import tensor as _tensor
 from .enums import Op, TensorFlag
 from .errors import ClosedError
 from .raw import ffi, lib
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["Graph"]
 
 _PARAM, _LOSS = int(TensorFlag.PARAM), int(TensorFlag.LOSS)
+_IO = int(TensorFlag.INPUT) | int(TensorFlag.OUTPUT)
 
 
 def _is_node(p: Any) -> bool:  # as ggml_visit_parents decides
@@ -348,6 +350,21 @@ class Graph(_cobject.CObject):
                                       if p != ffi.NULL)
             self._node_set = node_set
         return self._node_set
+
+    def io_flags(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The ``set_input`` / ``set_output`` flags of the nodes (execution order) and of the
+        leafs they read, by position: ggml-alloc's plan depends on them (inputs first, outputs
+        never handed to an in-place node nor freed), but ``ggml_gallocr_alloc_graph`` keeps a
+        plan while the counts and sizes fit, whatever the flags: placers plan again when they
+        changed (:mod:`pyggml.alloc`, :mod:`pyggml.sched`). Cached until the graph changes or
+        a flag is set through pyggml."""
+        key = (self.version, int(lib.ggml_graph_n_nodes(self.ptr)), _tensor._io_epoch)
+        cached = self.__dict__.get("_io_flags")
+        if cached is None or cached[0] != key:
+            nodes = self.raw_nodes()
+            cached = self.__dict__["_io_flags"] = (key, (tuple(p.flags & _IO for p in nodes),
+                                                         tuple(p.flags & _IO for p in self._raw_leafs(nodes))))
+        return cached[1]
 
     def root_leafs(self) -> list[Any]:
         """The structs of :meth:`node_set` that are leafs and not views: the tensors a graph

@@ -106,6 +106,8 @@ class Scheduler(_cobject.CObject, Placer):
         # set_tensor_backend's pins for the next split, kept here: ggml keeps them in the hash
         # set that a reset empties, and pyggml resets before every split (see alloc_graph)
         self._pins: dict[Any, tuple[Tensor, Backend]] = {}
+        # Graph.io_flags of the graph ggml's allocator last planned for (None: no plan yet)
+        self._io_plan: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._init_placer()
 
     def _free(self, ptr: Any) -> None:
@@ -265,12 +267,15 @@ class Scheduler(_cobject.CObject, Placer):
         # followed (a failed alloc_graph or reserve) would stay in the scheduler's hash set,
         # which holds graph_size tensors, and fill it (an abort in ggml_hash_find_or_insert)
         self._reset()
+        io = graph.io_flags()  # before the split rewrites the sources
         saved = graph._save_sources(None)
         try:
             self._pin_loose_leafs(graph)
             with calling():
                 ok = lib.ggml_backend_sched_reserve(self.ptr, g)
                 self._broken = not ok
+                if ok:
+                    self._io_plan = io
                 self._is_alloc = False
                 self._placed(graph, placed=False)
                 if not ok:
@@ -289,9 +294,17 @@ class Scheduler(_cobject.CObject, Placer):
         state = graph.checked.get(self._ptr)
         self._check_pins(graph)
         self._reset()  # always: ggml's alloc_graph does not, and its hash set may hold a failed split's tensors
+        io = graph.io_flags()  # (the sources as built: the reset put them back)
+        old = self._io_plan
         if self._broken:
             # a reservation failed (its own or alloc_graph's): ggml's allocator kept the plan and
             # a NULL buffer, and would place this graph's tensors there: reserve again first
+            self.reserve(graph)
+        elif old is not None and old != io and tuple(map(len, old)) == tuple(map(len, io)):
+            # ggml keeps its plan for a graph of as many nodes and leafs that fit, whatever
+            # their input/output flags: a tensor marked set_output since the plan would keep a
+            # place the plan gave to a node too (a NEG in place over a leaf: fuzz seed 2535).
+            # Plan again (other counts: ggml plans again itself)
             self.reserve(graph)
         zero = self._place_zero_byte(graph)
         self._pin_loose_leafs(graph)
@@ -305,6 +318,7 @@ class Scheduler(_cobject.CObject, Placer):
                 self._placed(None, placed=False)
                 raise MemoryError("ggml_backend_sched_alloc_graph failed")
             self._is_alloc = True
+            self._io_plan = io
             self._placed(graph)
         try:
             self._check_kernels(graph)

@@ -43,6 +43,15 @@ EMPTY_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
 _TYPE_OF = {int(m): m for m in GGMLType}
 _OP_OF = {int(m): m for m in Op}
 
+#: counts the set_input / set_output calls: a graph's cached flags (Graph.io_flags) are
+#: recomputed when it changed
+_io_epoch = 0
+
+
+def _io_flag_set() -> None:
+    global _io_epoch
+    _io_epoch += 1
+
 
 def op_name(op: int) -> str:
     """``ggml_op_name``: ``"ADD"``, ``"MUL_MAT"``...; raises ValueError for an unknown op."""
@@ -410,11 +419,16 @@ class Tensor(_cobject.CBorrowed):
             raise ValueError(f"only a leaf can be an input, not a {op_name(p.op)} node "
                              "(set the data of the tensors it is computed from instead)")
         lib.ggml_set_input(p)
+        _io_flag_set()
         return self
 
     def set_output(self) -> "Tensor":
-        """``ggml_set_output``: the graph allocator keeps it until the end of the graph."""
+        """``ggml_set_output``: the graph allocator keeps it until the end of the graph. Like
+        ggml's other flags it counts when a graph is placed: a graph placed before keeps its
+        places until it is placed again (computing it on a backend may still overwrite this
+        tensor with a node that was given its memory, e.g. an in-place unary op)."""
         lib.ggml_set_output(self.ptr)
+        _io_flag_set()
         return self
 
     def set_param(self) -> "Tensor":

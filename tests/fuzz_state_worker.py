@@ -378,6 +378,8 @@ class TM(Model):
         self.known: np.ndarray | None = None
         self.uncertain = False     # a reserve may have freed its memory
         self.output = False
+        #: ``output`` when a placer last placed the graph it is in (see _after_compute)
+        self.output_placed = False
 
     @property
     def is_closed(self) -> bool:
@@ -681,6 +683,8 @@ class PyggmlMachine(RuleBasedStateMachine):
         p.placed = set()
         p.graph = g
         g.placed_by = p
+        for t in g.tensors:
+            t.output_placed = t.output
         g.computed = False
         for b in {t.root for t in g.tensors}:
             before = b.home
@@ -1393,7 +1397,12 @@ class PyggmlMachine(RuleBasedStateMachine):
                     consumers[s] += 1
         protected: set[TM] = set()
         for t in g.tensors:
-            if t.output or consumers[t] == 0:
+            # ggml-alloc decides what may be overwritten when it places the graph: a node may
+            # take its source's memory (in place: NEG over a leaf read once, seed 2535) unless
+            # the source is an output then. A set_output() after the placement changes nothing
+            # until the graph is placed again (computing it on a backend keeps the places, and
+            # the leaf's memory holds the node's value): the flag at placement counts
+            if t.output_placed or consumers[t] == 0:
                 protected.add(t.root)
         for b, m in mem.items():
             home = b.home
