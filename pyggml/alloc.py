@@ -115,7 +115,8 @@ class Placer:
         stale = [b for b in buffer.graph_buffers(g)
                  if buffer.retired_by_placer(b) or isinstance(getattr(buffer.lookup(b), "owner", None), Placer)]
         if stale:
-            lib.pyggml_graph_unplace(g, ffi.new("ggml_backend_buffer_t[]", stale), len(stale))
+            if lib.pyggml_graph_unplace(g, ffi.new("ggml_backend_buffer_t[]", stale), len(stale)):
+                buffer.note_unplaced()
             graph.checked.clear()
         for t in graph._keep:
             # outputs that are leafs read by no node (not seen above): the same, and a zero-byte
@@ -131,6 +132,7 @@ class Placer:
                     or isinstance(getattr(buffer.lookup(b), "owner", None), Placer)):
                 p.data = ffi.NULL
                 p.buffer = ffi.NULL
+                buffer.note_unplaced()
 
     def _zero_byte_bufts(self, tensors: list[Any]) -> list[Any]:
         """The buffer type to place each of ``tensors`` (zero-byte) in, or None to leave it to
@@ -170,6 +172,8 @@ class Placer:
         for p in tensors:
             p.data = ffi.NULL
             p.buffer = ffi.NULL
+        if tensors:
+            buffer.note_unplaced()
 
     def _zero_byte_home(self, buft: Any) -> Any:
         """This placer's small buffer of ``buft`` (allocated on first use; call under

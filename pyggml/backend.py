@@ -63,7 +63,7 @@ def _check_range(t: Tensor, offset: int, size: int) -> None:
 class _Checked:
     """What a backend's check of a graph found, valid while nothing it depends on changes."""
 
-    __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign")
+    __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced")
 
     def __init__(self, graph: "Graph", n_nodes: int, records: list[buffer.LiveBuffer],
                  contexts: list[tuple[Any, int]], foreign: list[tuple[Any, Any]]):
@@ -74,9 +74,15 @@ class _Checked:
         self.records = records
         self.contexts = contexts
         self.placer = graph.placed_by
+        self.unplaced = buffer.unplaced
 
     def still_valid(self, graph: "Graph", n_nodes: int) -> bool:
         if self.version != graph.version or self.n_nodes != n_nodes or self.placer is not graph.placed_by:
+            return False
+        if self.unplaced != buffer.unplaced:
+            # a placer placing another graph forgot where some tensors were (data NULL), maybe
+            # this graph's: computing would run kernels on NULL (a crash found while shrinking
+            # fuzz seed 2535: GraphAllocator.reserve of another graph of the same tensors)
             return False
         for rec in self.records:
             if not rec.alive:

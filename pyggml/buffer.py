@@ -89,6 +89,15 @@ FREED = (lib.pyggml_freed_buffer(0), lib.pyggml_freed_buffer(1))
 forgetters: list[Callable[[Any, Any], None]] = []
 _table: list[Any] = [None, 0, -1]  # [C array of struct pyggml_live_buffer, length, version]
 _version = 0
+#: counts the times a placer forgot the places of tensors (data NULL again, to place them
+#: anew: pyggml.alloc.Placer._unplace): a check of another graph of those tensors, made while
+#: they had data, holds no longer (pyggml.backend)
+unplaced = 0
+
+
+def note_unplaced() -> None:
+    global unplaced
+    unplaced += 1
 
 
 def track(ptr: Any, owner: Any) -> LiveBuffer:

@@ -494,3 +494,32 @@ def test_a_tensor_marked_output_after_placing_is_kept_when_placed_again():
             np.testing.assert_array_equal(x.numpy(), x0)
             np.testing.assert_array_equal(out.numpy(), np.negative(x0))
 
+
+def test_a_graph_checked_before_its_tensors_were_unplaced_is_checked_again(run_isolated):
+    """A crash (SIGSEGV) found while shrinking fuzz seed 2535: g1 and g2 hold the same tensors,
+    placed with g1; a backend checked g2 (the check is cached on g2). Reserving g1 on another
+    allocator forgets where those tensors were (data NULL, to place them anew), but g2's check
+    still looked valid, and the backend ran the ADD kernel on NULL. Now it is checked again:
+    ValueError (no data)."""
+    r = run_isolated('''
+        import numpy as np
+        from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
+        with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=8) as ctx:
+            a = ctx.new_tensor(GGMLType.F32, [4])
+            b = ctx.add(a, a).set_output()
+            g1 = ctx.new_graph(8).build_forward(b)
+            g2 = ctx.new_graph(8).build_forward(b)
+            p1, p2 = GraphAllocator(be), GraphAllocator(be)
+            p1.alloc_graph(g1)
+            a.set(np.arange(4, dtype=np.float32))
+            be.graph_compute(g1)
+            be.graph_compute(g2)
+            print(b.numpy().tolist())
+            p2.reserve(g1)
+            try:
+                be.graph_compute(g2)
+            except ValueError as e:
+                print("ValueError", "has no data" in str(e))
+    ''')
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == [str([0.0, 2.0, 4.0, 6.0]), "ValueError True"], r.stdout
