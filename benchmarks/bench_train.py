@@ -96,15 +96,12 @@ def run_c_epochs(model: str, tmp: Path, k: int) -> dict:
     return {"epoch": (starts[k] - starts[0]) / k}
 
 
-#: the Python that runs examples/train.py, and whether it uses this checkout's in-place pyggml
-#: (else the pyggml installed in that Python: --pyggml-python, e.g. a variant's venv)
-PYGGML_PYTHON = [sys.executable, True]
-
-
-def run_py(model: str, epochs: int, threads: int, extra: list[str] | None = None) -> dict:
-    python, in_place = PYGGML_PYTHON
-    env = dict(os.environ, PYTHONPATH=str(ROOT)) if in_place else None
-    wall, log = run([str(python), str(ROOT / "examples" / "train.py"), "--dataset", "mnist", "--model", model,
+def run_py(model: str, epochs: int, threads: int, extra: list[str] | None = None,
+           python: str | None = None) -> dict:
+    """examples/train.py run by ``python`` with the pyggml installed there, or (None) by this
+    Python with this checkout's in-place build."""
+    env = None if python else dict(os.environ, PYTHONPATH=str(ROOT))
+    wall, log = run([python or sys.executable, str(ROOT / "examples" / "train.py"), "--dataset", "mnist", "--model", model,
                      "--epochs", str(epochs), "--threads", str(threads)] + (extra or []), env=env)
     train = float(re.search(r"training took ([\d.]+) s", log).group(1))
     epoch_times = [float(t) for t in re.findall(r"^epoch +\d+/\d+: .*\(([\d.]+) s\)$", log, re.M)]
@@ -143,8 +140,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="a Python with pyggml installed (e.g. build/venv-blas/bin/python); default: this "
                         "Python with this checkout's in-place build")
     a = p.parse_args(argv)
-    if a.pyggml_python:
-        PYGGML_PYTHON[:] = [a.pyggml_python, False]
     backend = ["--backend", a.backend] if a.backend else []
     threads = a.threads or ggml_threads()
     have_c = (MNIST / "mnist-train").is_file() and not a.skip_c
@@ -164,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for _ in range(a.repeat):
                 c = run_c_epochs(a.model, tmp, a.c_epochs) if have_c else None
-                py = run_py(a.model, a.c_epochs, threads, same_as_c)
+                py = run_py(a.model, a.c_epochs, threads, same_as_c, a.pyggml_python)
                 py_mean = py["train"] / a.c_epochs
                 c_txt = f"C {c['epoch']:.2f} s/epoch, " if c else ""
                 print(f"  first {a.c_epochs} epochs: {c_txt}Python {py_mean:.2f} s/epoch"
@@ -179,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows["C (mnist-train)"].append(r)
                 print(f"  C       wall {r['wall']:7.1f} s  training {r['train']:5d} s  test accuracy {r['acc']:.4f}", flush=True)
             if not a.skip_python:
-                r = run_py(a.model, a.epochs, threads, same_as_c)
+                r = run_py(a.model, a.epochs, threads, same_as_c, a.pyggml_python)
                 rows["Python (pyggml.opt)"].append(r)
                 print(f"  Python  wall {r['wall']:7.1f} s  training {r['train']:7.1f} s  test accuracy {r['acc']:.4f}"
                       f"  ({r['epoch']:.3f} s/epoch)", flush=True)
@@ -195,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     tp = torch_python(a.torch_python)
     if tp:
         # both on examples/train.py's own recipe (tests/data/train_torch.py mirrors it), not the C one
-        ours = run_py(a.model, a.torch_epochs, threads, backend)["epoch"]
+        ours = run_py(a.model, a.torch_epochs, threads, backend, a.pyggml_python)["epoch"]
         t = run_torch(tp, a.model, a.torch_epochs, threads)
         print(f"per epoch at {threads} threads, examples/train.py's recipe: pyggml ({a.backend or 'CPU'}) "
               f"{ours:.3f} s, PyTorch CPU "
