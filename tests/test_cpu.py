@@ -147,6 +147,29 @@ def test_a_threadpool_smaller_than_the_backends_thread_count(run_isolated):
     assert r.stdout.strip() == "3 [64.0, 64.0]"
 
 
+def _refused_then_computed(cpu: CPUBackend, op: Op, loss_of):
+    """Build ``loss_of(ctx, fixed)`` -> (loss, parameter) and its backward graph twice: with
+    ``fixed=False`` the ``op`` node fails the CPU kernel table and ``graph_compute`` raises
+    naming it and ``cont``; with ``fixed=True`` it is computed. Returns (ctx, the parameter's
+    gradient tensor); the caller closes ctx."""
+    def graph(fixed: bool):
+        ctx = Context(4 << 20)
+        loss, param = loss_of(ctx, fixed)
+        g = ctx.new_graph(256, grads=True).build_forward(loss.set_loss()).build_backward(ctx)
+        g.reset()
+        return ctx, g, g.grad(param)
+
+    ctx, g, _ = graph(False)
+    with ctx:
+        back = [n for n in g.nodes if n.op == op]
+        assert back and not cpu_kernel_supports(back[0])
+        with pytest.raises(ValueError, match=f"{op.name}.*cont"):
+            cpu.graph_compute(g)
+    ctx, g, grad = graph(True)
+    cpu.graph_compute(g)
+    return ctx, grad
+
+
 def test_a_pool_gradient_that_arrives_permuted_is_refused_not_computed_wrong():
     """ggml's backward of a permute is a permuted view of the gradient, and the CPU kernel of
     POOL_2D_BACK reads its gradient as packed planes: a max pool followed by a permute (the
@@ -162,27 +185,16 @@ def test_a_pool_gradient_that_arrives_permuted_is_refused_not_computed_wrong():
     hot = np.eye(4, dtype=np.float32)[win.argmax(-1)] * R.transpose(0, 3, 1, 2)[..., None]
     expect = hot.reshape(2, 3, 2, 3, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(X.shape)
 
-    def grad(reshape_first: bool):
-        ctx = Context(4 << 20)
+    def loss_of(ctx, reshape_first: bool):
         x = ctx.from_numpy(X).set_param()
         p = ctx.pool_2d(x, "max", 2, 2, 2, 2)
         if reshape_first:
             p = ctx.reshape(p, *p.ne)
-        loss = ctx.sum(ctx.mul(ctx.cont(ctx.permute(p, 1, 2, 0, 3)), ctx.from_numpy(R))).set_loss()
-        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
-        g.reset()
-        return ctx, g, g.grad(x)
+        return ctx.sum(ctx.mul(ctx.cont(ctx.permute(p, 1, 2, 0, 3)), ctx.from_numpy(R))), x
 
     with CPUBackend(1) as cpu:
-        ctx, g, _ = grad(False)
+        ctx, gx = _refused_then_computed(cpu, Op.POOL_2D_BACK, loss_of)
         with ctx:
-            back = [n for n in g.nodes if n.op == Op.POOL_2D_BACK]
-            assert back and not cpu_kernel_supports(back[0])
-            with pytest.raises(ValueError, match="POOL_2D_BACK.*cont"):
-                cpu.graph_compute(g)
-        ctx, g, gx = grad(True)
-        with ctx:
-            cpu.graph_compute(g)
             np.testing.assert_allclose(gx.numpy(), expect, rtol=1e-6)
 
 
@@ -205,8 +217,7 @@ def test_a_silu_gradient_of_a_permuted_tensor_is_refused_not_computed_wrong(wher
     R = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)         # permute(0, 2, 1, 3): ne [5, 3, 4, 2]
     expect = _silu_grad(X.astype(np.float64)) * R.transpose(0, 2, 1, 3)  # d sum(R * permute(silu(x))) / dx
 
-    def grad(fixed: bool):
-        ctx = Context(4 << 20)
+    def loss_of(ctx, fixed: bool):
         x = ctx.from_numpy(X).set_param()
         if where == "input":
             p = ctx.permute(x, 0, 2, 1, 3)
@@ -214,21 +225,11 @@ def test_a_silu_gradient_of_a_permuted_tensor_is_refused_not_computed_wrong(wher
         else:
             s = ctx.silu(x)
             y = ctx.cont(ctx.permute(ctx.reshape(s, *s.ne) if fixed else s, 0, 2, 1, 3))
-        loss = ctx.sum(ctx.mul(y, ctx.from_numpy(R))).set_loss()
-        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
-        g.reset()
-        return ctx, g, g.grad(x)
+        return ctx.sum(ctx.mul(y, ctx.from_numpy(R))), x
 
     with CPUBackend(1) as cpu:
-        ctx, g, _ = grad(False)
+        ctx, gx = _refused_then_computed(cpu, Op.SILU_BACK, loss_of)
         with ctx:
-            back = [n for n in g.nodes if n.op == Op.SILU_BACK]
-            assert back and not cpu_kernel_supports(back[0])
-            with pytest.raises(ValueError, match="SILU_BACK.*cont"):
-                cpu.graph_compute(g)
-        ctx, g, gx = grad(True)
-        with ctx:
-            cpu.graph_compute(g)
             if where == "input":  # x's gradient is the permuted view of SILU_BACK's (permute's backward)
                 gx = ctx.cont(gx)
                 cpu.graph_compute(ctx.new_graph(8).build_forward(gx))
@@ -249,27 +250,16 @@ def test_an_im2col_gradient_that_arrives_permuted_is_refused_not_computed_wrong(
     for oh, ow, ic, kh, kw in itertools.product(range(3), range(4), range(2), range(3), range(3)):
         expect[0, ic, oh + kh, ow + kw] += G[0, oh, ow, ic * 9 + kh * 3 + kw]
 
-    def grad(reshape_first: bool):
-        ctx = Context(4 << 20)
+    def loss_of(ctx, reshape_first: bool):
         x = ctx.from_numpy(X).set_param()
         c = ctx.im2col(ctx.from_numpy(K), x, 1, 1, 0, 0, 1, 1, True, type=GGMLType.F32)
         if reshape_first:
             c = ctx.reshape(c, *c.ne)
-        loss = ctx.sum(ctx.mul(ctx.cont(ctx.permute(c, 0, 2, 1, 3)), ctx.from_numpy(R))).set_loss()
-        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
-        g.reset()
-        return ctx, g, g.grad(x)
+        return ctx.sum(ctx.mul(ctx.cont(ctx.permute(c, 0, 2, 1, 3)), ctx.from_numpy(R))), x
 
     with CPUBackend(1) as cpu:
-        ctx, g, _ = grad(False)
+        ctx, gx = _refused_then_computed(cpu, Op.IM2COL_BACK, loss_of)
         with ctx:
-            back = [n for n in g.nodes if n.op == Op.IM2COL_BACK]
-            assert back and not cpu_kernel_supports(back[0])
-            with pytest.raises(ValueError, match="IM2COL_BACK.*cont"):
-                cpu.graph_compute(g)
-        ctx, g, gx = grad(True)
-        with ctx:
-            cpu.graph_compute(g)
             np.testing.assert_allclose(gx.numpy(), expect[0], rtol=1e-5, atol=1e-6)  # numpy(): N = 1 dropped
 
 
@@ -285,27 +275,16 @@ def test_a_get_rows_gradient_with_strided_row_indices_is_refused_not_computed_wr
     expect = np.zeros_like(A)
     np.add.at(expect, IDX[:, 0], R)                                  # d sum(R * a[rows]) / da
 
-    def grad(fixed: bool):
-        ctx = Context(4 << 20)
+    def loss_of(ctx, fixed: bool):
         a = ctx.from_numpy(A).set_param()
         rows = ctx.transpose(ctx.view(ctx.from_numpy(IDX), [1, 3], [8]))  # ne [3, 1], nb[0] = 8
         if fixed:
             rows = ctx.cont(rows)
-        loss = ctx.sum(ctx.mul(ctx.get_rows(a, rows), ctx.from_numpy(R))).set_loss()
-        g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
-        g.reset()
-        return ctx, g, g.grad(a)
+        return ctx.sum(ctx.mul(ctx.get_rows(a, rows), ctx.from_numpy(R))), a
 
     with CPUBackend(1) as cpu:
-        ctx, g, _ = grad(False)
+        ctx, ga = _refused_then_computed(cpu, Op.GET_ROWS_BACK, loss_of)
         with ctx:
-            back = [n for n in g.nodes if n.op == Op.GET_ROWS_BACK]
-            assert back and not cpu_kernel_supports(back[0])
-            with pytest.raises(ValueError, match="GET_ROWS_BACK.*cont"):
-                cpu.graph_compute(g)
-        ctx, g, ga = grad(True)
-        with ctx:
-            cpu.graph_compute(g)
             np.testing.assert_allclose(ga.numpy(), expect, rtol=1e-6)
 
 
