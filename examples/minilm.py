@@ -14,7 +14,8 @@ sentence-transformers.
 
 It uses pyggml's Pythonic layer (``Context`` ops mirror ggml's C functions: ``ctx.mul_mat(a, b)``
 is ``ggml_mul_mat(ctx, a, b)``). Shapes in comments are ggml ``ne`` order (fastest-varying first): H = hidden size (384),
-T = tokens per sentence (padded to the longest in the batch), B = sentences in the batch.
+T = tokens per sentence (padded to the longest in the batch), B = sentences in the batch,
+N = the batch's tokens packed one after the other (no padding: only attention pads).
 """
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ from pyggml import GGMLType
 MAX_SEQ_LENGTH = 256  # sentence-transformers' max_seq_length for this model
 GRAPH_SIZE = 2048
 PAD_TO = 8            # token counts are padded to a multiple of this: one cached graph per bucket
+
+
+def _bucket(n: int) -> int:
+    """n tokens padded up to a multiple of PAD_TO or of 1/32 of n's power of two, whichever is
+    larger (at most ~3 % more), so that batches of close total lengths share one graph."""
+    step = max(PAD_TO, 1 << max(0, n.bit_length() - 6))
+    return -(-n // step) * step
 
 
 def default_model_dir() -> Path:
@@ -78,6 +86,11 @@ class MiniLM:
         # weights: a no_alloc context holds the tensor structs, one backend buffer the data
         weights = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items()
                    if v.dtype == np.float32}  # skips embeddings.position_ids (int64)
+        for i in range(self.n_layers):  # one [H, 3H] product for query, key and value
+            p = f"encoder.layer.{i}.attention.self."
+            for part in ("weight", "bias"):
+                weights[p + "qkv." + part] = np.concatenate(
+                    [weights.pop(p + f"{m}.{part}") for m in ("query", "key", "value")])
         self.wctx = pyggml.Context.for_tensors(len(weights))
         self.w = {name: self.wctx.from_numpy(arr, name=name) for name, arr in weights.items()}
         self.wbuf = self.wctx.alloc_tensors(self.extra or self.backend)
@@ -112,63 +125,89 @@ class MiniLM:
     def _layer_norm(self, ctx: pyggml.Context, x: pyggml.Tensor, prefix: str) -> pyggml.Tensor:
         return ctx.norm(x, self.eps) * self.w[prefix + ".weight"] + self.w[prefix + ".bias"]
 
-    def _build(self, ctx: pyggml.Context, T: int,
-               B: int) -> tuple[dict[str, pyggml.Tensor], dict[str, pyggml.Tensor]]:
-        """The encoder graph for B sentences of T tokens: ({name: input}, {name: output})."""
+    def _build(self, ctx: pyggml.Context, T: int, B: int,
+               N: int) -> tuple[dict[str, pyggml.Tensor], dict[str, pyggml.Tensor]]:
+        """The encoder graph for B sentences of at most T tokens, N tokens in all (packed):
+        ({name: input}, {name: output}).
+
+        The linear layers, layer norms and GELU run on the N real tokens packed one after the
+        other ([H, N]), not on B sentences padded to T ([H, T*B]): a batch of uneven sentences
+        pays no compute for padding there. Only attention, which mixes the tokens of a sentence,
+        gathers them into padded [hd, T, nh, B] form (``gather``) and back (``scatter``)."""
         H, nh = self.hidden, self.n_heads
         hd = H // nh
-        tokens = ctx.new_tensor(GGMLType.I32, [T, B]).set_input()            # [T, B]
-        positions = ctx.new_tensor(GGMLType.I32, [T]).set_input()            # [T]
+        tokens = ctx.new_tensor(GGMLType.I32, [N]).set_input()              # [N] packed
+        positions = ctx.new_tensor(GGMLType.I32, [N]).set_input()           # [N] in its sentence
+        gather = ctx.new_tensor(GGMLType.I32, [T * B]).set_input()          # padded -> packed row
+        scatter = ctx.new_tensor(GGMLType.I32, [N]).set_input()             # packed -> padded row
         kq_mask = ctx.new_tensor(GGMLType.F32, [T, T, 1, B]).set_input()     # [T_k, T_q, 1, B]
-        pool = ctx.new_tensor(GGMLType.F32, [T, 1, B]).set_input()           # mask / n_tokens
+        pool = ctx.new_tensor(GGMLType.F32, [N, B]).set_input()             # 1/n_tokens or 0
 
-        x = ctx.get_rows(self.w["embeddings.word_embeddings.weight"], ctx.reshape(tokens, T * B))
-        x = ctx.reshape(x, H, T, B)                                            # [H, T, B]
-        x = x + ctx.get_rows(self.w["embeddings.position_embeddings.weight"], positions)  # tiled
+        x = ctx.get_rows(self.w["embeddings.word_embeddings.weight"], tokens)             # [H, N]
+        x = x + ctx.get_rows(self.w["embeddings.position_embeddings.weight"], positions)
         x = x + ctx.view(self.w["embeddings.token_type_embeddings.weight"], [H])          # row 0
-        x = self._layer_norm(ctx, ctx.reshape(x, H, T * B), "embeddings.LayerNorm")
+        x = self._layer_norm(ctx, x, "embeddings.LayerNorm")
 
-        def heads(t: pyggml.Tensor) -> pyggml.Tensor:  # [H, T*B] -> [hd, T, nh, B]
-            return ctx.permute(ctx.reshape(t, hd, nh, T, B), 0, 2, 1, 3)
+        def heads(qkv: pyggml.Tensor, j: int) -> pyggml.Tensor:  # part j of [3H, T*B]: [hd, nh, T, B]
+            f = qkv.nb[0]
+            return ctx.view(qkv, [hd, nh, T, B], [hd * f, 3 * H * f, 3 * H * T * f], j * H * f)
 
         for i in range(self.n_layers):
             p = f"encoder.layer.{i}."
-            q = heads(self._linear(ctx, x, p + "attention.self.query"))
-            k = heads(self._linear(ctx, x, p + "attention.self.key"))
-            v = ctx.reshape(self._linear(ctx, x, p + "attention.self.value"), hd, nh, T, B)
-            v_t = ctx.cont(ctx.permute(v, 1, 2, 0, 3))                          # [T, hd, nh, B]
+            qkv = ctx.get_rows(self._linear(ctx, x, p + "attention.self.qkv"), gather)  # [3H, T*B]
+            q = ctx.permute(heads(qkv, 0), 0, 2, 1, 3)                          # [hd, T, nh, B]
+            k = ctx.permute(heads(qkv, 1), 0, 2, 1, 3)
+            v_t = ctx.cont(ctx.permute(heads(qkv, 2), 1, 2, 0, 3))              # [T, hd, nh, B]
             kq = ctx.soft_max(ctx.mul_mat(k, q), kq_mask, scale=1.0 / math.sqrt(hd))  # [T_k, T_q, nh, B]
             attn = ctx.cont(ctx.permute(ctx.mul_mat(v_t, kq), 0, 2, 1, 3))      # [hd, nh, T, B]
-            attn = self._linear(ctx, ctx.reshape(attn, H, T * B), p + "attention.output.dense")
+            attn = ctx.get_rows(ctx.reshape(attn, H, T * B), scatter)          # [H, N]
+            attn = self._linear(ctx, attn, p + "attention.output.dense")
             x = self._layer_norm(ctx, attn + x, p + "attention.output.LayerNorm")
 
-            h = ctx.gelu_erf(self._linear(ctx, x, p + "intermediate.dense"))  # [4H, T*B]
+            h = ctx.gelu_erf(self._linear(ctx, x, p + "intermediate.dense"))  # [4H, N]
             h = self._linear(ctx, h, p + "output.dense")
             x = self._layer_norm(ctx, h + x, p + "output.LayerNorm")
 
-        # mean pooling over the real tokens as a batched mat-vec, then L2 normalisation
-        x_t = ctx.cont(ctx.transpose(ctx.reshape(x, H, T, B)))                 # [T, H, B]
-        pooled = ctx.mul_mat(x_t, pool)                                        # [H, 1, B]
-        out = ctx.l2_norm(ctx.reshape(pooled, H, B), 1e-12)                   # [H, B]
-        return {"tokens": tokens, "positions": positions, "kq_mask": kq_mask, "pool": pool}, {"out": out}
+        # mean pooling over each sentence's tokens as one matrix product, then L2 normalisation
+        pooled = ctx.mul_mat(ctx.cont(ctx.transpose(x)), pool)                # [H, B]
+        out = ctx.l2_norm(pooled, 1e-12)                                       # [H, B]
+        inputs = {"tokens": tokens, "positions": positions, "gather": gather, "scatter": scatter,
+                  "kq_mask": kq_mask, "pool": pool}
+        return inputs, {"out": out}
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """ids, mask: NumPy (B, T) -> embeddings NumPy (B, H) float32. T is padded to a multiple
-        of PAD_TO (the mask hides the padding), so that batches of similar lengths share a graph."""
+        """ids, mask: NumPy (B, T0), each row a sentence's ids then padding (mask 1 then 0) ->
+        embeddings NumPy (B, H) float32.
+
+        The graph's key is (T, B, N): T is T0 padded to a multiple of PAD_TO and N the real
+        token count padded to a bucket (:func:`_bucket`), so that batches of similar lengths
+        share a graph; the mask hides padded keys, and packed rows past the real tokens are
+        computed but never read."""
         B, T0 = ids.shape
         T = min(-(-T0 // PAD_TO) * PAD_TO, max(T0, MAX_SEQ_LENGTH))
-        padded, m = np.zeros((B, T), np.int32), np.zeros((B, T), np.float32)
-        padded[:, :T0], m[:, :T0] = ids, mask
-        ids = padded
+        lengths = mask.sum(axis=1).astype(np.int64)                           # (B,)
+        n = int(lengths.sum())
+        N = _bucket(n)
+        real = mask.astype(bool)                                               # (B, T0)
+        tokens, positions = np.zeros(N, np.int32), np.zeros(N, np.int32)
+        tokens[:n] = ids[real]                                                 # row-major: packed
+        positions[:n] = np.broadcast_to(np.arange(T0, dtype=np.int32), (B, T0))[real]
+        gather = np.zeros((B, T), np.int32)                                    # padding -> row 0
+        gather[:, :T0][real] = np.arange(n, dtype=np.int32)
+        scatter = np.zeros(N, np.int32)
+        scatter[:n] = (np.arange(B)[:, None] * T + np.arange(T0)[None, :])[real]
+        pool = np.zeros((B, N), np.float32)                                    # NumPy order of [N, B]
+        pool[np.repeat(np.arange(B), lengths), np.arange(n)] = np.repeat(1.0 / lengths, lengths)
+        keys = np.zeros((B, T), bool)
+        keys[:, :T0] = real
         # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
-        bias = np.where(m[:, None, None, :] > 0, 0.0, -np.inf).astype(np.float32)
+        bias = np.where(keys[:, None, None, :], 0.0, -np.inf).astype(np.float32)
         out = self.graphs.compute(
-            (T, B), tokens=ids, positions=np.arange(T, dtype=np.int32),
-            kq_mask=np.broadcast_to(bias, (B, 1, T, T)),
-            pool=(m / m.sum(axis=1, keepdims=True))[:, None, :])["out"]   # NumPy (B, 1, T)
+            (T, B, N), tokens=tokens, positions=positions, gather=gather.reshape(-1), scatter=scatter,
+            kq_mask=np.broadcast_to(bias, (B, 1, T, T)), pool=pool)["out"]    # NumPy (B, H)
         if self.sched is not None:
             self.n_splits = self.sched.n_splits
-        return out.reshape(B, self.hidden)                                   # NumPy order of [H, B]
+        return out.reshape(B, self.hidden)
 
     def embed(self, sentences: list[str], batch_size: int = 64) -> np.ndarray:
         """Embeddings of ``sentences``: NumPy float32 (n, 384), unit L2 norm, rows in input order.

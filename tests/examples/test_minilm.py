@@ -51,6 +51,21 @@ def test_embeddings_match_sentence_transformers(model, reference, batch_size):
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
 
 
+def test_packed_token_counts_are_bucketed_and_mixed_lengths_match(model, reference):
+    """Tokens are packed (no compute on padding in the linear layers): the graph key holds the
+    total token count, bucketed to a multiple of PAD_TO within ~3 % of the real count, and
+    batches mixing the longest sentence with short ones still match the reference."""
+    minilm = load_example("minilm")
+    for n in [1, 7, 8, 9, 63, 64, 65, 300, 787, 1000, 4097, 16384, 16385]:
+        b = minilm._bucket(n)
+        assert b >= n and b % minilm.PAD_TO == 0 and b <= max(n * 1.04, n + minilm.PAD_TO), (n, b)
+    sentences, expected, n_tokens = reference
+    longest = int(np.argmax(n_tokens))
+    idx = [longest, 0, 3, longest - 1, 1]
+    emb = model.embed([sentences[i] for i in idx], batch_size=5)
+    assert _cosine(emb, expected[idx]).min() >= 0.9999
+
+
 def test_cli_in_out_keeps_input_order(tmp_path, reference, minilm_dir):
     sentences, expected, _ = reference
     picked = [sentences[i] for i in (21, 0, 10, 3)]  # long, short, non-ASCII, plain
