@@ -7,7 +7,8 @@ both call :func:`build`, which runs the steps in order, each a module:
 1. :mod:`~pyggml_build.source` — the pinned upstream source (:mod:`~pyggml_build.pins`: one row
    per ggml version, fetched from PyPI, hash-checked, cached, unpacked into ``vendor/ggml-<version>/``);
 2. :mod:`~pyggml_build.config` and :mod:`~pyggml_build.toolchains` — which backends, and what
-   each needs (checked before anything long runs);
+   each needs (checked before anything long runs); :mod:`~pyggml_build.vecmath` — glibc's vector
+   ``erff`` for ggml's GELU-erf loops where the compilers and the C library offer it;
 3. :mod:`~pyggml_build.cmake` — ggml's libraries and backend modules into ``pyggml/lib``;
 4. :mod:`~pyggml_build.declarations` — the cffi extension ``pyggml/_ggml*.so`` and the generated
    ``pyggml/raw/_callback_table.py`` and ``pyggml/_enums.py``; with :mod:`~pyggml_build.stubs`,
@@ -18,7 +19,7 @@ both call :func:`build`, which runs the steps in order, each a module:
 Environment: ``PYGGML_GGML_VERSION`` (a version of :data:`~pyggml_build.pins.PINS`),
 ``PYGGML_BACKENDS``, ``CMAKE_ARGS``, ``PYGGML_GGML_SRC``, ``PYGGML_CACHE_DIR`` (default
 ``~/.cache/pyggml``), ``PYGGML_CUDA_ARCHITECTURES``, ``CUDACXX``, ``PYGGML_VULKAN_PREFIX`` or
-``VULKAN_SDK``, ``PIP_INDEX_URL``.
+``VULKAN_SDK``, ``PIP_INDEX_URL``, ``PYGGML_VECTOR_MATH`` (0: off).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from . import cmake, declarations, pins, source
 from .common import BuildError, log
 from .config import Config, resolve_config
 from .toolchains import backend_args
+from .vecmath import vector_math_args
 
 __all__ = ["build", "mirror", "main", "BuildError", "ROOT"]
 
@@ -56,6 +58,7 @@ def build(pkg_dir: Path = ROOT / "pyggml", *, ggml_src: str | None = None, versi
         f"{'each backend a loadable module (GGML_BACKEND_DL)' if config.dl else 'linked into libggml'}")
     cache = source.cache_dir()
     backend, rpath = backend_args(config, cache)  # checks prerequisites before anything long
+    backend += vector_math_args(cache, config.user_args)
     src, pin = source.resolve_source(pin, ggml_src, cache)
     ggml_build = build_dir / f"ggml-{pin.version}{config.tag}"
     args = cmake.cmake_args(config, backend, rpath, cmake_extra or [])
