@@ -105,6 +105,7 @@ class MiniLM:
             self.sched = pyggml.Scheduler([self.extra, self.backend], graph_size=GRAPH_SIZE)
             self.graphs = pyggml.GraphCache(self._build, scheduler=self.sched, graph_size=GRAPH_SIZE)
         self.n_splits = 0
+        self._positions = np.arange(MAX_SEQ_LENGTH, dtype=np.int32)
 
     def close(self) -> None:
         for obj in (self.graphs, self.sched, self.wctx, self.extra, self.backend):
@@ -133,13 +134,16 @@ class MiniLM:
         The linear layers, layer norms and GELU run on the N real tokens packed one after the
         other ([H, N]), not on B sentences padded to T ([H, T*B]): a batch of uneven sentences
         pays no compute for padding there. Only attention, which mixes the tokens of a sentence,
-        gathers them into padded [hd, T, nh, B] form (``gather``) and back (``scatter``)."""
+        gathers them into padded [hd, T, nh, B] form (``gather``) and back (``scatter``). One
+        sentence (B = 1) is both packed and padded (N = T): no gather, no scatter."""
         H, nh = self.hidden, self.n_heads
         hd = H // nh
         tokens = ctx.new_tensor(GGMLType.I32, [N]).set_input()              # [N] packed
         positions = ctx.new_tensor(GGMLType.I32, [N]).set_input()           # [N] in its sentence
-        gather = ctx.new_tensor(GGMLType.I32, [T * B]).set_input()          # padded -> packed row
-        scatter = ctx.new_tensor(GGMLType.I32, [N]).set_input()             # packed -> padded row
+        gather = scatter = None
+        if B > 1:
+            gather = ctx.new_tensor(GGMLType.I32, [T * B]).set_input()      # padded -> packed row
+            scatter = ctx.new_tensor(GGMLType.I32, [N]).set_input()         # packed -> padded row
         kq_mask = ctx.new_tensor(GGMLType.F32, [T, T, 1, B]).set_input()     # [T_k, T_q, 1, B]
         pool = ctx.new_tensor(GGMLType.F32, [N, B]).set_input()             # 1/n_tokens or 0
 
@@ -154,13 +158,17 @@ class MiniLM:
 
         for i in range(self.n_layers):
             p = f"encoder.layer.{i}."
-            qkv = ctx.get_rows(self._linear(ctx, x, p + "attention.self.qkv"), gather)  # [3H, T*B]
+            qkv = self._linear(ctx, x, p + "attention.self.qkv")                # [3H, N]
+            if gather is not None:
+                qkv = ctx.get_rows(qkv, gather)                                 # [3H, T*B]
             q = ctx.permute(heads(qkv, 0), 0, 2, 1, 3)                          # [hd, T, nh, B]
             k = ctx.permute(heads(qkv, 1), 0, 2, 1, 3)
             v_t = ctx.cont(ctx.permute(heads(qkv, 2), 1, 2, 0, 3))              # [T, hd, nh, B]
             kq = ctx.soft_max(ctx.mul_mat(k, q), kq_mask, scale=1.0 / math.sqrt(hd))  # [T_k, T_q, nh, B]
             attn = ctx.cont(ctx.permute(ctx.mul_mat(v_t, kq), 0, 2, 1, 3))      # [hd, nh, T, B]
-            attn = ctx.get_rows(ctx.reshape(attn, H, T * B), scatter)          # [H, N]
+            attn = ctx.reshape(attn, H, T * B)
+            if scatter is not None:
+                attn = ctx.get_rows(attn, scatter)                              # [H, N]
             attn = self._linear(ctx, attn, p + "attention.output.dense")
             x = self._layer_norm(ctx, attn + x, p + "attention.output.LayerNorm")
 
@@ -171,8 +179,9 @@ class MiniLM:
         # mean pooling over each sentence's tokens as one matrix product, then L2 normalisation
         pooled = ctx.mul_mat(ctx.cont(ctx.transpose(x)), pool)                # [H, B]
         out = ctx.l2_norm(pooled, 1e-12)                                       # [H, B]
-        inputs = {"tokens": tokens, "positions": positions, "gather": gather, "scatter": scatter,
-                  "kq_mask": kq_mask, "pool": pool}
+        inputs = {"tokens": tokens, "positions": positions, "kq_mask": kq_mask, "pool": pool}
+        if gather is not None and scatter is not None:
+            inputs.update(gather=gather, scatter=scatter)
         return inputs, {"out": out}
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -185,6 +194,21 @@ class MiniLM:
         computed but never read."""
         B, T0 = ids.shape
         T = min(-(-T0 // PAD_TO) * PAD_TO, max(T0, MAX_SEQ_LENGTH))
+        if B == 1:  # the latency case, in fewer NumPy calls: N == T, no gather or scatter
+            n = int(mask.sum())
+            tokens, pool, bias = np.zeros(T, np.int32), np.zeros((1, T), np.float32), np.zeros(T, np.float32)
+            tokens[:n], pool[0, :n], bias[n:] = ids[0, :n], 1.0 / n, -np.inf
+            out = self.graphs.compute((T, 1, T), tokens=tokens, positions=self._positions[:T], pool=pool,
+                                      kq_mask=np.broadcast_to(bias, (1, 1, T, T)))["out"]
+        else:
+            out = self._forward_packed(ids, mask, T)
+        if self.sched is not None:
+            self.n_splits = self.sched.n_splits
+        return out.reshape(B, self.hidden)
+
+    def _forward_packed(self, ids: np.ndarray, mask: np.ndarray, T: int) -> np.ndarray:
+        """:meth:`_forward` of B > 1 sentences padded to T: the graph's output, NumPy (B, H)."""
+        B, T0 = ids.shape
         lengths = mask.sum(axis=1).astype(np.int64)                           # (B,)
         n = int(lengths.sum())
         N = _bucket(n)
@@ -192,22 +216,19 @@ class MiniLM:
         tokens, positions = np.zeros(N, np.int32), np.zeros(N, np.int32)
         tokens[:n] = ids[real]                                                 # row-major: packed
         positions[:n] = np.broadcast_to(np.arange(T0, dtype=np.int32), (B, T0))[real]
-        gather = np.zeros((B, T), np.int32)                                    # padding -> row 0
-        gather[:, :T0][real] = np.arange(n, dtype=np.int32)
-        scatter = np.zeros(N, np.int32)
-        scatter[:n] = (np.arange(B)[:, None] * T + np.arange(T0)[None, :])[real]
         pool = np.zeros((B, N), np.float32)                                    # NumPy order of [N, B]
         pool[np.repeat(np.arange(B), lengths), np.arange(n)] = np.repeat(1.0 / lengths, lengths)
         keys = np.zeros((B, T), bool)
         keys[:, :T0] = real
         # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
         bias = np.where(keys[:, None, None, :], 0.0, -np.inf).astype(np.float32)
-        out = self.graphs.compute(
-            (T, B, N), tokens=tokens, positions=positions, gather=gather.reshape(-1), scatter=scatter,
-            kq_mask=np.broadcast_to(bias, (B, 1, T, T)), pool=pool)["out"]    # NumPy (B, H)
-        if self.sched is not None:
-            self.n_splits = self.sched.n_splits
-        return out.reshape(B, self.hidden)
+        gather = np.zeros((B, T), np.int32)                                    # padding -> row 0
+        gather[:, :T0][real] = np.arange(n, dtype=np.int32)
+        scatter = np.zeros(N, np.int32)
+        scatter[:n] = (np.arange(B)[:, None] * T + np.arange(T0)[None, :])[real]
+        return self.graphs.compute(
+            (T, B, N), tokens=tokens, positions=positions, kq_mask=np.broadcast_to(bias, (B, 1, T, T)),
+            pool=pool, gather=gather.reshape(-1), scatter=scatter)["out"]    # NumPy (B, H)
 
     def embed(self, sentences: list[str], batch_size: int = 64) -> np.ndarray:
         """Embeddings of ``sentences``: NumPy float32 (n, 384), unit L2 norm, rows in input order.
