@@ -16,7 +16,9 @@ It is used only where a probe shows it works: the C and C++ compilers CMake will
 (``$CC``, ``$CXX``) vectorize a GELU loop into ``_ZGV..._erff`` calls with the header, and a
 shared object links against ``libmvec`` (glibc >= 2.35 on x86_64). Elsewhere (clang, macOS,
 musl, older glibc) nothing changes. ``PYGGML_VECTOR_MATH=0`` turns it off; a ``CMAKE_C_FLAGS``
-or ``CMAKE_CXX_FLAGS`` in ``$CMAKE_ARGS`` wins over it (the build then says so).
+or ``CMAKE_CXX_FLAGS`` in ``$CMAKE_ARGS`` wins over it (the build then says so). The portable
+wheel (``scripts/build_wheels.sh``) is built without it: ``libmvec`` is not a library the
+manylinux policy allows.
 """
 from __future__ import annotations
 

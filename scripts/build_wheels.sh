@@ -36,7 +36,10 @@ fi
 
 step "pip wheel (PYGGML_BACKENDS=cpu-all-variants)"
 t0=$SECONDS
-PYGGML_BACKENDS=cpu-all-variants "$tools/bin/pip" wheel -q --no-deps . -w "$work/raw"
+# no glibc vector math (pyggml_build/vecmath.py): libmvec is not among the libraries the
+# manylinux policy allows, and its erff needs glibc 2.35; a source install gets it where it works
+PYGGML_VECTOR_MATH=${PYGGML_VECTOR_MATH:-0} PYGGML_BACKENDS=cpu-all-variants \
+    "$tools/bin/pip" wheel -q --no-deps . -w "$work/raw"
 raw=$(ls "$work"/raw/pyggml-*.whl)
 echo "built $(basename "$raw") in $((SECONDS - t0)) s"
 
