@@ -229,6 +229,49 @@ def test_own_buffer_type_and_compute_from_another_thread():
         unregister(reg)
 
 
+class OwnBuffersOnlyDevice(ArithDevice):
+    """Like a GPU: its backends read only its own buffer type (host memory or not), so a
+    scheduler copies inputs from the CPU's buffers into it."""
+
+    def supports_buft(self, buft):
+        return buft.name == "ARITH_HOST"
+
+
+def test_inputs_read_only_through_a_splits_copies_can_be_set_after_alloc_graph():
+    """The split rewrites the nodes to read its copies of the inputs (which stay on the CPU
+    backend): no node reads an input itself then, and the input's buffer must still be known
+    as live (found by MiniLM's packed batches on Vulkan and RPC: ClosedError from Tensor.set
+    right after alloc_graph)."""
+    dev = OwnBuffersOnlyDevice("ARITH_COPY", own_buffers=True)
+    reg = PyRegistry("ARITH_COPY", [dev])
+    register(reg)
+    try:
+        x, y = np.arange(8, dtype=np.float32).reshape(2, 4), np.full((2, 4), 0.5, np.float32)
+        with device_by_name("ARITH_COPY").init() as be, CPUBackend(1) as cpu, \
+                Context.for_tensors(4) as wctx, Context.for_tensors(16, graph_size=32) as ctx:
+            w = wctx.from_numpy(np.ones((2, 4), np.float32))  # a weight on the device: the
+            wbuf = wctx.alloc_tensors(be)                      # nodes reading it go there
+            wbuf.usage = "weights"
+            w.set(np.ones((2, 4), np.float32))
+            a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+            b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+            out = ((w + a) * b).set_output()
+            g = ctx.new_graph(32).build_forward(out)
+            sched = Scheduler([be, cpu], graph_size=64)
+            for k in range(2):
+                sched.alloc_graph(g)
+                assert sched.get_tensor_backend(out) is be and sched.get_tensor_backend(a) is cpu
+                assert a._ptr not in {out._ptr.src[0].src[1], out._ptr.src[1]}  # nodes read the copies
+                a.set(x + k)
+                b.set(y)
+                sched.compute(g)
+                np.testing.assert_array_equal(out.numpy(), (1 + x + k) * y)
+            sched.close()
+            wbuf.close()
+    finally:
+        unregister(reg)
+
+
 def test_registration_is_undone_at_interpreter_exit(tmp_path):
     code = textwrap.dedent('''
         import sys
