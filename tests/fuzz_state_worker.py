@@ -181,9 +181,22 @@ class FlakyDevice(numpy_backend.NumpyDevice):
         return super().supports_op(op)
 
 
+class OwnBuffersDevice(FlakyDevice):
+    """The flaky NumPy device reading only its own buffer type, as a GPU does: a scheduler
+    copies what it reads from other buffers (inputs on the CPU backend, weights elsewhere) into
+    its split, rewriting the nodes' sources to the copies."""
+
+    def get_name(self) -> str:
+        return "OWNNP"
+
+    def supports_buft(self, buft: Any) -> bool:
+        return bool(ffi.cast("uintptr_t", buft.ptr) == ffi.cast("uintptr_t", self._buft_ptr))
+
+
 numpy_backend.register()
 _FLAKY_DEVICE = FlakyDevice()
 register(PyRegistry("FLAKYNP", [_FLAKY_DEVICE]))
+register(PyRegistry("OWNNP", [OwnBuffersDevice()]))
 FLAKY_BUFT = _FLAKY_DEVICE._flaky_buft.as_buffer_type()
 
 
@@ -1137,13 +1150,13 @@ class PyggmlMachine(RuleBasedStateMachine):
         return list(seen)
 
     # ------------------------------------------------------------------ backends
-    @rule(target=backends, kind=st.sampled_from(["cpu", "cpu", "numpy", "flaky"]), n_threads=st.integers(1, 2))
+    @rule(target=backends, kind=st.sampled_from(["cpu", "cpu", "numpy", "flaky", "own"]), n_threads=st.integers(1, 2))
     def new_backend(self, kind: str, n_threads: int) -> Any:
         step(f"new_backend({kind}, {n_threads})")
         if kind == "cpu":
             exc, be = call("CPUBackend", CPUBackend, n_threads, must="ok")
         else:
-            name = "NUMPY" if kind == "numpy" else "FLAKYNP"
+            name = {"numpy": "NUMPY", "flaky": "FLAKYNP", "own": "OWNNP"}[kind]
             exc, be = call("Device.init", device_by_name(name).init)
         if exc is not None:
             return multiple()
@@ -1628,12 +1641,20 @@ class PyggmlMachine(RuleBasedStateMachine):
         else:
             self.pause_threadpool(pool, action == "pause")
 
-    @rule(buf=buffers, action=st.sampled_from(["close", "clear"]), v=st.sampled_from([0, 0x3C, 255]))
+    @rule(buf=buffers, action=st.sampled_from(["close", "clear", "weights"]), v=st.sampled_from([0, 0x3C, 255]))
     def buffer_action(self, buf: BufM, action: str, v: int) -> None:
         if action == "close":
             self.close_buffer(buf)
-        else:
+        elif action == "clear":
             self.clear_buffer(buf, v)
+        else:
+            self.mark_weights(buf)
+
+    def mark_weights(self, buf: BufM) -> None:
+        """Usage "weights": a scheduler runs the nodes that read the buffer's tensors on a
+        backend that can use it, and copies the inputs they read there (an OWNNP device)."""
+        step(f"mark_weights({buf})")
+        call("Buffer.usage", setattr, buf.obj, "usage", "weights", must="closed" if buf.closed else "ok")
 
     @rule(p=placers, action=st.sampled_from(["close", "reset"]))
     def placer_action(self, p: PlacerM, action: str) -> None:
