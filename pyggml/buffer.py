@@ -254,6 +254,7 @@ _INDEX_OPS = {
     lib.GGML_OP_ADD_ID: (2, 1, 1),         # ids in [0, src1->ne[1]): GGML_ASSERT (abort)
 }
 _INDEX_TYPES = (lib.GGML_TYPE_I32, lib.GGML_TYPE_I64)
+_MAX_SRC = int(lib.GGML_MAX_SRC)
 
 
 class IndexCheck:
@@ -273,15 +274,18 @@ class IndexCheck:
         self.n = len(tensors)
 
     @classmethod
-    def of(cls, nodes: list[Any]) -> "IndexCheck | None":
-        """The check for node structs ``nodes`` (in graph order), or None."""
+    def of(cls, nodes: list[Any], saved: Any = None) -> "IndexCheck | None":
+        """The check for node structs ``nodes`` (in graph order), or None. ``saved``: the
+        sources as they were before a scheduler's split rewrote them to its copies (a
+        :class:`pyggml.graph.Graph`'s saved sources, ``GGML_MAX_SRC`` per node): the
+        indices are read in the tensors the user set, which the compute copies."""
         tensors, bounds, readers = [], [], []
-        for p in nodes:
+        for k, p in enumerate(nodes):
             rule = _INDEX_OPS.get(p.op)
             if rule is None:
                 continue
             i, by, dim = rule
-            t = p.src[i]
+            t = p.src[i] if saved is None else saved[k * _MAX_SRC + i]
             if t == ffi.NULL or t.type not in _INDEX_TYPES:
                 continue
             root = t.view_src if t.view_src != ffi.NULL else t

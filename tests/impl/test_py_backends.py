@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pyggml
-from pyggml import Context, CPUBackend, GGMLType, Scheduler
+from pyggml import ClosedError, Context, CPUBackend, GGMLType, Scheduler
 from pyggml.cpu import cpu_buffer_type
 from pyggml.device import device_by_name
 from pyggml.enums import DeviceType
@@ -266,6 +266,92 @@ def test_inputs_read_only_through_a_splits_copies_can_be_set_after_alloc_graph()
                 b.set(y)
                 sched.compute(g)
                 np.testing.assert_array_equal(out.numpy(), (1 + x + k) * y)
+            sched.close()
+            wbuf.close()
+    finally:
+        unregister(reg)
+
+
+def test_closing_the_buffer_of_a_tensor_read_through_a_splits_copy_refuses_the_compute():
+    """After the split, a node reads the split's copy of ``a`` (in a CPU buffer the device
+    cannot use); each compute copies ``a`` again. Once ``a``'s buffer is closed, computing must
+    raise ClosedError (it read the freed memory: the check looked only at the rewritten nodes)."""
+    dev = OwnBuffersOnlyDevice("ARITH_COPY2", own_buffers=True)
+    reg = PyRegistry("ARITH_COPY2", [dev])
+    register(reg)
+    try:
+        with device_by_name("ARITH_COPY2").init() as be, CPUBackend(1) as cpu, \
+                Context.for_tensors(4) as wctx, Context.for_tensors(4) as actx, \
+                Context.for_tensors(16, graph_size=32) as ctx:
+            w = wctx.from_numpy(np.ones((2, 4), np.float32))
+            wbuf = wctx.alloc_tensors(be)
+            wbuf.usage = "weights"
+            w.set(np.ones((2, 4), np.float32))
+            a = actx.new_tensor(GGMLType.F32, [4, 2])
+            abuf = actx.alloc_tensors(cpu)
+            a.set(np.full((2, 4), 2, np.float32))
+            b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+            out = ((w + a) * b).set_output()
+            g = ctx.new_graph(32).build_forward(out)
+            sched = Scheduler([be, cpu], graph_size=64)
+            sched.alloc_graph(g)
+            assert out._ptr.src[0].src[1] != a._ptr  # the node reads the split's copy
+            b.set(np.full((2, 4), 3, np.float32))
+            sched.compute(g)
+            np.testing.assert_array_equal(out.numpy(), np.full((2, 4), 9, np.float32))
+            abuf.close()
+            with pytest.raises(ClosedError, match="freed or replaced"):
+                sched.compute(g)
+            sched.close()
+            wbuf.close()
+    finally:
+        unregister(reg)
+
+
+def test_row_indices_read_through_a_splits_copy_are_checked_in_the_original():
+    """get_rows on a device that reads only its own buffers: the split copies the index input
+    into the device at compute time. The index check reads the input the user set, not the
+    device's copy, which holds the previous compute's indices (a check made again while the
+    graph is split read the copy: an index out of range went on to the device's kernel, an
+    out-of-bounds read on a GPU)."""
+    from pyggml.impl.numpy import NumpyDevice
+
+    class OwnNumpy(NumpyDevice):
+        def __init__(self):
+            self.own = HostBufferType()
+            super().__init__()
+
+        def get_name(self):
+            return "NUMPY_COPY"
+
+        def get_buffer_type(self):
+            return self.own
+
+        def supports_buft(self, buft):
+            return buft.name == "ARITH_HOST"
+
+    reg = PyRegistry("NUMPY_COPY", [OwnNumpy()])
+    register(reg)
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    try:
+        with device_by_name("NUMPY_COPY").init() as be, CPUBackend(1) as cpu, \
+                Context.for_tensors(4) as wctx, Context.for_tensors(16, graph_size=32) as ctx:
+            wt = wctx.from_numpy(w)
+            wbuf = wctx.alloc_tensors(be)
+            wbuf.usage = "weights"
+            wt.set(w)
+            idx = ctx.new_tensor(GGMLType.I32, [2]).set_input()
+            rows = ctx.get_rows(wt, idx).set_output()
+            g = ctx.new_graph(32).build_forward(rows)
+            sched = Scheduler([be, cpu], graph_size=64)
+            sched.alloc_graph(g)
+            assert sched.get_tensor_backend(rows) is be and rows._ptr.src[1] != idx._ptr
+            idx.set(np.array([3, 1], np.int32))
+            sched.compute(g)
+            np.testing.assert_array_equal(rows.numpy(), w[[3, 1]])
+            idx.set(np.array([0, 4], np.int32))          # row 4 of 4 rows
+            with pytest.raises(ValueError, match="reads row index 4"):
+                sched.compute(g)
             sched.close()
             wbuf.close()
     finally:
