@@ -13,7 +13,6 @@ to ``ggml_backend_sched_graph_compute``: the checks run once per graph (see :mod
 from __future__ import annotations
 
 import functools
-
 from typing import Any, Callable, Sequence
 
 from . import _cobject, _trial, buffer
@@ -211,15 +210,16 @@ class Scheduler(_cobject.CObject, Placer):
                     raise ValueError(f"tensor {buffer.label(p)} is in a buffer ({ffi.string(lib.ggml_backend_buffer_name(buf)).decode()}) "
                                      "that no backend of the scheduler can use for its op")
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
+        saved = None
         if graph._sources is not None:
             # split: nodes read the split's copies of tensors another backend cannot use, and
             # the compute copies the originals then: their memory must be live too (a closed
-            # buffer of an input was read after its free)
+            # buffer of an input was read after its free), and row indices are read there
+            saved = graph._sources.saved
             for p in graph.root_leafs():
                 rec = buffer.check_tensor_memory(p, functools.partial(buffer.label, p))
                 if rec is not None:
                     records.append(rec)
-        saved = graph._sources.saved if graph._sources is not None else None
         graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, records, contexts,
                                                      buffer.IndexCheck.of(nodes, saved))
         return g

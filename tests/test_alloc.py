@@ -6,7 +6,7 @@ import gc
 import numpy as np
 import pytest
 
-from pyggml import ClosedError, Context, CPUBackend, GGMLType, GraphAllocator
+from pyggml import ClosedError, Context, CPUBackend, GGMLType, GraphAllocator, Scheduler
 
 rng = np.random.default_rng(1)
 
@@ -471,26 +471,30 @@ def test_compute_reports_a_freed_source_before_an_uninited_view_of_it():
             be.graph_compute(g)
 
 
-def test_a_tensor_marked_output_after_placing_is_kept_when_placed_again():
+@pytest.mark.parametrize("kind", ["galloc", "sched"])
+def test_a_tensor_marked_output_after_placing_is_kept_when_placed_again(kind):
     """Fuzz seed 2535: ggml-alloc planned NEG in place over the leaf it reads (a leaf read once,
     neither input nor output); after x.set_output() ggml_gallocr_alloc_graph kept that plan
     (it plans again only when counts or sizes change, whatever the flags), so x still shared
-    its memory with neg(x) and read back negated. The allocator plans again when the
-    input/output flags changed since its plan."""
+    its memory with neg(x) and read back negated. A graph allocator, and a scheduler (it
+    reserves first), plan again when the input/output flags changed since their plan."""
     x0 = np.linspace(-1.5, 1.5, 8).astype(np.float16).reshape(8, 1)
     with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=8) as ctx:
         x = ctx.new_tensor(GGMLType.F16, [1, 8])
         y = ctx.neg(x)
         out = ctx.cont(y).set_output()
         g = ctx.new_graph(8).build_forward(out)
-        with GraphAllocator(be) as galloc:
-            galloc.alloc_graph(g)
+        with GraphAllocator(be) if kind == "galloc" else Scheduler([be], graph_size=16) as placer:
+            placer.alloc_graph(g)
             assert x._ptr.data == y._ptr.data  # ggml's in-place reuse, allowed while x is no output
             x.set_output()
-            galloc.alloc_graph(g)
+            placer.alloc_graph(g)
             assert x._ptr.data != y._ptr.data
             x.set(x0)
-            g.compute(be)
+            if kind == "galloc":
+                g.compute(be)
+            else:
+                placer.compute(g)
             np.testing.assert_array_equal(x.numpy(), x0)
             np.testing.assert_array_equal(out.numpy(), np.negative(x0))
 

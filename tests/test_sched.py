@@ -372,24 +372,3 @@ def test_a_split_refused_for_the_cpu_kernels_leaves_nothing_placed():
         buf = ctx.alloc_tensors(be)
         assert x.buffer_ptr == buf.ptr and y.buffer_ptr == buf.ptr
 
-
-def test_a_tensor_marked_output_after_placing_is_kept_when_placed_again():
-    """Fuzz seed 2535, as tests/test_alloc.py's test of the same name: the scheduler's
-    allocator kept its plan (NEG in place over the leaf it reads) after x.set_output(); the
-    scheduler plans again (reserves first) when the input/output flags changed since."""
-    x0 = np.linspace(-1.5, 1.5, 8).astype(np.float16).reshape(8, 1)
-    with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=8) as ctx:
-        x = ctx.new_tensor(GGMLType.F16, [1, 8])
-        y = ctx.neg(x)
-        out = ctx.cont(y).set_output()
-        g = ctx.new_graph(8).build_forward(out)
-        s = Scheduler([be], graph_size=16)
-        s.alloc_graph(g)
-        assert x._ptr.data == y._ptr.data  # ggml's in-place reuse, allowed while x is no output
-        x.set_output()
-        s.alloc_graph(g)
-        assert x._ptr.data != y._ptr.data
-        x.set(x0)
-        s.compute(g)
-        np.testing.assert_array_equal(x.numpy(), x0)
-        np.testing.assert_array_equal(out.numpy(), np.negative(x0))

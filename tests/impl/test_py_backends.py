@@ -25,6 +25,7 @@ from pyggml.impl import (
     unregister,
 )
 from pyggml.impl._vtable import slot_arity
+from pyggml.impl.numpy import NumpyDevice
 from pyggml.ops import host_array
 
 BINARY = {"ADD": np.add, "MUL": np.multiply}
@@ -229,133 +230,117 @@ def test_own_buffer_type_and_compute_from_another_thread():
         unregister(reg)
 
 
-class OwnBuffersOnlyDevice(ArithDevice):
-    """Like a GPU: its backends read only its own buffer type (host memory or not), so a
-    scheduler copies inputs from the CPU's buffers into it."""
+class OwnBuffersNumpyDevice(NumpyDevice):
+    """The NumPy device with its own buffer type, reading no other (as a GPU): a scheduler
+    copies the inputs it reads from the CPU's buffers into its splits."""
+
+    def __init__(self):
+        self.own = HostBufferType()
+        super().__init__()
+
+    def get_name(self):
+        return "NUMPY_COPY"
+
+    def get_buffer_type(self):
+        return self.own
 
     def supports_buft(self, buft):
         return buft.name == "ARITH_HOST"
 
 
-def test_inputs_read_only_through_a_splits_copies_can_be_set_after_alloc_graph():
+@pytest.fixture
+def copying():
+    """(the NUMPY_COPY backend, a CPU backend, weights(array) -> a tensor in a buffer of the
+    device marked "weights", so that the nodes reading it run there)."""
+    reg = PyRegistry("NUMPY_COPY", [OwnBuffersNumpyDevice()])
+    register(reg)
+    try:
+        with device_by_name("NUMPY_COPY").init() as be, CPUBackend(1) as cpu, \
+                Context.for_tensors(4) as wctx:
+            bufs = []
+
+            def weights(array):
+                t = wctx.from_numpy(array)
+                bufs.append(wctx.alloc_tensors(be))
+                bufs[-1].usage = "weights"
+                t.set(array)
+                return t
+
+            yield be, cpu, weights
+            for b in bufs:
+                b.close()
+    finally:
+        unregister(reg)
+
+
+def test_inputs_read_only_through_a_splits_copies_can_be_set_after_alloc_graph(copying):
     """The split rewrites the nodes to read its copies of the inputs (which stay on the CPU
     backend): no node reads an input itself then, and the input's buffer must still be known
     as live (found by MiniLM's packed batches on Vulkan and RPC: ClosedError from Tensor.set
     right after alloc_graph)."""
-    dev = OwnBuffersOnlyDevice("ARITH_COPY", own_buffers=True)
-    reg = PyRegistry("ARITH_COPY", [dev])
-    register(reg)
-    try:
-        x, y = np.arange(8, dtype=np.float32).reshape(2, 4), np.full((2, 4), 0.5, np.float32)
-        with device_by_name("ARITH_COPY").init() as be, CPUBackend(1) as cpu, \
-                Context.for_tensors(4) as wctx, Context.for_tensors(16, graph_size=32) as ctx:
-            w = wctx.from_numpy(np.ones((2, 4), np.float32))  # a weight on the device: the
-            wbuf = wctx.alloc_tensors(be)                      # nodes reading it go there
-            wbuf.usage = "weights"
-            w.set(np.ones((2, 4), np.float32))
-            a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
-            b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
-            out = ((w + a) * b).set_output()
-            g = ctx.new_graph(32).build_forward(out)
-            sched = Scheduler([be, cpu], graph_size=64)
-            for k in range(2):
-                sched.alloc_graph(g)
-                assert sched.get_tensor_backend(out) is be and sched.get_tensor_backend(a) is cpu
-                assert a._ptr not in {out._ptr.src[0].src[1], out._ptr.src[1]}  # nodes read the copies
-                a.set(x + k)
-                b.set(y)
-                sched.compute(g)
-                np.testing.assert_array_equal(out.numpy(), (1 + x + k) * y)
-            sched.close()
-            wbuf.close()
-    finally:
-        unregister(reg)
+    be, cpu, weights = copying
+    x, y = np.arange(8, dtype=np.float32).reshape(2, 4), np.full((2, 4), 0.5, np.float32)
+    w = weights(np.ones((2, 4), np.float32))
+    with Context.for_tensors(16, graph_size=32) as ctx, Scheduler([be, cpu], graph_size=64) as sched:
+        a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+        b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+        out = ((w + a) * b).set_output()
+        g = ctx.new_graph(32).build_forward(out)
+        for k in range(2):
+            sched.alloc_graph(g)
+            assert sched.get_tensor_backend(out) is be and sched.get_tensor_backend(a) is cpu
+            assert a._ptr not in {out._ptr.src[0].src[1], out._ptr.src[1]}  # nodes read the copies
+            a.set(x + k)
+            b.set(y)
+            sched.compute(g)
+            np.testing.assert_array_equal(out.numpy(), (1 + x + k) * y)
 
 
-def test_closing_the_buffer_of_a_tensor_read_through_a_splits_copy_refuses_the_compute():
+def test_closing_the_buffer_of_a_tensor_read_through_a_splits_copy_refuses_the_compute(copying):
     """After the split, a node reads the split's copy of ``a`` (in a CPU buffer the device
     cannot use); each compute copies ``a`` again. Once ``a``'s buffer is closed, computing must
     raise ClosedError (it read the freed memory: the check looked only at the rewritten nodes)."""
-    dev = OwnBuffersOnlyDevice("ARITH_COPY2", own_buffers=True)
-    reg = PyRegistry("ARITH_COPY2", [dev])
-    register(reg)
-    try:
-        with device_by_name("ARITH_COPY2").init() as be, CPUBackend(1) as cpu, \
-                Context.for_tensors(4) as wctx, Context.for_tensors(4) as actx, \
-                Context.for_tensors(16, graph_size=32) as ctx:
-            w = wctx.from_numpy(np.ones((2, 4), np.float32))
-            wbuf = wctx.alloc_tensors(be)
-            wbuf.usage = "weights"
-            w.set(np.ones((2, 4), np.float32))
-            a = actx.new_tensor(GGMLType.F32, [4, 2])
-            abuf = actx.alloc_tensors(cpu)
-            a.set(np.full((2, 4), 2, np.float32))
-            b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
-            out = ((w + a) * b).set_output()
-            g = ctx.new_graph(32).build_forward(out)
-            sched = Scheduler([be, cpu], graph_size=64)
-            sched.alloc_graph(g)
-            assert out._ptr.src[0].src[1] != a._ptr  # the node reads the split's copy
-            b.set(np.full((2, 4), 3, np.float32))
+    be, cpu, weights = copying
+    w = weights(np.ones((2, 4), np.float32))
+    with Context.for_tensors(4) as actx, Context.for_tensors(16, graph_size=32) as ctx, \
+            Scheduler([be, cpu], graph_size=64) as sched:
+        a = actx.new_tensor(GGMLType.F32, [4, 2])
+        abuf = actx.alloc_tensors(cpu)
+        a.set(np.full((2, 4), 2, np.float32))
+        b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+        out = ((w + a) * b).set_output()
+        g = ctx.new_graph(32).build_forward(out)
+        sched.alloc_graph(g)
+        assert out._ptr.src[0].src[1] != a._ptr  # the node reads the split's copy
+        b.set(np.full((2, 4), 3, np.float32))
+        sched.compute(g)
+        np.testing.assert_array_equal(out.numpy(), np.full((2, 4), 9, np.float32))
+        abuf.close()
+        with pytest.raises(ClosedError, match="freed or replaced"):
             sched.compute(g)
-            np.testing.assert_array_equal(out.numpy(), np.full((2, 4), 9, np.float32))
-            abuf.close()
-            with pytest.raises(ClosedError, match="freed or replaced"):
-                sched.compute(g)
-            sched.close()
-            wbuf.close()
-    finally:
-        unregister(reg)
 
 
-def test_row_indices_read_through_a_splits_copy_are_checked_in_the_original():
+def test_row_indices_read_through_a_splits_copy_are_checked_in_the_original(copying):
     """get_rows on a device that reads only its own buffers: the split copies the index input
     into the device at compute time. The index check reads the input the user set, not the
     device's copy, which holds the previous compute's indices (a check made again while the
     graph is split read the copy: an index out of range went on to the device's kernel, an
     out-of-bounds read on a GPU)."""
-    from pyggml.impl.numpy import NumpyDevice
-
-    class OwnNumpy(NumpyDevice):
-        def __init__(self):
-            self.own = HostBufferType()
-            super().__init__()
-
-        def get_name(self):
-            return "NUMPY_COPY"
-
-        def get_buffer_type(self):
-            return self.own
-
-        def supports_buft(self, buft):
-            return buft.name == "ARITH_HOST"
-
-    reg = PyRegistry("NUMPY_COPY", [OwnNumpy()])
-    register(reg)
+    be, cpu, weights = copying
     w = np.arange(12, dtype=np.float32).reshape(4, 3)
-    try:
-        with device_by_name("NUMPY_COPY").init() as be, CPUBackend(1) as cpu, \
-                Context.for_tensors(4) as wctx, Context.for_tensors(16, graph_size=32) as ctx:
-            wt = wctx.from_numpy(w)
-            wbuf = wctx.alloc_tensors(be)
-            wbuf.usage = "weights"
-            wt.set(w)
-            idx = ctx.new_tensor(GGMLType.I32, [2]).set_input()
-            rows = ctx.get_rows(wt, idx).set_output()
-            g = ctx.new_graph(32).build_forward(rows)
-            sched = Scheduler([be, cpu], graph_size=64)
-            sched.alloc_graph(g)
-            assert sched.get_tensor_backend(rows) is be and rows._ptr.src[1] != idx._ptr
-            idx.set(np.array([3, 1], np.int32))
+    wt = weights(w)
+    with Context.for_tensors(16, graph_size=32) as ctx, Scheduler([be, cpu], graph_size=64) as sched:
+        idx = ctx.new_tensor(GGMLType.I32, [2]).set_input()
+        rows = ctx.get_rows(wt, idx).set_output()
+        g = ctx.new_graph(32).build_forward(rows)
+        sched.alloc_graph(g)
+        assert sched.get_tensor_backend(rows) is be and rows._ptr.src[1] != idx._ptr
+        idx.set(np.array([3, 1], np.int32))
+        sched.compute(g)
+        np.testing.assert_array_equal(rows.numpy(), w[[3, 1]])
+        idx.set(np.array([0, 4], np.int32))          # row 4 of 4 rows
+        with pytest.raises(ValueError, match="reads row index 4"):
             sched.compute(g)
-            np.testing.assert_array_equal(rows.numpy(), w[[3, 1]])
-            idx.set(np.array([0, 4], np.int32))          # row 4 of 4 rows
-            with pytest.raises(ValueError, match="reads row index 4"):
-                sched.compute(g)
-            sched.close()
-            wbuf.close()
-    finally:
-        unregister(reg)
 
 
 def test_registration_is_undone_at_interpreter_exit(tmp_path):
