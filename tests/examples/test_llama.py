@@ -11,9 +11,12 @@ for the Q4_1 weights, Q8_0 for the Q8_0 output embedding) while the reference co
   then checked tightly -- top-5 logits within 2e-3, 16 greedy tokens identical except where the
   reference's top-2 logits are within 0.1 of each other;
 * the model as shipped (quantized) differs from the float32 reference by up to ``QUANT_TOL``
-  logits (0.52 measured on these prompts); top-1 must agree, top-5 sets may differ only among
-  tokens within ``QUANT_TOL`` of the reference's 5th, and greedy decoding may leave the reference
-  only for the reference's runner-up, where its top-2 logits are within ``QUANT_TOL``.
+  logits (0.52 measured on these prompts); top-1 must agree except for the reference's
+  runner-up where its top-2 logits are within ``QUANT_TOL`` (the "code" prompt's are 0.17 apart,
+  and ggml's AVX-512 kernels with flash attention rank them the other way round), top-5 sets
+  may differ only among tokens within ``QUANT_TOL`` of the reference's 5th, and greedy decoding
+  may leave the reference only for the reference's runner-up, where its top-2 logits are within
+  ``QUANT_TOL``.
 
 The F32-weight comparison is the slowest test here (float32 matmuls over 135M weights, 16 greedy
 steps per prompt): by default it runs two of the prompts; ``PYGGML_SLOW_TESTS=1`` runs it on all
@@ -95,7 +98,11 @@ def _compare(m: Llama, case: dict, tol: float, tie: float) -> tuple[float, str]:
     diff = float(np.abs(logits[case["top5_ids"]] - ref5).max())
     assert diff <= tol, f"{case['name']}: top-5 logits differ by {diff:.4f} > {tol}"
     ours5 = [int(i) for i in np.argsort(-logits, kind="stable")[:5]]
-    assert ours5[0] == case["top5_ids"][0], f"{case['name']}: top-1 {ours5[0]} != {case['top5_ids'][0]}"
+    if ours5[0] != case["top5_ids"][0]:  # only the reference's runner-up, and only in a near-tie
+        gap = ref5[0] - ref5[1]
+        assert ours5[0] == case["top5_ids"][1] and gap <= tie, (
+            f"{case['name']}: top-1 {ours5[0]} != {case['top5_ids'][0]} (reference top-2 "
+            f"{case['top5_ids'][:2]}, gap {gap:.3f} > {tie})")
     ref10 = dict(zip(case["top10_ids"], case["top10_logits"]))
     for t in set(ours5) ^ set(case["top5_ids"]):   # only near-ties at the 5th place may swap
         assert t in ref10 and abs(ref10[t] - ref5[-1]) <= tol, \
