@@ -106,13 +106,16 @@ class CObject(CBorrowed):
         owner = self._owner
         return owner is not None and owner.closed
 
-    @property
-    def ptr(self) -> Any:
+    def _live_ptr(self) -> Any:
         """The C pointer (cffi cdata). Raises :class:`~pyggml.errors.ClosedError` once closed."""
         p, owner = self._ptr, self._owner
         if p is None or (owner is not None and owner.closed):
             raise ClosedError(f"this {self._kind} is closed")
         return p
+
+    #: The C pointer (cffi cdata), for raw calls. Raises ClosedError once closed. (pyggml's own
+    #: calls use ``_live_ptr()``: a subclass's ``ptr`` may record that raw code has the pointer.)
+    ptr = property(_live_ptr)
 
     def _free(self, ptr: Any) -> None:
         type(self)._c_free(ptr)

@@ -71,7 +71,8 @@ class Context(_cobject.CObject, Ops):
         super().__init__(ptr, owned=True)
         self._gen = 0                      # changed by reset() and close(): tensors check it
         self._mem_size = size
-        self._room = size                  # free bytes, never more than the real free space
+        self._room = size                  # free bytes, never more than the real free space;
+        self._raw = False                  # -1 (ask ggml each time) once raw code has the pointer
         self._no_alloc = bool(no_alloc)
         self._buffers: list[Buffer] = []   # from alloc_tensors, closed with the context
         self._callbacks: list[Any] = []    # Python ops (map_custom) live as long as the context
@@ -95,28 +96,46 @@ class Context(_cobject.CObject, Ops):
 
     # ------------------------------------------------------------------ properties
     @property
+    def ptr(self) -> Any:
+        """The ``struct ggml_context *``, for raw calls; raises ClosedError once closed.
+
+        Raw calls may make tensors, nodes and graphs in the context through it, or switch its
+        ``no_alloc``: from the first read of ``ptr`` on, the context asks ggml for its free space
+        (``ggml_used_mem``) before each tensor it makes, instead of counting the space in Python,
+        so that a full context still raises MemoryError rather than letting ggml abort."""
+        p = self._live_ptr()
+        self._raw = True
+        self._room = -1
+        return p
+
+    def _recount(self) -> None:
+        """A C call made objects in the context (a backward pass, ggml-opt): the next tensor
+        asks ggml for the free space instead of trusting the count."""
+        self._room = -1
+
+    @property
     def mem_size(self) -> int:
         """Arena size in bytes (``ggml_get_mem_size``)."""
-        return int(lib.ggml_get_mem_size(self.ptr))
+        return int(lib.ggml_get_mem_size(self._live_ptr()))
 
     @property
     def used_mem(self) -> int:
         """Bytes in use (``ggml_used_mem``)."""
-        return int(lib.ggml_used_mem(self.ptr))
+        return int(lib.ggml_used_mem(self._live_ptr()))
 
     @property
     def no_alloc(self) -> bool:
         """Whether tensors get no data in the context (``ggml_get_no_alloc``)."""
-        return bool(lib.ggml_get_no_alloc(self.ptr))
+        return bool(lib.ggml_get_no_alloc(self._live_ptr()))
 
     def reset(self) -> None:
         """``ggml_reset``: forget every tensor and graph. Their Python objects raise ClosedError
         from now on; the memory is reused by what the context makes next. Contexts whose nodes
         read this context's tensors refuse new tensors, nodes and graphs (ClosedError) until
         they are reset themselves, and their graphs are refused."""
-        lib.ggml_reset(self.ptr)
+        lib.ggml_reset(self._live_ptr())
         self._gen += 1
-        self._room = self._mem_size
+        self._room = -1 if self._raw else self._mem_size
         self._trial_ops.clear()
         self._deps.clear()
         self._last_dep = None
@@ -188,14 +207,14 @@ class Context(_cobject.CObject, Ops):
 
     def tensors(self) -> Iterator[Tensor]:
         """Every tensor of the context, in creation order (``ggml_get_first/next_tensor``)."""
-        t = lib.ggml_get_first_tensor(self.ptr)
+        t = lib.ggml_get_first_tensor(self._live_ptr())
         while t != ffi.NULL:
             yield Tensor(t, self)
-            t = lib.ggml_get_next_tensor(self.ptr, t)
+            t = lib.ggml_get_next_tensor(self._live_ptr(), t)
 
     def get_tensor(self, name: str) -> Tensor:
         """``ggml_get_tensor``; raises KeyError if no tensor has that name."""
-        t = lib.ggml_get_tensor(self.ptr, name.encode())
+        t = lib.ggml_get_tensor(self._live_ptr(), name.encode())
         if t == ffi.NULL:
             raise KeyError(name)
         return Tensor(t, self)
@@ -211,13 +230,16 @@ class Context(_cobject.CObject, Ops):
         if data_bytes and not self._no_alloc:
             need += _pad(data_bytes, _ALIGN)
         if need > self._room:
-            ptr = self.ptr
-            self._no_alloc = bool(lib.ggml_get_no_alloc(ptr))
+            ptr = self._live_ptr()
+            self._no_alloc = bool(lib.ggml_get_no_alloc(ptr))  # raw code may have switched it
+            need = n_objects * _OVERHEAD + extra + (
+                _pad(data_bytes, _ALIGN) if data_bytes and not self._no_alloc else 0)
             self._room = int(lib.ggml_get_mem_size(ptr)) - int(lib.ggml_used_mem(ptr))
             if need > self._room:
                 raise MemoryError(f"ggml context full: {need} bytes needed, {self._room} free of "
                                   f"{self._mem_size} (make a larger Context)")
-        self._room -= need
+        # once raw code has the pointer, the next tensor asks ggml again (see ``ptr``)
+        self._room = -1 if self._raw else self._room - need
 
     # ------------------------------------------------------------------ tensor creation
     def new_tensor(self, type: types.TypeLike, ne: Sequence[int], name: str | None = None) -> Tensor:
@@ -247,7 +269,7 @@ class Context(_cobject.CObject, Ops):
             # ggml_nbytes computes ne[0] * type_size in size_t: it would wrap around
             raise ValueError(f"ne[0]={ne[0]} of type {types.type_name(t)}: ggml_nbytes would overflow")
         self._reserve(nbytes)
-        out = Tensor(lib.ggml_new_tensor(self.ptr, t, len(ne), ffi.new("int64_t[]", ne)), self)
+        out = Tensor(lib.ggml_new_tensor(self._live_ptr(), t, len(ne), ffi.new("int64_t[]", ne)), self)
         out._contig = True  # ggml_new_tensor's strides are packed
         if name is not None:
             out.name = name
@@ -294,7 +316,7 @@ class Context(_cobject.CObject, Ops):
         if size < 1:
             raise ValueError("graph size must be >= 1")
         self._reserve(0, n_objects=0, extra=int(lib.ggml_graph_overhead_custom(size, grads)) + 64)
-        return Graph(lib.ggml_new_graph_custom(self.ptr, size, grads), self, size, grads)
+        return Graph(lib.ggml_new_graph_custom(self._live_ptr(), size, grads), self, size, grads)
 
     def alloc_tensors(self, where: "Backend | BufferType") -> Buffer:
         """Allocate every tensor of this ``no_alloc`` context in one backend buffer
@@ -344,7 +366,7 @@ class Context(_cobject.CObject, Ops):
         if total >= 2**62:
             raise MemoryError(f"alloc_tensors: the tensors of this context need {total} bytes")
         with calling():
-            ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.ptr, buft.ptr)
+            ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(self._live_ptr(), buft.ptr)
             if ptr == ffi.NULL:
                 raise GGMLError("ggml_backend_alloc_ctx_tensors failed (out of memory?)")
         buf = Buffer(ptr, owned=True, keep=where)

@@ -229,7 +229,7 @@ class Graph(_cobject.CObject):
         if self.size < need_size:
             raise ValueError(f"graph size {self.size} is too small for the backward pass: use at least {need_size}")
         ctx._reserve(0, n_objects=10 * n_grad + 16)
-        c, g = ctx.ptr, self.ptr
+        c, g = ctx._live_ptr(), self.ptr
         # what ggml_compute_backward and the constructors it calls assert about the sources of
         # each case (masks, freq_factors, labels, layouts of gradients...): tried in a forked
         # child first, once per graph
@@ -238,6 +238,7 @@ class Graph(_cobject.CObject):
             raise ValueError(f"ggml cannot build the backward pass of this graph: {failure}")
         n_before = lib.ggml_graph_n_nodes(g)
         lib.ggml_build_backward_expand(c, g, ffi.NULL)
+        ctx._recount()  # the reservation above was an estimate of the nodes C made
         # the gradient nodes have no checks of their own: their first CPU compute is a forked
         # trial (CPUBackend._trial_compute, Scheduler), as for Context.op nodes
         ctx._trial_ops.update(int(lib.ggml_graph_node(g, i).op)

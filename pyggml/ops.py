@@ -355,6 +355,10 @@ class Ops(UncheckedOps):
 
         def _reserve(self, data_bytes: int = 0, n_objects: int = 1, extra: int = 0) -> None: ...
 
+        def _recount(self) -> None: ...
+
+        def _live_ptr(self) -> Any: ...
+
         @property
         def ptr(self) -> Any: ...
 
@@ -492,11 +496,12 @@ class Ops(UncheckedOps):
         inputs = [_t(a, "argument") for a in args if isinstance(a, Tensor)]
         c_args = [a._ptr if isinstance(a, Tensor) else a for a in args]
         self._reserve(0, n_objects=8)
-        ctx = self.ptr
+        ctx = self._live_ptr()
         failure = _trial.trial(lambda: fn(ctx, *c_args))
         if failure is not None:
             raise ValueError(f"ggml_{name} would abort the process: {failure}")
         out = _make(self, fn, inputs, *c_args, n_objects=8)
+        self._recount()  # 8 objects was an estimate (conv_2d makes im2col, reshapes, mul_mat...)
         self._trial_ops.add(int(out._ptr.op))
         return out
 

@@ -1046,7 +1046,7 @@ class OptContext(CObject):
             _check_graph(self.graph, self.loss_type, self.build_type, self.opt_period)
             self._get_params_cb = callbacks.Callback("ggml_opt_get_optimizer_params", self._get_params)
             p = lib.ggml_opt_default_params(self.graph.sched.ptr, self.loss_type)
-            p.ctx_compute = self.graph.ctx.ptr
+            p.ctx_compute = self.graph.ctx._live_ptr()
             p.inputs = self.graph.inputs.ptr
             p.outputs = self.graph.outputs.ptr
             p.build_type = self.build_type
@@ -1056,6 +1056,7 @@ class OptContext(CObject):
             p.optimizer = first.optimizer_type
             with calling(self.graph.ctx):  # allocates on the model's backends' buffer types
                 ptr = lib.ggml_opt_init(p)
+            self.graph.ctx._recount()  # ggml-opt made its graphs and gradient nodes there
         except BaseException:
             self.graph.close()
             raise

@@ -271,3 +271,48 @@ def test_an_op_refused_because_one_input_context_is_stale_records_no_dependency_
         a_ctx.reset()                                      # ctx recorded nothing of a_ctx
         assert tuple(ctx.new_tensor(GGMLType.F32, [4]).ne) == (4, 1, 1, 1)
         b_ctx.close()
+
+
+def test_raw_calls_on_ctx_ptr_leave_the_pythonic_checks_exact(run_isolated):
+    # docs/raw.rst: raw calls mix in through .ptr. Nodes and tensors a raw call makes in a
+    # Pythonic context use its memory too: the op constructors and new_tensor must see that
+    # (MemoryError), not trust their own count and let ggml abort (ggml_new_object's assert;
+    # found by bench work, stop 26). Also when raw code switches the context to allocating.
+    r = run_isolated("""
+        import pytest
+        from pyggml import Context, GGMLType, lib
+
+        for make in ("new_tensor", "add", "mul_mat", "view"):
+            ctx = Context.for_tensors(8)
+            a = ctx.new_tensor(GGMLType.F32, [4, 4])
+            c = ctx.ptr
+            n_raw = 0
+            while lib.ggml_get_mem_size(c) - lib.ggml_used_mem(c) >= lib.ggml_tensor_overhead():
+                lib.ggml_add(c, a.ptr, a.ptr)
+                n_raw += 1
+            assert n_raw >= 1
+            with pytest.raises(MemoryError, match="context full"):
+                if make == "new_tensor":
+                    ctx.new_tensor(GGMLType.F32, [4])
+                elif make == "view":
+                    ctx.view(a, [4])
+                else:
+                    getattr(ctx, make)(a, a)
+            ctx.close()
+
+        # raw code turns a no_alloc context into an allocating one: data counts from then on
+        ctx = Context(64 * 1024, no_alloc=True)
+        a = ctx.new_tensor(GGMLType.F32, [16])
+        lib.ggml_set_no_alloc(ctx.ptr, False)
+        with pytest.raises(MemoryError, match="context full"):
+            ctx.new_tensor(GGMLType.F32, [1 << 20])
+        for _ in range(1000):
+            try:
+                ctx.add(a, a)
+            except MemoryError:
+                break
+        else:
+            raise AssertionError("1000 adds of 64 bytes each fit in 64 KiB with their objects")
+        print("OK")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "OK", r.stdout + r.stderr
