@@ -70,7 +70,7 @@ class Context(_cobject.CObject, Ops):
                              "no_alloc": no_alloc})
         super().__init__(ptr, owned=True)
         self._gen = 0                      # changed by reset() and close(): tensors check it
-        self._mem_size = size
+        self._mem_size = int(lib.ggml_get_mem_size(ptr))
         self._room = size                  # free bytes, never more than the real free space;
         self._raw = False                  # -1 (ask ggml each time) once raw code has the pointer
         self._no_alloc = bool(no_alloc)
@@ -231,10 +231,11 @@ class Context(_cobject.CObject, Ops):
             need += _pad(data_bytes, _ALIGN)
         if need > self._room:
             ptr = self._live_ptr()
-            self._no_alloc = bool(lib.ggml_get_no_alloc(ptr))  # raw code may have switched it
-            need = n_objects * _OVERHEAD + extra + (
-                _pad(data_bytes, _ALIGN) if data_bytes and not self._no_alloc else 0)
-            self._room = int(lib.ggml_get_mem_size(ptr)) - int(lib.ggml_used_mem(ptr))
+            if self._raw:  # raw code may have switched no_alloc
+                self._no_alloc = bool(lib.ggml_get_no_alloc(ptr))
+                need = n_objects * _OVERHEAD + extra + (
+                    _pad(data_bytes, _ALIGN) if data_bytes and not self._no_alloc else 0)
+            self._room = self._mem_size - int(lib.ggml_used_mem(ptr))
             if need > self._room:
                 raise MemoryError(f"ggml context full: {need} bytes needed, {self._room} free of "
                                   f"{self._mem_size} (make a larger Context)")

@@ -146,10 +146,10 @@ def _check_nelements(ne: Sequence[int], what: str) -> None:
 
 
 def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
-                type: Any, *args: Any, n_objects: int = 1, contig: bool | None = None) -> Tensor:
+                type: Any, contig: bool | None, *args: Any, n_objects: int = 1) -> Tensor:
     """The new node ``fn(ctx, *args)``, its ``ne`` and type as the caller computed them the way
     ggml.c does (``tests/test_ops.py`` compares them with C's for every op that passes them), or
-    read from C when ``ne`` is None. ``contig=True``: the result is known to be contiguous (a new
+    read from C when ``ne`` is None. ``contig`` True: the result is known to be contiguous (a new
     tensor, or a reshape), so later contiguity checks of it need no C call (``Tensor._contig``).
 
     The context's free space is checked first. In a ``no_alloc`` context (the common case) that
@@ -263,7 +263,7 @@ def _make_inert(ctx: Any, ptr: Any, lo: int) -> None:
 
 def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:
     """:func:`_make_known` with the node's ne and type read from C."""
-    return _make_known(ctx, fn, inputs, None, None, *args, n_objects=n_objects)
+    return _make_known(ctx, fn, inputs, None, None, None, *args, n_objects=n_objects)
 
 
 def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
@@ -274,7 +274,7 @@ def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
         if an != bn and not can_repeat(bn, an):
             raise ValueError(f"b (ne={list(bn)}) does not tile a (ne={list(an)}): ggml broadcasts "
                              "by repeating b, so each a.ne[i] must be a multiple of b.ne[i]")
-        return _make_known(self, fn, (a, b), an, a._type, a._ptr, b._ptr, contig=True)
+        return _make_known(self, fn, (a, b), an, a._type, True, a._ptr, b._ptr)
     op.__doc__ = doc
     return op
 
@@ -373,7 +373,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"unknown unary op {name!r}; known: {sorted(UNARY_OPS)}")
         if name in _UNARY_NEEDS_ROWS and not _rows_contiguous(a):
             raise ValueError(f"{name} needs a tensor with contiguous rows: use cont() first")
-        return _make_known(self, fn, (a,), a._ne, a._type, a._ptr)
+        return _make_known(self, fn, (a,), a._ne, a._type, None, a._ptr)
 
     def neg(self, a: Tensor) -> Tensor:
         """``ggml_neg``: -a."""
@@ -517,7 +517,7 @@ class Ops(UncheckedOps):
         # ggml_is_padded_1d (static in ggml.c)
         if not (nb[0] == lib.ggml_type_size(a._type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]):
             raise ValueError("scale needs a tensor whose rows are packed: use cont() first")
-        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, a._ptr, float(s), contig=True)
+        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, True, a._ptr, float(s))
 
     def clamp(self, a: Tensor, min: float, max: float) -> Tensor:
         """``ggml_clamp``: a clipped to [min, max] (a new tensor since ggml 0.25; a view computed
@@ -574,7 +574,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, a._ptr, eps, contig=True)
+        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, True, a._ptr, eps)
 
     def rms_norm(self, a: Tensor, eps: float = 1e-6) -> Tensor:
         """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]. Raises ValueError unless
@@ -583,7 +583,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"rms_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, a._ptr, eps, contig=True)
+        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, True, a._ptr, eps)
 
     def l2_norm(self, a: Tensor, eps: float = 1e-12) -> Tensor:
         """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]. Raises ValueError unless eps >= 0."""
@@ -591,7 +591,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"l2_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, a._ptr, eps)
+        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, None, a._ptr, eps)
 
     def soft_max(self, a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
                  max_bias: float = 0.0) -> Tensor:
@@ -602,7 +602,7 @@ class Ops(UncheckedOps):
         """
         if a.__class__ is not Tensor or a._owner._gen != a._gen:  # _t inlined (hot path)
             a = _t(a, "a")
-        if mask is not None:
+        if mask is not None and (mask.__class__ is not Tensor or mask._owner._gen != mask._gen):
             mask = _t(mask, "mask")  # a closed mask is reported before a's layout
         c = a._contig
         if not (c if c is not None else is_contiguous(a)):
@@ -612,7 +612,8 @@ class Ops(UncheckedOps):
         if mask is not None:
             if mask._type not in (_F32, _F16):
                 raise TypeError("soft_max mask must be F32 or F16")
-            if not is_contiguous(mask):
+            c = mask._contig
+            if not (c if c is not None else is_contiguous(mask)):
                 raise ValueError("soft_max mask must be contiguous")
             m, n = mask._ne, a._ne
             if (m[0] != n[0] or m[1] < n[1] or not (m[2] > 0 and n[2] % m[2] == 0)
@@ -621,8 +622,8 @@ class Ops(UncheckedOps):
             inputs, m_ptr = (a, mask), mask._ptr
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
-        return _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, a._ptr, m_ptr,
-                           float(scale), float(max_bias), contig=True)
+        return _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, True, a._ptr, m_ptr,
+                           float(scale), float(max_bias))
 
     # ------------------------------------------------------------------ matrix
     def mul_mat(self, a: Tensor, b: Tensor) -> Tensor:
@@ -649,8 +650,8 @@ class Ops(UncheckedOps):
         if an[1] > bn[0]:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
             _check_nelements((an[1], bn[1], bn[2], bn[3]), "mul_mat")
-        return _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32,
-                           a._ptr, b._ptr, contig=True)
+        return _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32, True,
+                           a._ptr, b._ptr)
 
     def out_prod(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_out_prod``: ne [M, K] x [N, K] -> [M, N] (Σ_k a[k, m]·b[k, n] in ggml order)."""
@@ -665,7 +666,7 @@ class Ops(UncheckedOps):
     def cont(self, a: Tensor) -> Tensor:
         """``ggml_cont``: a contiguous copy of a."""
         a = _t(a, "a")
-        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, a._ptr, contig=True)
+        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, True, a._ptr)
 
     def cpy(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_cpy``: copy a into b (converting the type); returns a view of b.
@@ -708,7 +709,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"cannot reshape {a.nelements} elements to ne={list(ne)}")
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "reshape")
-        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, a._ptr, *ne, contig=True)
+        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, True, a._ptr, *ne)
 
     def view(self, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None,
              offset: int = 0) -> Tensor:
@@ -744,8 +745,8 @@ class Ops(UncheckedOps):
         if not size or size >= _VIEW_SAFE_BYTES:  # else fewer than _NE_SAFE elements
             _check_nelements(ne, "view")
         if n == 1:
-            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, a._ptr, ne[0], offset)
-        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, a._ptr, *ne, *nb, offset)
+            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, None, a._ptr, ne[0], offset)
+        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, None, a._ptr, *ne, *nb, offset)
 
     def permute(self, a: Tensor, *axes: int) -> Tensor:
         """``ggml_permute``: dim i of a becomes dim ``axes[i]`` (ggml order); 2 to 4 axes
@@ -764,7 +765,7 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "permute")
-        return _make_known(self, lib.ggml_permute, (a,), ne, a._type, a._ptr, *axes)
+        return _make_known(self, lib.ggml_permute, (a,), ne, a._type, None, a._ptr, *axes)
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``: swap ne[0] and ne[1] (a view). Raises ValueError for a
@@ -775,7 +776,7 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements((n[1], n[0], n[2], n[3]), "transpose")
-        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, a._ptr)
+        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, None, a._ptr)
 
     def concat(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
         """``ggml_concat``: a and b joined along ggml dim ``dim``; other dims and types must match."""
@@ -802,7 +803,7 @@ class Ops(UncheckedOps):
             _check_nelements((a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]), "get_rows")
         # as ggml_get_rows: F32 unless a is I32
         return _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
-                           _I32 if a._type == _I32 else _F32, a._ptr, rows._ptr, contig=True)
+                           _I32 if a._type == _I32 else _F32, True, a._ptr, rows._ptr)
 
     def set_rows(self, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
         """``ggml_set_rows``: write the rows of b (F32/F16) into a at I32/I64 indices ``rows``;
@@ -864,7 +865,7 @@ class Ops(UncheckedOps):
                 raise ValueError("rope: freq_factors must be F32 with >= n_dims/2 entries")
             c = freq_factors._ptr
             inputs = (a, pos, freq_factors)
-        return _make_known(self, lib.ggml_rope_ext, inputs, a._ne, a._type, a._ptr, pos._ptr, c, n_dims,
+        return _make_known(self, lib.ggml_rope_ext, inputs, a._ne, a._type, None, a._ptr, pos._ptr, c, n_dims,
                            mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
                            beta_slow)
 
