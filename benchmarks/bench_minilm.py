@@ -157,5 +157,6 @@ def main() -> None:
         print(f"{bs:>5} {r['ours']:>14.1f} {f'{ref:.1f}' if ref else '-':>13} "
               f"{f'{ratio:.2f}x' if ratio else '-':>7} {r['outside']:>12.1%}")
 
+
 if __name__ == "__main__":
     main()

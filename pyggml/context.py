@@ -71,8 +71,8 @@ class Context(_cobject.CObject, Ops):
         super().__init__(ptr, owned=True)
         self._gen = 0                      # changed by reset() and close(): tensors check it
         self._mem_size = int(lib.ggml_get_mem_size(ptr))
-        self._room = size                  # free bytes, never more than the real free space;
-        self._raw = False                  # -1 (ask ggml each time) once raw code has the pointer
+        self._room = size                  # free bytes, never more than the real free space
+        self._raw = False                  # raw code has the pointer: ask ggml each time (ptr)
         self._no_alloc = bool(no_alloc)
         self._buffers: list[Buffer] = []   # from alloc_tensors, closed with the context
         self._callbacks: list[Any] = []    # Python ops (map_custom) live as long as the context
@@ -105,7 +105,7 @@ class Context(_cobject.CObject, Ops):
         so that a full context still raises MemoryError rather than letting ggml abort."""
         p = self._live_ptr()
         self._raw = True
-        self._room = -1
+        self._recount()
         return p
 
     def _recount(self) -> None:
@@ -226,16 +226,13 @@ class Context(_cobject.CObject, Ops):
         an upper bound; the exact free space is asked from ggml only when it runs low."""
         if self._stale:
             self._check_deps()
+        if self._raw:  # raw code may have switched no_alloc
+            self._no_alloc = bool(lib.ggml_get_no_alloc(self._live_ptr()))
         need = n_objects * _OVERHEAD + extra
         if data_bytes and not self._no_alloc:
             need += _pad(data_bytes, _ALIGN)
         if need > self._room:
-            ptr = self._live_ptr()
-            if self._raw:  # raw code may have switched no_alloc
-                self._no_alloc = bool(lib.ggml_get_no_alloc(ptr))
-                need = n_objects * _OVERHEAD + extra + (
-                    _pad(data_bytes, _ALIGN) if data_bytes and not self._no_alloc else 0)
-            self._room = self._mem_size - int(lib.ggml_used_mem(ptr))
+            self._room = self._mem_size - int(lib.ggml_used_mem(self._live_ptr()))
             if need > self._room:
                 raise MemoryError(f"ggml context full: {need} bytes needed, {self._room} free of "
                                   f"{self._mem_size} (make a larger Context)")
