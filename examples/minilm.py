@@ -144,7 +144,7 @@ class MiniLM:
         if B > 1:
             gather = ctx.new_tensor(GGMLType.I32, [T * B]).set_input()      # padded -> packed row
             scatter = ctx.new_tensor(GGMLType.I32, [N]).set_input()         # packed -> padded row
-        kq_mask = ctx.new_tensor(GGMLType.F32, [T, T, 1, B]).set_input()     # [T_k, T_q, 1, B]
+        kq_mask = ctx.new_tensor(GGMLType.F16, [T, T, 1, B]).set_input()     # [T_k, T_q, 1, B]
         pool = ctx.new_tensor(GGMLType.F32, [N, B]).set_input()             # 1/n_tokens or 0
 
         x = ctx.get_rows(self.w["embeddings.word_embeddings.weight"], tokens)             # [H, N]
@@ -163,9 +163,10 @@ class MiniLM:
                 qkv = ctx.get_rows(qkv, gather)                                 # [3H, T*B]
             q = ctx.permute(heads(qkv, 0), 0, 2, 1, 3)                          # [hd, T, nh, B]
             k = ctx.permute(heads(qkv, 1), 0, 2, 1, 3)
-            v_t = ctx.cont(ctx.permute(heads(qkv, 2), 1, 2, 0, 3))              # [T, hd, nh, B]
-            kq = ctx.soft_max(ctx.mul_mat(k, q), kq_mask, scale=1.0 / math.sqrt(hd))  # [T_k, T_q, nh, B]
-            attn = ctx.cont(ctx.permute(ctx.mul_mat(v_t, kq), 0, 2, 1, 3))      # [hd, nh, T, B]
+            v = ctx.permute(heads(qkv, 2), 0, 2, 1, 3)
+            # softmax(K Q^T / sqrt(hd) + mask) V in one node (ggml_flash_attn_ext; its CPU kernel
+            # skips masked keys): [hd, nh, T, B], contiguous, the heads of a token side by side
+            attn = ctx.flash_attn(q, k, v, kq_mask, scale=1.0 / math.sqrt(hd))
             attn = ctx.reshape(attn, H, T * B)
             if scatter is not None:
                 attn = ctx.get_rows(attn, scatter)                              # [H, N]
@@ -196,7 +197,7 @@ class MiniLM:
         T = min(-(-T0 // PAD_TO) * PAD_TO, max(T0, MAX_SEQ_LENGTH))
         if B == 1:  # the latency case, in fewer NumPy calls: N == T, no gather or scatter
             n = int(mask.sum())
-            tokens, pool, bias = np.zeros(T, np.int32), np.zeros((1, T), np.float32), np.zeros(T, np.float32)
+            tokens, pool, bias = np.zeros(T, np.int32), np.zeros((1, T), np.float32), np.zeros(T, np.float16)
             tokens[:n], pool[0, :n], bias[n:] = ids[0, :n], 1.0 / n, -np.inf
             out = self.graphs.compute((T, 1, T), tokens=tokens, positions=self._positions[:T], pool=pool,
                                       kq_mask=np.broadcast_to(bias, (1, 1, T, T)))["out"]
@@ -221,7 +222,7 @@ class MiniLM:
         keys = np.zeros((B, T), bool)
         keys[:, :T0] = real
         # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
-        bias = np.where(keys[:, None, None, :], 0.0, -np.inf).astype(np.float32)
+        bias = np.where(keys[:, None, None, :], 0.0, -np.inf).astype(np.float16)
         gather = np.zeros((B, T), np.int32)                                    # padding -> row 0
         gather[:, :T0][real] = np.arange(n, dtype=np.int32)
         scatter = np.zeros(N, np.int32)
