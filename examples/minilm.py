@@ -54,7 +54,14 @@ def default_model_dir() -> Path:
 class MiniLM:
     """all-MiniLM-L6-v2 on a ggml CPU backend. Call :meth:`embed`; :meth:`close` frees the C side."""
 
-    def __init__(self, model_dir: Path, n_threads: int | None = None, backend: str = "cpu"):
+    def __init__(self, model_dir: Path, n_threads: int | None = None, backend: str = "cpu",
+                 flash_attn: bool | None = None):
+        """``backend``: "cpu", or a device name that holds the weights and runs what it supports
+        under the scheduler (the CPU the rest). ``flash_attn``: attention as one
+        ``ggml_flash_attn_ext`` node per layer (True) or as ``mul_mat``, ``soft_max``,
+        ``mul_mat`` (False); None: the former where the device computing it has a kernel for
+        these heads (the CPU has; ggml's CUDA kernels start at 40 values per head), since the
+        scheduler runs a node a device lacks on the CPU, with copies in every layer."""
         try:
             from safetensors.numpy import load_file
             from tokenizers import Tokenizer
@@ -83,6 +90,12 @@ class MiniLM:
                 numpy_backend.register()
             self.extra = device_by_name(backend).init()  # BackendNotAvailableError says why not
             self.extra.set_n_threads(self.backend.n_threads)  # BLAS: as the CPU (a GPU: no-op)
+        if flash_attn is None:
+            flash_attn = self.extra is None or self._supports_flash_attn(self.extra)
+        self.flash_attn = flash_attn
+        # the padding mask: F16 for ggml_flash_attn_ext, F32 for soft_max
+        self._mask_type, self._mask_dtype = ((GGMLType.F16, np.float16) if self.flash_attn
+                                             else (GGMLType.F32, np.float32))
         # weights: a no_alloc context holds the tensor structs, one backend buffer the data
         weights = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items()
                    if v.dtype == np.float32}  # skips embeddings.position_ids (int64)
@@ -106,6 +119,15 @@ class MiniLM:
             self.graphs = pyggml.GraphCache(self._build, scheduler=self.sched, graph_size=GRAPH_SIZE)
         self.n_splits = 0
         self._positions = np.arange(MAX_SEQ_LENGTH, dtype=np.int32)
+
+    def _supports_flash_attn(self, backend: pyggml.Backend) -> bool:
+        """Whether ``backend`` computes this model's ``ggml_flash_attn_ext`` node (F32 q, k, v
+        of ne [hd, T, nh, 1], F16 mask), asked of ggml for a node of T = PAD_TO tokens."""
+        hd, T = self.hidden // self.n_heads, PAD_TO
+        with pyggml.Context.for_tensors(5) as ctx:
+            q, k, v = (ctx.new_tensor(GGMLType.F32, [hd, T, self.n_heads, 1]) for _ in range(3))
+            mask = ctx.new_tensor(GGMLType.F16, [T, T, 1, 1])
+            return backend.supports_op(ctx.flash_attn(q, k, v, mask, scale=1.0))
 
     def close(self) -> None:
         for obj in (self.graphs, self.sched, self.wctx, self.extra, self.backend):
@@ -144,7 +166,7 @@ class MiniLM:
         if B > 1:
             gather = ctx.new_tensor(GGMLType.I32, [T * B]).set_input()      # padded -> packed row
             scatter = ctx.new_tensor(GGMLType.I32, [N]).set_input()         # packed -> padded row
-        kq_mask = ctx.new_tensor(GGMLType.F16, [T, T, 1, B]).set_input()     # [T_k, T_q, 1, B]
+        kq_mask = ctx.new_tensor(self._mask_type, [T, T, 1, B]).set_input()  # [T_k, T_q, 1, B]
         pool = ctx.new_tensor(GGMLType.F32, [N, B]).set_input()             # 1/n_tokens or 0
 
         x = ctx.get_rows(self.w["embeddings.word_embeddings.weight"], tokens)             # [H, N]
@@ -163,10 +185,14 @@ class MiniLM:
                 qkv = ctx.get_rows(qkv, gather)                                 # [3H, T*B]
             q = ctx.permute(heads(qkv, 0), 0, 2, 1, 3)                          # [hd, T, nh, B]
             k = ctx.permute(heads(qkv, 1), 0, 2, 1, 3)
-            v = ctx.permute(heads(qkv, 2), 0, 2, 1, 3)
-            # softmax(K Q^T / sqrt(hd) + mask) V in one node (ggml_flash_attn_ext; its CPU kernel
-            # skips masked keys): [hd, nh, T, B], contiguous, the heads of a token side by side
-            attn = ctx.flash_attn(q, k, v, kq_mask, scale=1.0 / math.sqrt(hd))
+            scale = 1.0 / math.sqrt(hd)
+            if self.flash_attn:  # one node (the CPU's kernel skips masked keys)
+                v = ctx.permute(heads(qkv, 2), 0, 2, 1, 3)
+                attn = ctx.flash_attn(q, k, v, kq_mask, scale=scale)            # [hd, nh, T, B]
+            else:
+                v_t = ctx.cont(ctx.permute(heads(qkv, 2), 1, 2, 0, 3))          # [T, hd, nh, B]
+                kq = ctx.soft_max(ctx.mul_mat(k, q), kq_mask, scale=scale)      # [T_k, T_q, nh, B]
+                attn = ctx.cont(ctx.permute(ctx.mul_mat(v_t, kq), 0, 2, 1, 3))  # [hd, nh, T, B]
             attn = ctx.reshape(attn, H, T * B)
             if scatter is not None:
                 attn = ctx.get_rows(attn, scatter)                              # [H, N]
@@ -197,7 +223,7 @@ class MiniLM:
         T = min(-(-T0 // PAD_TO) * PAD_TO, max(T0, MAX_SEQ_LENGTH))
         if B == 1:  # the latency case, in fewer NumPy calls: N == T, no gather or scatter
             n = int(mask.sum())
-            tokens, pool, bias = np.zeros(T, np.int32), np.zeros((1, T), np.float32), np.zeros(T, np.float16)
+            tokens, pool, bias = np.zeros(T, np.int32), np.zeros((1, T), np.float32), np.zeros(T, self._mask_dtype)
             tokens[:n], pool[0, :n], bias[n:] = ids[0, :n], 1.0 / n, -np.inf
             out = self.graphs.compute((T, 1, T), tokens=tokens, positions=self._positions[:T], pool=pool,
                                       kq_mask=np.broadcast_to(bias, (1, 1, T, T)))["out"]
@@ -222,7 +248,7 @@ class MiniLM:
         keys = np.zeros((B, T), bool)
         keys[:, :T0] = real
         # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
-        bias = np.where(keys[:, None, None, :], 0.0, -np.inf).astype(np.float16)
+        bias = np.where(keys[:, None, None, :], 0.0, -np.inf).astype(self._mask_dtype)
         gather = np.zeros((B, T), np.int32)                                    # padding -> row 0
         gather[:, :T0][real] = np.arange(n, dtype=np.int32)
         scatter = np.zeros(N, np.int32)

@@ -51,6 +51,21 @@ def test_embeddings_match_sentence_transformers(model, reference, batch_size):
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
 
 
+def test_attention_without_flash_attn_matches_too(model, reference, minilm_dir):
+    """The CPU computes attention as one ggml_flash_attn_ext node by default; the other form
+    (mul_mat, soft_max, mul_mat: for devices without a flash-attention kernel for 32-value
+    heads) gives the same embeddings, packed and alone."""
+    minilm = load_example("minilm")
+    sentences, expected, _ = reference
+    assert model.flash_attn
+    with minilm.MiniLM(minilm_dir, n_threads=2, flash_attn=False) as m:
+        for batch_size in (1, 64):
+            got = m.embed(sentences, batch_size=batch_size)
+            assert _cosine(got, expected).min() >= 0.9999
+        ops = {n.op_name for key in ((16, 1, 16), (16, 5, 48)) for n in m.graphs.get(key).graph.nodes}
+    assert "SOFT_MAX" in ops and "FLASH_ATTN_EXT" not in ops
+
+
 def test_packed_token_counts_are_bucketed_and_mixed_lengths_match(model, reference):
     """Tokens are packed (no compute on padding in the linear layers): the graph key holds the
     total token count, bucketed to a multiple of PAD_TO within ~3 % of the real count, and
@@ -98,6 +113,7 @@ def test_minilm_through_the_scheduler_with_the_numpy_backend(reference, minilm_d
     with minilm.MiniLM(minilm_dir, n_threads=2, backend="numpy") as m:
         got = m.embed(sentences, batch_size=8)
         assert m.n_splits >= 1
+        assert not m.flash_attn  # the NumPy backend has no FLASH_ATTN_EXT: mul_mat, soft_max
     assert _cosine(got, expected).min() >= 0.9999
 
 
