@@ -59,9 +59,11 @@ class MiniLM:
         """``backend``: "cpu", or a device name that holds the weights and runs what it supports
         under the scheduler (the CPU the rest). ``flash_attn``: attention as one
         ``ggml_flash_attn_ext`` node per layer (True) or as ``mul_mat``, ``soft_max``,
-        ``mul_mat`` (False); None: the former where the device computing it has a kernel for
-        these heads (the CPU has; ggml's CUDA kernels start at 40 values per head), since the
-        scheduler runs a node a device lacks on the CPU, with copies in every layer."""
+        ``mul_mat`` (False); None: the former unless it would cost copies, i.e. unless the
+        device keeps its tensors outside host memory and has no kernel for these heads (ggml's
+        CUDA kernels start at 40 values per head): the scheduler runs a node a device lacks on
+        the CPU, with copies to and from the device in every layer. A device whose buffers are
+        host memory (BLAS, NumPy) costs none: the CPU computes the node in place."""
         try:
             from safetensors.numpy import load_file
             from tokenizers import Tokenizer
@@ -91,7 +93,7 @@ class MiniLM:
             self.extra = device_by_name(backend).init()  # BackendNotAvailableError says why not
             self.extra.set_n_threads(self.backend.n_threads)  # BLAS: as the CPU (a GPU: no-op)
         if flash_attn is None:
-            flash_attn = self.extra is None or self._supports_flash_attn(self.extra)
+            flash_attn = self.extra is None or self._flash_attn_in_place(self.extra)
         self.flash_attn = flash_attn
         # the padding mask: F16 for ggml_flash_attn_ext, F32 for soft_max
         self._mask_type, self._mask_dtype = ((GGMLType.F16, np.float16) if self.flash_attn
@@ -120,9 +122,12 @@ class MiniLM:
         self.n_splits = 0
         self._positions = np.arange(MAX_SEQ_LENGTH, dtype=np.int32)
 
-    def _supports_flash_attn(self, backend: pyggml.Backend) -> bool:
-        """Whether ``backend`` computes this model's ``ggml_flash_attn_ext`` node (F32 q, k, v
-        of ne [hd, T, nh, 1], F16 mask), asked of ggml for a node of T = PAD_TO tokens."""
+    def _flash_attn_in_place(self, backend: pyggml.Backend) -> bool:
+        """Whether this model's ``ggml_flash_attn_ext`` node (F32 q, k, v of ne [hd, T, nh, 1],
+        F16 mask) runs without copies beside ``backend``: its buffers are host memory, or it
+        computes the node itself (asked of ggml for a node of T = PAD_TO tokens)."""
+        if backend.default_buffer_type.is_host:
+            return True
         hd, T = self.hidden // self.n_heads, PAD_TO
         with pyggml.Context.for_tensors(5) as ctx:
             q, k, v = (ctx.new_tensor(GGMLType.F32, [hd, T, self.n_heads, 1]) for _ in range(3))
