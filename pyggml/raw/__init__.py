@@ -36,6 +36,18 @@ _LIBRARIES = ["libggml-base.so", "libggml.so"] if _DL else ["libggml-base.so", "
 # ggml's abort handler forks gdb for a backtrace unless this is set; it is read when the library
 # is loaded, so it must be set before the first dlopen.
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+if "blas" in BUILD_INFO.get("backends", ()):
+    # ggml's BLAS and CPU backends take turns on the same cores, split after split, and each
+    # side's idle threads spin on them after their turn. OpenBLAS's for 2^28 cycles (about
+    # 0.1 s): MNIST FC training on [BLAS, CPU] took 7.8 s per epoch instead of 0.7 s (2 cores);
+    # 2^4: they sleep at once. ggml's CPU threads (OpenMP, libgomp) for GOMP_SPINCOUNT, 300,000
+    # by default: MiniLM's batch of 64 took 248 ms instead of 110 ms, FC training 1.68 s per
+    # epoch instead of 0.75 s; 0 and 100 were slow too (313 / 187 ms: every split then wakes
+    # sleeping threads), 1,000-10,000 alike. Each library reads its variable once, when it
+    # loads: libgomp with libggml-base.so below (unless the process had it already), OpenBLAS
+    # with the BLAS module. Values the user set are kept.
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 
 def _preload() -> list[ctypes.CDLL]:

@@ -118,12 +118,6 @@ def load_modules() -> dict[str, BackendStatus]:
     messages = _Collect()
     ggml_logger = logging.getLogger("pyggml.ggml")
     ggml_logger.addHandler(messages)
-    if "blas" in built:
-        # OpenBLAS's idle workers spin for 2^28 cycles (about 0.1 s) after each call, on the
-        # cores ggml's CPU backend needs for the next split of the same graph: MNIST FC training
-        # on [BLAS, CPU] took 7.8 s per epoch instead of 0.7 s (2 cores). 2^4: they sleep at
-        # once. Read once, when OpenBLAS loads; a value the user set is kept.
-        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
     try:
         if is_dl():
             lib.ggml_backend_load_all_from_path(str(LIB_DIR).encode())

@@ -329,6 +329,26 @@ def test_training_on_blas_matches_the_cpu(tmp_path):
         np.testing.assert_allclose(states[0][k], states[1][k], rtol=1e-3, atol=1e-4, err_msg=k)
 
 
+@pytest.mark.parametrize("user", [None, "77"])
+def test_blas_builds_keep_idle_threads_from_spinning(user):
+    """A BLAS build sets OPENBLAS_THREAD_TIMEOUT=4 and GOMP_SPINCOUNT=3000 before its libraries
+    load (each side's idle threads spun on the cores the other side's next split needed:
+    MiniLM batch 64 on [BLAS, CPU] took 2.3x as long); a user's GOMP_SPINCOUNT is kept. Other
+    builds leave both alone."""
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT")}
+    if user is not None:
+        env["GOMP_SPINCOUNT"] = user
+    code = ("import os, pyggml; print(os.environ.get('GOMP_SPINCOUNT'), "
+            "os.environ.get('OPENBLAS_THREAD_TIMEOUT'))")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=Path(pyggml.__file__).parents[1], check=True)
+    if "blas" in dl.built_backends():
+        assert r.stdout.split() == [user or "3000", "4"]
+    else:
+        assert r.stdout.split() == [str(user), "None"]
+
+
 def test_minilm_on_blas_and_cpu_scheduler(minilm_dir, minilm_reference):
     _need("blas")
     sentences, expected = minilm_reference
