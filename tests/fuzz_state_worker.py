@@ -1045,8 +1045,9 @@ class PyggmlMachine(RuleBasedStateMachine):
             "clamp": lambda: o.clamp(a.obj, -1.0, 1.0),
             "flash_attn": lambda: o.flash_attn(a.obj, b.obj, c.obj, None, 0.5, 0.0),
         }
-        srcs = [a] + ([b] if op not in ("argsort", "top_k", "pad", "diag_mask_inf", "sum", "argmax", "cast",
-                                       "leaky_relu", "pool_1d", "cumsum", "l2_norm", "clamp") else [])
+        one_src = op in ("argsort", "top_k", "pad", "diag_mask_inf", "sum", "argmax", "cast",
+                         "leaky_relu", "pool_1d", "cumsum", "l2_norm", "clamp")
+        srcs = [a] + ([] if one_src or (op == "swiglu" and i1 <= 30) else [b])  # swiglu(a): b unused
         if op in ("set_rows", "flash_attn"):
             srcs.append(c)
         return self._op(ctx, op, calls_[op], (), srcs, lambda t: None)
