@@ -1482,6 +1482,15 @@ class PyggmlMachine(RuleBasedStateMachine):
             self._after_compute(g, mem)
             return True
         if must is None:
+            if not held:
+                if p.obj._is_alloc and p.obj._graph is g.obj:
+                    self._placed(p, g)  # placed, then the computation failed
+                else:
+                    # refused while placing (as in _place): pyggml forgot the places of g's
+                    # tensors in placers' memory first, and a refused split keeps none of them
+                    for b in {t.root for t in g.tensors}:
+                        if b.home == "dead" or isinstance(b.home, PlacerM):
+                            b.home, b.known, b.uncertain = None, None, False
             self._unknown_after_failed(g)
             for t in self.all_tensors:
                 if t.base is None and t.home is p:
