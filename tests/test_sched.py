@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from pyggml import ClosedError, Context, CPUBackend, GGMLType, Scheduler
+from pyggml.raw import ffi
 
 rng = np.random.default_rng(1)
 
@@ -372,3 +373,31 @@ def test_a_split_refused_for_the_cpu_kernels_leaves_nothing_placed():
         buf = ctx.alloc_tensors(be)
         assert x.buffer_ptr == buf.ptr and y.buffer_ptr == buf.ptr
 
+
+
+def test_a_split_refused_after_another_scheduler_placed_the_graph_leaves_it_without_data():
+    """Fuzz seed 3320: a graph placed and computed by one scheduler, then grown by a node the
+    CPU kernel cannot compute and given to another scheduler, which refuses the split. Before
+    splitting, pyggml takes the graph's tensors out of the first scheduler's memory (a scheduler
+    places again what sits in a placer's memory), and the refused split keeps none of them: the
+    input has no data (ValueError, not ClosedError and not a read of memory that scheduler may
+    give to another graph) until it is placed again."""
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(16, graph_size=16) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+        h = ctx.new_tensor(GGMLType.F16, [4]).set_input()
+        g = ctx.new_graph(16).build_forward(ctx.scale(x, 2.0))
+        with Scheduler([be], graph_size=16) as first, Scheduler([be], graph_size=16) as second:
+            first.alloc_graph(g)
+            x.set(np.arange(4, dtype=np.float32))
+            first.compute(g)
+            assert x.buffer_ptr != ffi.NULL
+            g.build_forward(ctx.rms_norm(h, 1e-6))  # the CPU kernel takes F32 only
+            with pytest.raises(ValueError, match="cannot compute it"):
+                second.compute(g)
+            assert x.buffer_ptr == ffi.NULL
+            with pytest.raises(ValueError, match="no data yet"):
+                x.set(np.ones(4, np.float32))
+        buf = ctx.alloc_tensors(be)
+        assert x.buffer_ptr == buf.ptr
+        x.set(np.ones(4, np.float32))
+        np.testing.assert_array_equal(x.numpy(), np.ones(4, np.float32))
