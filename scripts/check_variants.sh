@@ -40,9 +40,11 @@ stage_for() {  # stage_for NAME -> prints build/stage-NAME, refreshed from the w
     local s="$root/build/stage-$1" list
     mkdir -p "$s"
     list="$(mktemp)"
-    git -C "$root" ls-files -z --cached --others --exclude-standard > "$list"
+    # tracked and untracked files, less tracked ones deleted from the working tree
+    comm -z -23 <(git -C "$root" ls-files -z --cached --others --exclude-standard | sort -z -u) \
+        <(git -C "$root" ls-files -z --deleted | sort -z) > "$list"
     if [ -f "$s/.stage-files" ]; then  # files the checkout no longer has
-        sort -z "$s/.stage-files" | comm -z -23 - <(sort -z "$list") | (cd "$s" && xargs -0 -r rm -f)
+        sort -z "$s/.stage-files" | comm -z -23 - "$list" | (cd "$s" && xargs -0 -r rm -f)
     fi
     tar -C "$root" --null -T "$list" -cf - | tar -C "$s" -xf -
     mv "$list" "$s/.stage-files"
