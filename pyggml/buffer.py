@@ -196,7 +196,7 @@ _AUTO_NAME = re.compile(r"(node|leaf)_\d+")
 def label(p: Any) -> str:
     """How messages name tensor struct ``p``: the name it was given, or its op and ne (after
     the name ggml gives unnamed graph tensors, ``node_<i>``/``leaf_<i>``)."""
-    name = ffi.string(p.name).decode("utf-8", "replace")
+    name = ffi.string(p.name).decode("utf-8", "surrogateescape")  # as tensor.name_str
     if name and not _AUTO_NAME.fullmatch(name):
         return repr(name)
     what = f"({ffi.string(lib.ggml_op_name(p.op)).decode()} ne={list(p.ne)})"

@@ -213,8 +213,10 @@ class Context(_cobject.CObject, Ops):
             t = lib.ggml_get_next_tensor(self._live_ptr(), t)
 
     def get_tensor(self, name: str) -> Tensor:
-        """``ggml_get_tensor``; raises KeyError if no tensor has that name."""
-        t = lib.ggml_get_tensor(self._live_ptr(), name.encode())
+        """``ggml_get_tensor``: the context's tensor named ``name`` (see :attr:`Tensor.name
+        <pyggml.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
+        raw = _tensor_mod.lookup_name_bytes(name)
+        t = lib.ggml_get_tensor(self._live_ptr(), raw) if raw is not None else ffi.NULL
         if t == ffi.NULL:
             raise KeyError(name)
         return Tensor(t, self)

@@ -39,7 +39,7 @@ from .enums import BufferUsage, GGUFValueType
 from .errors import ClosedError
 from .raw import ffi, lib
 from .raw.boundary import calling
-from .tensor import Tensor
+from .tensor import Tensor, lookup_name_bytes
 from .types import GGMLType, TypeLike, _as_u8, _check_ne, block_size, ggml_type, nbytes, numpy_dtype, \
     to_numpy, type_size
 
@@ -363,9 +363,8 @@ class GGUFFile(_cobject.CObject):
         ``ne`` padded to 4 dims), borrowed from this file: ClosedError once it is closed.
         KeyError if none."""
         gctx = self.ggml_context
-        if not isinstance(name, str) or "\0" in name:
-            raise KeyError(name)
-        t = lib.ggml_get_tensor(gctx, name.encode("utf-8", "surrogateescape"))
+        raw = lookup_name_bytes(name) if isinstance(name, str) else None
+        t = lib.ggml_get_tensor(gctx, raw) if raw is not None else ffi.NULL
         if t == ffi.NULL:
             raise KeyError(name)
         return Tensor(t, self)  # type: ignore[arg-type]

@@ -393,8 +393,10 @@ class Graph(_cobject.CObject):
         return iter(self.nodes)
 
     def get_tensor(self, name: str) -> Tensor:
-        """``ggml_graph_get_tensor``; KeyError if no node or leaf has that name."""
-        t = lib.ggml_graph_get_tensor(self.ptr, name.encode())
+        """``ggml_graph_get_tensor``: the node or leaf named ``name`` (see :attr:`Tensor.name
+        <pyggml.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
+        raw = _tensor.lookup_name_bytes(name)
+        t = lib.ggml_graph_get_tensor(self.ptr, raw) if raw is not None else ffi.NULL
         if t == ffi.NULL:
             raise KeyError(name)
         return self._wrap(t)

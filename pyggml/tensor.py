@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .context import Context
 
 __all__ = ["Tensor", "op_name", "can_repeat", "EMPTY_OPS", "BorrowScope", "context_of",
-           "register_arena", "decode_op_params", "tensor_arg", "GGML_INTERNAL"]
+           "register_arena", "decode_op_params", "tensor_arg", "GGML_INTERNAL", "name_bytes", "lookup_name_bytes", "name_str"]
 
 #: ops that compute nothing (ggml_op_is_empty): views and leafs
 EMPTY_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
@@ -51,6 +51,33 @@ _io_epoch = 0
 def _io_flag_set() -> None:
     global _io_epoch
     _io_epoch += 1
+
+
+def name_bytes(name: object) -> bytes:
+    """Tensor name ``name`` as ggml's C string: UTF-8 with ``surrogateescape``, so that a name
+    read from C that is not valid UTF-8 (a GGUF file's, ggml's truncation of a long view name)
+    comes back to the same bytes (as :func:`os.fsencode` does for file names). TypeError unless a
+    str; ValueError for a NUL or more than ``GGML_MAX_NAME - 1`` (63) bytes."""
+    if not isinstance(name, str):
+        raise TypeError(f"a tensor name is a str, not {type(name).__name__}")
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) >= lib.GGML_MAX_NAME or b"\0" in raw:
+        raise ValueError(f"tensor name is {len(raw)} bytes, ggml keeps at most {lib.GGML_MAX_NAME - 1} (no NUL)")
+    return raw
+
+
+def lookup_name_bytes(name: object) -> bytes | None:
+    """:func:`name_bytes` for a lookup by name: None where no tensor can have that name."""
+    try:
+        return name_bytes(name)
+    except ValueError:
+        return None
+
+
+def name_str(p: Any) -> str:
+    """The name of tensor struct ``p`` (``ggml_get_name``), decoded as :func:`name_bytes`
+    encodes."""
+    return ffi.string(p.name).decode("utf-8", "surrogateescape")
 
 
 def op_name(op: int) -> str:
@@ -291,15 +318,14 @@ class Tensor(_cobject.CBorrowed):
     # ------------------------------------------------------------------ description
     @property
     def name(self) -> str:
-        """``ggml_get_name`` / ``ggml_set_name`` (at most ``GGML_MAX_NAME - 1`` = 63 bytes)."""
-        return ffi.string(self.ptr.name).decode("utf-8", "replace")
+        """``ggml_get_name`` / ``ggml_set_name``: at most ``GGML_MAX_NAME - 1`` = 63 bytes of
+        UTF-8, no NUL (else ValueError; TypeError unless a str). Bytes that are not UTF-8 (a
+        GGUF file's name) read as lone surrogates (``surrogateescape``) and set back unchanged."""
+        return name_str(self.ptr)
 
     @name.setter
     def name(self, value: str) -> None:
-        raw = value.encode()
-        if len(raw) >= lib.GGML_MAX_NAME or b"\0" in raw:
-            raise ValueError(f"tensor name is {len(raw)} bytes, ggml keeps at most {lib.GGML_MAX_NAME - 1} (no NUL)")
-        lib.ggml_set_name(self.ptr, raw)
+        lib.ggml_set_name(self.ptr, name_bytes(value))
 
     def _label(self) -> str:
         """How messages name the tensor: its name, or its op and shape when it has none."""

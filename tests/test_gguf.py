@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyggml import ClosedError
+from pyggml import ClosedError, CPUBackend
 from pyggml import types as T
 from pyggml.gguf import GGUFFile, GGUFValueType, GGUFWriter, write_gguf
 
@@ -397,6 +397,81 @@ def test_reader_errors(gguf, tmp_path):
     _finish(w)
     with pytest.raises(ValueError, match="could not read"):
         GGUFFile(tmp_path / "nested.gguf")
+
+
+def test_a_tensor_name_that_is_not_utf8_round_trips(tmp_path):
+    # GGUF names are bytes; pyggml reads invalid UTF-8 as lone surrogates (surrogateescape), and
+    # loading such a file named its tensor with strict UTF-8 (UnicodeEncodeError; found by the
+    # mutation test below)
+    name = b"w\xa0\xff".decode("utf-8", "surrogateescape")
+    write_gguf(tmp_path / "n.gguf", {}, {name: np.arange(3, dtype=np.float32)})
+    with GGUFFile(tmp_path / "n.gguf", ggml_context=True) as f:
+        assert [t.name for t in f.tensors] == [name]
+        ctx, tensors = f.load(CPUBackend(n_threads=1))
+        t = tensors[name]
+        assert t.name == name and ctx.get_tensor(name) is not None
+        np.testing.assert_array_equal(t.numpy(), [0, 1, 2])
+        assert f.ggml_tensor(name).name == name
+        with pytest.raises(KeyError):
+            f.ggml_tensor("w")
+    with pytest.raises(TypeError, match="str"):
+        ctx.get_tensor(3)  # type: ignore[arg-type]
+    for missing in ("w", "w\0", "x" * 64):
+        with pytest.raises(KeyError):
+            ctx.get_tensor(missing)
+    ctx.close()
+
+
+def test_mutated_files_are_refused_or_read_never_crash(run_isolated, tmp_path):
+    """1,500 seeded random byte edits of a valid file: opening raises ValueError (ggml's
+    gguf_init_from_file refuses the layout), or every value, array, ggml tensor and load() of the
+    file opened works (these edits keep the types dequantizable). In a child process: a crash fails
+    the test instead of killing pytest."""
+    write_gguf(tmp_path / "base.gguf", {"general.architecture": "x", "u": 7, "arr": [1, 2, 3],
+                                        "s": "hello", "f": 1.5, "sa": ["a", "bc"]},
+               {"t": np.arange(32, dtype=np.float32).reshape(4, 8),
+                "h": np.arange(64, dtype=np.float16), "q": np.zeros(256, np.float32)})
+    r = run_isolated(f"""
+        import random
+        from pyggml import CPUBackend
+        from pyggml.gguf import GGUFFile
+        data = open({str(tmp_path / "base.gguf")!r}, "rb").read()
+        path = {str(tmp_path / "m.gguf")!r}
+        be = CPUBackend(n_threads=1)
+        refused = read = 0
+        for seed in range(1500):
+            rng = random.Random(seed)
+            b = bytearray(data)
+            for _ in range(rng.choice([1, 1, 2, 4])):
+                pos = rng.randrange(len(b)) if rng.random() < 0.3 else rng.randrange(400)
+                r = rng.random()
+                if r < 0.6:
+                    b[pos] = rng.randrange(256)
+                elif r < 0.8:
+                    b[pos:pos + 4] = rng.choice([b"\\xff" * 4, b"\\0" * 4, b"\\xff\\xff\\xff\\x7f"])
+                else:
+                    del b[pos:pos + rng.randrange(1, 16)]
+            open(path, "wb").write(b)
+            try:
+                f = GGUFFile(path, ggml_context=seed % 2 == 0)
+            except ValueError:
+                refused += 1
+                continue
+            with f:
+                for key in f.metadata:
+                    f.metadata[key]
+                for t in f.tensors:
+                    f.array(t.name)
+                    if seed % 2 == 0:
+                        f.ggml_tensor(t.name)
+                ctx, _ = f.load(be)
+                ctx.close()
+            read += 1
+        print("refused", refused, "read", read)
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    refused, read = map(int, r.stdout.split()[1::2])
+    assert refused > 100 and read > 100, r.stdout   # both paths were taken
 
 
 def test_unclosed_files_are_freed_by_the_garbage_collector(tmp_path):
