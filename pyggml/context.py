@@ -297,14 +297,19 @@ class Context(_cobject.CObject, Ops):
 
     def from_numpy(self, array: Any, type: types.TypeLike | None = None, name: str | None = None) -> Tensor:
         """A tensor with ``array``'s shape (NumPy order; ne = shape reversed) and type (from the
-        dtype unless ``type`` is given: float32 F32, float16 F16, float64 F64, int8..int64 I8..I64).
-        In an allocating context the data is copied in; in a ``no_alloc`` context only the tensor
-        is created (set its data once allocated). Raises TypeError for a dtype without a ggml type.
+        dtype unless ``type`` is given: float32 F32, float16 F16, float64 F64, int8..int64 I8..I64,
+        either byte order). In an allocating context the data is copied in; in a ``no_alloc``
+        context only the tensor is created (set its data once allocated). Raises TypeError for a
+        dtype without a ggml type, ValueError for more than 4 dims or, in an allocating context,
+        for 0 elements (ggml gives such a tensor no memory there).
         """
         a = np.asarray(array)
         if a.ndim > lib.GGML_MAX_DIMS:
             raise ValueError(f"{a.ndim}-d array: ggml tensors have at most {lib.GGML_MAX_DIMS} dims")
         ggml_type = types.type_of_dtype(a.dtype) if type is None else type
+        if a.size == 0 and not self.no_alloc:  # before new_tensor: the context keeps nothing
+            raise ValueError(f"array of shape {a.shape} has 0 elements: an allocating context gives "
+                             "such a tensor no memory (data NULL); use a no_alloc context and a buffer")
         t = self.new_tensor(ggml_type, a.shape[::-1] or (1,), name=name)
         if not self.no_alloc:
             t.set(a, reshape=True)
@@ -327,8 +332,8 @@ class Context(_cobject.CObject, Ops):
         Views in the context are placed in their source's buffer, so their sources must be this
         context's own tensors or tensors already in a live backend buffer.
 
-        Raises ValueError if the context allocates its own data, holds no unallocated tensor,
-        or holds a view of a tensor in no backend buffer (an allocating context's memory, or
+        Raises ValueError if the context allocates its own data, holds no unallocated tensor
+        or only unallocated tensors of 0 elements (ggml makes no buffer for 0 bytes), or holds a view of a tensor in no backend buffer (an allocating context's memory, or
         another context's tensor not allocated yet); MemoryError if the tensors need 2**62 bytes or
         more (ggml's size_t sum would wrap around and abort); ClosedError for a closed ``where``
         (checked first) or a view of a tensor whose buffer was closed; GGMLError if the
@@ -367,6 +372,10 @@ class Context(_cobject.CObject, Ops):
             raise MemoryError(f"alloc_tensors: the tensors of this context need {total} bytes")
         with calling():
             ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(self._live_ptr(), buft.ptr)
+            if ptr == ffi.NULL and total == 0:
+                # ggml makes no buffer of 0 bytes (nothing is allocated: it returns NULL)
+                raise ValueError("the tensors of this context that need memory all have 0 "
+                                 "elements: ggml allocates no buffer for them")
             if ptr == ffi.NULL:
                 raise GGMLError("ggml_backend_alloc_ctx_tensors failed (out of memory?)")
         buf = Buffer(ptr, owned=True, keep=where)

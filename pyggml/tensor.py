@@ -560,6 +560,10 @@ class Tensor(_cobject.CBorrowed):
                 src_ctx = context_of(v)
                 if src_ctx is not None and not src_ctx.closed:
                     Tensor(v, src_ctx)._memory()
+            if v == ffi.NULL and 0 in self._ne and getattr(owner, "no_alloc", True) is False:
+                raise ValueError(f"tensor {self._label()} has 0 elements: an allocating context "
+                                 "gives it no memory (data NULL), so it cannot be read, written "
+                                 "or computed (in a backend buffer it can)")
             raise ValueError(f"tensor {self._label()} has no data yet: allocate it in a buffer "
                              "(Context.alloc_tensors, a graph allocator or a scheduler)")
         if (v.buffer if v != ffi.NULL else p.buffer) == ffi.NULL:

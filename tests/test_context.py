@@ -316,3 +316,35 @@ def test_raw_calls_on_ctx_ptr_leave_the_pythonic_checks_exact(run_isolated):
         print("OK")
     """)
     assert r.returncode == 0 and r.stdout.strip() == "OK", r.stdout + r.stderr
+
+
+def test_from_numpy_takes_either_byte_order():
+    # IDX files (MNIST) and other formats store big-endian numbers: the dtype's kind decides the
+    # ggml type, and the values are swapped into ggml's (the machine's) order
+    with Context(1 << 16) as ctx:
+        for dt, want in ((">f4", GGMLType.F32), (">i4", GGMLType.I32), (">f2", GGMLType.F16), ("<i2", GGMLType.I16)):
+            a = np.arange(-2, 4).astype(dt)
+            t = ctx.from_numpy(a)
+            assert t.type == want
+            np.testing.assert_array_equal(t.numpy(), a)
+            assert t.numpy().dtype.isnative
+
+
+def test_zero_element_tensors_say_what_they_lack():
+    with Context(1 << 16) as ctx:       # an allocating context gives 0 bytes no memory (data NULL)
+        with pytest.raises(ValueError, match="0 elements: an allocating context gives such a tensor no memory"):
+            ctx.from_numpy(np.zeros((0, 3), np.float32))
+        assert list(ctx.tensors()) == []                                 # refused before making it
+        t = ctx.new_tensor(GGMLType.F32, [3, 0])
+        with pytest.raises(ValueError, match="0 elements: an allocating context gives it no memory"):
+            t.numpy()
+    with Context.for_tensors(4) as ctx:
+        t = ctx.from_numpy(np.zeros((0, 3), np.float32))
+        with pytest.raises(ValueError, match="no data yet: allocate it"):
+            t.numpy()
+        with pytest.raises(ValueError, match="all have 0 elements"):   # ggml returns no buffer
+            ctx.alloc_tensors(CPUBackend(n_threads=1))
+        ctx.new_tensor(GGMLType.F32, [2])
+        ctx.alloc_tensors(CPUBackend(n_threads=1))                     # in a buffer it has an address
+        assert t.numpy().shape == (0, 3)
+        t.set(np.zeros((0, 3), np.float32))
