@@ -333,8 +333,9 @@ class Context(_cobject.CObject, Ops):
         context's own tensors or tensors already in a live backend buffer.
 
         Raises ValueError if the context allocates its own data, holds no unallocated tensor
-        or only unallocated tensors of 0 elements (ggml makes no buffer for 0 bytes), or holds a view of a tensor in no backend buffer (an allocating context's memory, or
-        another context's tensor not allocated yet); MemoryError if the tensors need 2**62 bytes or
+        or only unallocated tensors of 0 elements (ggml makes no buffer for 0 bytes), or holds a
+        view of a tensor in no backend buffer (an allocating context's memory, or another
+        context's tensor not allocated yet); MemoryError if the tensors need 2**62 bytes or
         more (ggml's size_t sum would wrap around and abort); ClosedError for a closed ``where``
         (checked first) or a view of a tensor whose buffer was closed; GGMLError if the
         allocation fails.

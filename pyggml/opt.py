@@ -716,7 +716,8 @@ class Model:
     def forward(self, ctx: Context, inputs: Tensor) -> Tensor:
         """The outputs for ``inputs`` (``ne [ne_datapoint, batch]``), built with ops of ``ctx``
         (a ``no_alloc`` compute context): ``ne [n_outputs, batch]``, F32. Override it, or pass
-        ``forward=`` to the constructor."""
+        ``forward=`` to the constructor; with neither, NotImplementedError (as
+        ``torch.nn.Module.forward``: the model has no computation to build)."""
         if self._forward is None:
             raise NotImplementedError("define Model.forward(ctx, inputs) or pass forward=")
         return self._forward(ctx, inputs)

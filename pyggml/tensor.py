@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from .context import Context
 
 __all__ = ["Tensor", "op_name", "can_repeat", "EMPTY_OPS", "BorrowScope", "context_of",
-           "register_arena", "decode_op_params", "tensor_arg", "GGML_INTERNAL", "name_bytes", "lookup_name_bytes", "name_str"]
+           "register_arena", "decode_op_params", "tensor_arg", "GGML_INTERNAL", "name_bytes",
+           "lookup_name_bytes", "name_str"]
 
 #: ops that compute nothing (ggml_op_is_empty): views and leafs
 EMPTY_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
@@ -62,7 +63,8 @@ def name_bytes(name: object) -> bytes:
         raise TypeError(f"a tensor name is a str, not {type(name).__name__}")
     raw = name.encode("utf-8", "surrogateescape")
     if len(raw) >= lib.GGML_MAX_NAME or b"\0" in raw:
-        raise ValueError(f"tensor name is {len(raw)} bytes, ggml keeps at most {lib.GGML_MAX_NAME - 1} (no NUL)")
+        raise ValueError(f"tensor name is {len(raw)} bytes, ggml keeps at most "
+                         f"{lib.GGML_MAX_NAME - 1} (no NUL)")
     return raw
 
 
