@@ -27,16 +27,19 @@ so every kind is registered before user code runs.
 """
 from __future__ import annotations
 
+import functools
 import sys
+import threading
 import weakref
 from typing import Any, Callable, TypeVar
 
 from .errors import ClosedError, GGMLError
 from .raw import ffi
 
-__all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap"]
+__all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap", "using", "guarded"]
 
 _Self = TypeVar("_Self", bound="CBorrowed")
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
 class CBorrowed:
@@ -78,6 +81,10 @@ class CObject(CBorrowed):
         self._keep = keep
         self._views = 0  # live NumPy views of this object's memory
         self._pending_free: Any = None
+        # threads: C calls that use this object hold this lock (:class:`using`); close() takes
+        # it too, so it waits for them. ``_busy``: uses open on the thread holding it
+        self._lock = threading.RLock()
+        self._busy = 0
 
     def _export(self, holder: Any) -> None:
         """Register ``holder``, the object behind a NumPy view of this object's memory: while one
@@ -122,6 +129,10 @@ class CObject(CBorrowed):
 
     def close(self) -> None:
         """Free the C object if owned (idempotent); any later use raises ClosedError."""
+        with _closing(self):
+            self._close()
+
+    def _close(self) -> None:
         ptr, self._ptr = self._ptr, None
         if ptr is None or not self._owned:
             return
@@ -150,6 +161,108 @@ class CObject(CBorrowed):
     def __hash__(self) -> int:
         # the pointer it was made with: the hash must not change when the object is closed
         return hash((type(self), self.__dict__.get("_key", self._ptr)))
+
+
+#: counts closes and resets (and placers' new placements: :func:`changed`), so that a call that
+#: checked its objects before taking their locks knows whether to check again under them
+changes = 0
+
+
+def changed() -> None:
+    """Count a change that may invalidate another thread's check (see :data:`changes`)."""
+    global changes
+    changes += 1
+
+
+class _closing:
+    """``with _closing(obj):`` around a close or reset: waits (the object's lock) while another
+    thread's C call uses ``obj``; RuntimeError, with nothing changed, when a call on this very
+    thread uses it (a callback of that call closing it: C would go on with freed memory)."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self, obj: Any):
+        self.lock = obj.__dict__.get("_lock")
+        if self.lock is not None:
+            self.lock.acquire()
+            global changes
+            changes += 1
+            if obj._busy:
+                self.lock.release()
+                self.lock = None
+                raise RuntimeError(f"cannot close or reset this {obj._kind} from a callback of a "
+                                   "call that is using it (C would go on with freed memory)")
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def guarded(fn: _Fn) -> _Fn:
+    """Decorator of the ``close`` and ``reset`` of CObject subclasses: they run as
+    :class:`_closing` says (waiting for other threads' calls that use the object; RuntimeError
+    from a callback of a call on this thread that uses it)."""
+    @functools.wraps(fn)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _closing(self):
+            return fn(self, *args, **kwargs)
+    return guarded  # type: ignore[return-value]
+
+
+class using:
+    """``with using(a, b, ...):`` around C calls that use the objects (CObjects or objects with a
+    ``_lock``; None and others skipped): holds their locks, so that another thread's call on
+    them waits, and so does their :meth:`~CObject.close`. The locks are taken all or none (a
+    lock held elsewhere: release, wait for it, try again), so two calls never wait on each
+    other; re-entrant on one thread (a callback may use them again)."""
+
+    __slots__ = ("objs",)
+
+    def __init__(self, *objs: Any):
+        seen: dict[int, Any] = {}
+        for o in objs:
+            if o is not None and getattr(o, "_lock", None) is not None:
+                seen[id(o)] = o
+        self.objs = list(seen.values())
+
+    @classmethod
+    def of(cls, objs: list[Any]) -> "using":
+        """A :class:`using` of ``objs`` as an earlier one found them (``.objs``: distinct, each
+        with a lock), made without looking again."""
+        u = cls.__new__(cls)
+        u.objs = objs
+        return u
+
+    def __enter__(self) -> None:
+        objs = self.objs
+        if not objs:
+            return
+        wait = 0
+        while True:
+            objs[wait]._lock.acquire()
+            got = [objs[wait]]
+            for i, o in enumerate(objs):
+                if i == wait:
+                    continue
+                if o._lock.acquire(False):
+                    got.append(o)
+                    continue
+                for g in got:
+                    g._lock.release()
+                wait = i
+                break
+            else:
+                for o in objs:
+                    o._busy += 1
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        for o in self.objs:
+            o._busy -= 1
+            o._lock.release()
 
 
 _WRAPPERS: dict[str, Callable[..., Any]] = {}

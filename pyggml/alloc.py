@@ -20,7 +20,8 @@ bytes.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from . import _cobject, buffer
 from .buffer_type import BufferType
@@ -68,6 +69,22 @@ def _needs_compute(p: Any) -> bool:
     while p.op in EMPTY_OPS and p.view_src != ffi.NULL:
         p = p.view_src
     return bool(p.op != _NONE)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def placing(fn: _F) -> _F:
+    """A placer's method that places or plans ``graph`` (its first argument): run holding the
+    locks of the placer, the graph and the graph's context (another thread's compute of a graph
+    placed by it waits, and waits for it), and counted as a change (``_cobject.changed``: a
+    compute that checked its graph before taking its locks checks again)."""
+    @functools.wraps(fn)
+    def placed(self: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
+        with _cobject.using(self, graph, getattr(graph, "_owner", None)):
+            _cobject.changed()
+            return fn(self, graph, *args, **kwargs)
+    return placed  # type: ignore[return-value]
 
 
 class Placer:
@@ -341,6 +358,7 @@ class GraphAllocator(_cobject.CObject, Placer):
             graph.restore_sources()
         return g
 
+    @placing
     def reserve(self, graph: "Graph") -> None:
         """``ggml_gallocr_reserve``: size the buffer for ``graph`` (a worst case) without
         allocating its tensors. Raises MemoryError if the buffer cannot be allocated,
@@ -374,6 +392,7 @@ class GraphAllocator(_cobject.CObject, Placer):
                  and plan[3] == graph.io_flags())
         return holds, nodata
 
+    @placing
     def alloc_graph(self, graph: "Graph") -> None:
         """``ggml_gallocr_alloc_graph``: give every tensor of ``graph`` that has no data a place
         in the allocator's buffer (growing it if needed, which frees the old one: tensors placed
@@ -413,6 +432,7 @@ class GraphAllocator(_cobject.CObject, Placer):
         """Bytes of the allocator's buffer (``ggml_gallocr_get_buffer_size``, buffer 0)."""
         return int(lib.ggml_gallocr_get_buffer_size(self.ptr, 0))
 
+    @_cobject.guarded
     def close(self) -> None:
         """``ggml_gallocr_free``: tensors it placed lose their data (using them raises)."""
         if self._ptr is not None:

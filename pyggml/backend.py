@@ -63,7 +63,8 @@ def _check_range(t: Tensor, offset: int, size: int) -> None:
 class _Checked:
     """What a backend's check of a graph found, valid while nothing it depends on changes."""
 
-    __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced")
+    __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced",
+                 "users", "locks")
 
     def __init__(self, graph: "Graph", n_nodes: int, records: list[buffer.LiveBuffer],
                  contexts: list[tuple[Any, int]], foreign: list[tuple[Any, Any]]):
@@ -75,6 +76,11 @@ class _Checked:
         self.contexts = contexts
         self.placer = graph.placed_by
         self.unplaced = buffer.unplaced
+        # what computing the graph uses, locked around the C call (_cobject.using): its
+        # contexts, the owners of its buffers, its placer
+        self.users = (*(c for c, _ in contexts), *(r.owner for r in records), self.placer,
+                      *(o for o, _ in foreign))
+        self.locks: list[Any] | None = None  # using(backend, graph, *users).objs, on first use
 
     def still_valid(self, graph: "Graph", n_nodes: int) -> bool:
         if self.version != graph.version or self.n_nodes != n_nodes or self.placer is not graph.placed_by:
@@ -313,19 +319,33 @@ class Backend(_cobject.CObject):
         """What to say when this backend cannot compute node ``p`` (``_supports_raw`` false)."""
         return "its supports_op refuses the op or these types (compute it on another backend)"
 
-    def _prepare(self, graph: "Graph") -> Any:
-        """The graph's C pointer, after the check (cached on the graph) of everything computing
-        it needs. Raises ValueError/ClosedError."""
-        g = graph.ptr
-        n_nodes = lib.ggml_graph_n_nodes(g)
-        key = self.ptr
-        state = graph.checked.get(key)
-        if state is None or not state.still_valid(graph, n_nodes):
-            with calling():  # supports_op of a Python device
-                state = graph.checked[key] = self._check_graph(graph, n_nodes)
+    def _prepare(self, graph: "Graph") -> tuple[Any, _cobject.using]:
+        """(the graph's C pointer, the held locks of what computing it uses), after the check
+        (cached on the graph) of everything computing it needs; the caller releases the locks
+        (``__exit__``). Raises ValueError/ClosedError (holding nothing)."""
+        while True:
+            seen = _cobject.changes
+            g = graph.ptr
+            n_nodes = lib.ggml_graph_n_nodes(g)
+            key = self.ptr
+            state = graph.checked.get(key)
+            if state is None or not state.still_valid(graph, n_nodes):
+                with calling():  # supports_op of a Python device
+                    state = graph.checked[key] = self._check_graph(graph, n_nodes)
+            if state.locks is None:
+                state.locks = _cobject.using(self, graph, *state.users).objs
+            lock = _cobject.using.of(state.locks)
+            lock.__enter__()
+            if _cobject.changes == seen:  # nothing closed or placed anew while it waited
+                break
+            lock.__exit__()
         if state.indices is not None:  # data: checked before every compute
-            state.indices.run()
-        return g
+            try:
+                state.indices.run()
+            except BaseException:
+                lock.__exit__()
+                raise
+        return g, lock
 
     def graph_compute(self, graph: "Graph") -> None:
         """Compute ``graph`` (``ggml_backend_graph_compute``).
@@ -337,19 +357,25 @@ class Backend(_cobject.CObject):
         GGMLError, or the exception a Python callback raised (e.g. KeyboardInterrupt from the
         CPU backend's abort callback, or what a Python backend's ``graph_compute`` raised).
         """
-        g = self._prepare(graph)
-        with calling(*_callback_owners(graph)):
-            status = lib.ggml_backend_graph_compute(self._ptr, g)
-            check_status(status, "ggml_backend_graph_compute")
+        g, lock = self._prepare(graph)
+        try:
+            with calling(*_callback_owners(graph)):
+                status = lib.ggml_backend_graph_compute(self._ptr, g)
+                check_status(status, "ggml_backend_graph_compute")
+        finally:
+            lock.__exit__()
         _mark_computed(graph)
 
     def graph_compute_async(self, graph: "Graph") -> None:
         """``ggml_backend_graph_compute_async``: queue the computation; :meth:`synchronize`
         before reading results (until then the graph's outputs raise as not computed)."""
-        g = self._prepare(graph)
-        with calling(*_callback_owners(graph)):
-            status = lib.ggml_backend_graph_compute_async(self._ptr, g)
-            check_status(status, "ggml_backend_graph_compute_async")
+        g, lock = self._prepare(graph)
+        try:
+            with calling(*_callback_owners(graph)):
+                status = lib.ggml_backend_graph_compute_async(self._ptr, g)
+                check_status(status, "ggml_backend_graph_compute_async")
+        finally:
+            lock.__exit__()
         self._pending.append(graph)
 
     def graph_plan(self, graph: "Graph") -> "GraphPlan":
@@ -357,9 +383,12 @@ class Backend(_cobject.CObject):
         (ggml would abort)."""
         if self.ptr.iface.graph_plan_create == ffi.NULL:
             raise ValueError(f"backend {self.name} does not support graph plans")
-        g = self._prepare(graph)
-        with calling(*_callback_owners(graph)):
-            plan = lib.ggml_backend_graph_plan_create(self._ptr, g)
+        g, lock = self._prepare(graph)
+        try:
+            with calling(*_callback_owners(graph)):
+                plan = lib.ggml_backend_graph_plan_create(self._ptr, g)
+        finally:
+            lock.__exit__()
         return GraphPlan(plan, self, graph)
 
     def __repr__(self) -> str:
@@ -398,10 +427,13 @@ class GraphPlan(_cobject.CObject):
         """``ggml_backend_graph_plan_compute`` (the graph is checked as by
         :meth:`Backend.graph_compute`); raises GGMLError on failure, or what a callback raised."""
         backend: Backend = self._owner
-        backend._prepare(self._graph)
-        with calling(*_callback_owners(self._graph)):
-            status = lib.ggml_backend_graph_plan_compute(backend._ptr, self.ptr)
-            check_status(status, "ggml_backend_graph_plan_compute")
+        _, lock = backend._prepare(self._graph)
+        try:
+            with _cobject.using(self), calling(*_callback_owners(self._graph)):
+                status = lib.ggml_backend_graph_plan_compute(backend._ptr, self.ptr)
+                check_status(status, "ggml_backend_graph_plan_compute")
+        finally:
+            lock.__exit__()
         _mark_computed(self._graph)
 
 

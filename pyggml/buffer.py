@@ -335,6 +335,7 @@ class Buffer(_cobject.CObject):
         with calling():  # a Python buffer's free_buffer
             lib.ggml_backend_buffer_free(ptr)
 
+    @_cobject.guarded
     def close(self) -> None:
         """``ggml_backend_buffer_free`` if owned (idempotent). Tensors in the buffer become
         unusable at once (even while a NumPy view keeps the memory itself alive)."""
@@ -409,6 +410,7 @@ class Buffer(_cobject.CObject):
             with calling():
                 lib.ggml_backend_buffer_clear(self.ptr, value)
 
+    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_backend_buffer_reset`` (backend-specific tensor state)."""
         with calling():

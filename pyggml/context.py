@@ -128,6 +128,7 @@ class Context(_cobject.CObject, Ops):
         """Whether tensors get no data in the context (``ggml_get_no_alloc``)."""
         return bool(lib.ggml_get_no_alloc(self._live_ptr()))
 
+    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_reset``: forget every tensor and graph. Their Python objects raise ClosedError
         from now on; the memory is reused by what the context makes next. Contexts whose nodes
@@ -388,6 +389,7 @@ class Context(_cobject.CObject, Ops):
         if not any(b is buf for b in self._buffers):
             self._buffers.append(buf)
 
+    @_cobject.guarded
     def close(self) -> None:
         """``ggml_free``, then the backend buffers made by :meth:`alloc_tensors`. Tensors of the
         context raise ClosedError from now on."""

@@ -278,6 +278,7 @@ class Threadpool(_cobject.CObject):
         """``ggml_threadpool_resume``."""
         lib.ggml_threadpool_resume(self.ptr)
 
+    @_cobject.guarded
     def close(self) -> None:
         """Detach from every backend using the pool, then ``ggml_threadpool_free``."""
         for backend in list(self._users):

@@ -257,6 +257,7 @@ class Graph(_cobject.CObject):
         g = lib.ggml_graph_get_grad(self.ptr, tensor_arg(tensor, "tensor")._ptr)
         return None if g == ffi.NULL else Tensor._of(g)
 
+    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_graph_reset``: loss gradient 1, all other gradients 0 (they must be allocated;
         ValueError otherwise or before :meth:`build_backward`)."""

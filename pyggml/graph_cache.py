@@ -21,12 +21,14 @@ graph while Python prepares the following inputs.
 """
 from __future__ import annotations
 
+import functools
+import threading
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Mapping
 
 import numpy as np
 
-from . import types
+from . import _cobject, types
 from .alloc import GraphAllocator
 from .backend import Backend
 from .context import Context
@@ -58,6 +60,15 @@ class CachedGraph:
         self.ctx.close()
 
 
+def _one_at_a_time(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A GraphCache method that holds the cache's lock (threads take turns)."""
+    @functools.wraps(fn)
+    def locked(self: "GraphCache", *args: Any, **kwargs: Any) -> Any:
+        with _cobject.using(self):
+            return fn(self, *args, **kwargs)
+    return locked
+
+
 class GraphCache:
     """Graphs built by ``build`` once per key, computed on ``backend`` (through one
     :class:`~pyggml.alloc.GraphAllocator`) or by ``scheduler``.
@@ -66,6 +77,9 @@ class GraphCache:
     ``n_tensors`` tensors) and returns ``(inputs, outputs)``, two ``{name: Tensor}`` mappings:
     inputs are marked ``set_input()`` and outputs ``set_output()`` for you. The graph holds up to
     ``graph_size`` nodes. Raises ValueError for bad arguments and what ``build`` raises.
+
+    Threads may share a cache: :meth:`get`, :meth:`compute` and :meth:`close` run one at a
+    time (a compute sets the inputs, computes and reads the outputs as one step).
     """
 
     def __init__(self, build: BuildFn, *, backend: Backend | None = None,
@@ -84,9 +98,12 @@ class GraphCache:
         self._graphs: OrderedDict[Hashable, CachedGraph] = OrderedDict()
         self._galloc = GraphAllocator(backend) if backend is not None else None
         self._closed = False
+        self._lock = threading.RLock()  # one get/compute/close at a time (_cobject.using)
+        self._busy = 0
         self.builds = 0  # how many graphs were built (for tests and benchmarks)
 
     # ------------------------------------------------------------------ graphs
+    @_one_at_a_time
     def get(self, key: Hashable) -> CachedGraph:
         """The graph of ``key``, built (and allocated) on first use. Raises ClosedError once
         the cache is closed."""
@@ -149,17 +166,19 @@ class GraphCache:
         of the graph) and return the outputs named in ``outputs`` (default: all) as NumPy arrays.
         Raises ValueError for missing or unknown inputs or a wrong shape, and what computing
         raises."""
-        entry = self.get(key)
-        self._place(entry)
-        self._set_inputs(entry, inputs)
-        if self.scheduler is not None:
-            self.scheduler.compute(entry.graph)
-        else:
-            assert self.backend is not None
-            self.backend.graph_compute(entry.graph)
-        names = list(entry.outputs) if outputs is None else outputs
-        return {n: entry.outputs[n].numpy() for n in names}
+        with _cobject.using(self):
+            entry = self.get(key)
+            self._place(entry)
+            self._set_inputs(entry, inputs)
+            if self.scheduler is not None:
+                self.scheduler.compute(entry.graph)
+            else:
+                assert self.backend is not None
+                self.backend.graph_compute(entry.graph)
+            names = list(entry.outputs) if outputs is None else outputs
+            return {n: entry.outputs[n].numpy() for n in names}
 
+    @_one_at_a_time
     def compute_async(self, key: Hashable, **inputs: Any) -> "PendingCompute":
         """Queue the graph of ``key`` with ``inputs`` on the backend
         (``ggml_backend_tensor_set_async`` + ``ggml_backend_graph_compute_async``, or the
@@ -187,6 +206,7 @@ class GraphCache:
         backend.graph_compute_async(entry.graph)
         return PendingCompute(self, entry, backend.synchronize)
 
+    @_one_at_a_time
     def close(self) -> None:
         """Close every cached graph and the graph allocator; the cache refuses further use
         (ClosedError)."""

@@ -160,25 +160,30 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
     a reset or close of that context makes this one refuse new nodes until it is reset itself,
     since its nodes point at memory that is gone). This is the hot path of
     every op constructor: it reads only Python attributes besides the one C call."""
-    if ctx._gen < 0:
-        raise ClosedError("this context is closed")
-    room = ctx._room - _OVERHEAD * n_objects
-    if room < 0:
-        # asks ggml for the exact free space (MemoryError); ClosedError if a context whose
-        # tensors this one's nodes read was reset or closed (Context._invalidate_dependents
-        # sends every op constructor here then)
-        ctx._reserve(0, n_objects)
-    else:
-        ctx._room = room
-    if ctx._no_alloc:
-        for t in inputs:
-            owner = t._owner
-            if owner is not ctx and owner is not ctx._last_dep:
-                _record_deps(ctx, inputs)
-                break
-        p = fn(ctx._ptr, *args)
-    else:
-        p = _make_allocating(ctx, fn, inputs, args)
+    lock = ctx._lock  # threads take turns in a context (ggml's arena is not thread-safe)
+    lock.acquire()
+    try:
+        if ctx._gen < 0:
+            raise ClosedError("this context is closed")
+        room = ctx._room - _OVERHEAD * n_objects
+        if room < 0:
+            # asks ggml for the exact free space (MemoryError); ClosedError if a context whose
+            # tensors this one's nodes read was reset or closed (Context._invalidate_dependents
+            # sends every op constructor here then)
+            ctx._reserve(0, n_objects)
+        else:
+            ctx._room = room
+        if ctx._no_alloc:
+            for t in inputs:
+                owner = t._owner
+                if owner is not ctx and owner is not ctx._last_dep:
+                    _record_deps(ctx, inputs)
+                    break
+            p = fn(ctx._ptr, *args)
+        else:
+            p = _make_allocating(ctx, fn, inputs, args)
+    finally:
+        lock.release()
     if ne is None:
         return Tensor(p, ctx)
     # the Tensor made here, not by Tensor.__init__ (which reads ne and type from C): every

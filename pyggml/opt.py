@@ -67,7 +67,7 @@ from typing import Any, Callable, Iterator, Mapping, Union
 
 import numpy as np
 
-from . import types
+from . import _cobject, types
 from ._cobject import CObject
 from .backend import Backend
 from .context import Context
@@ -454,6 +454,7 @@ class Dataset(CObject):
         y = types.to_numpy(raw_y, lt, [self.ne_label, batch_size]) if raw_y is not None and lt is not None else None
         return x, y
 
+    @_cobject.guarded
     def close(self) -> None:
         """``ggml_opt_dataset_free``: its data and labels tensors raise ClosedError afterwards."""
         scope = getattr(self, "_scope", None)
@@ -509,6 +510,7 @@ class Result(CObject):
         self._signature: tuple[Any, ...] | None = None
         self._has_pred = False
 
+    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_opt_result_reset``: forget everything."""
         lib.ggml_opt_result_reset(self.ptr)
@@ -1142,6 +1144,7 @@ class OptContext(CObject):
         return self._own(lib.ggml_opt_grad_acc(self.ptr, node.ptr))
 
     # ------------------------------------------------------------------ low level
+    @_cobject.guarded
     def reset(self, optimizer: bool) -> None:
         """``ggml_opt_reset``: zero the gradients and, with ``optimizer``, the AdamW moments and
         the step count."""
@@ -1217,6 +1220,7 @@ class OptContext(CObject):
             raise ValueError(f"batch size {self.batch_size} does not divide the dataset's {dataset.ndata} "
                              "datapoints (ggml-opt has no partial batches): trim the data or pick a divisor")
 
+    @_cobject.guarded
     def close(self) -> None:
         """``ggml_opt_free``, then the model graph (scheduler, compute context, inputs). Its
         tensors (labels, loss, ...) raise ClosedError afterwards."""

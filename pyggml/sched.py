@@ -16,7 +16,7 @@ import functools
 from typing import Any, Callable, Sequence
 
 from . import _cobject, _trial, buffer
-from .alloc import Placer
+from .alloc import Placer, placing
 from .backend import Backend, _callback_owners
 from .buffer_type import BufferType
 from .cpu import CPUBackend, graph_trial_ops
@@ -119,6 +119,7 @@ class Scheduler(_cobject.CObject, Placer):
         with calling():
             lib.ggml_backend_sched_free(ptr)
 
+    @_cobject.guarded
     def close(self) -> None:
         """``ggml_backend_sched_free``: tensors it placed lose their data (using them raises)."""
         if self._ptr is not None:
@@ -269,6 +270,7 @@ class Scheduler(_cobject.CObject, Placer):
                 if p.buffer == ffi.NULL:
                     lib.ggml_backend_sched_set_tensor_backend(self.ptr, p, host)
 
+    @placing
     def reserve(self, graph: Graph) -> None:
         """``ggml_backend_sched_reserve``: size the compute buffers for a worst-case graph
         (its sources are put back afterwards). Raises MemoryError if they cannot be allocated."""
@@ -296,6 +298,7 @@ class Scheduler(_cobject.CObject, Placer):
             if self._graph is graph:
                 self._graph = None
 
+    @placing
     def alloc_graph(self, graph: Graph) -> None:
         """``ggml_backend_sched_alloc_graph``: split ``graph`` and allocate its tensors (resets
         the previous allocation first: tensors of the graph placed before become unusable).
@@ -337,7 +340,8 @@ class Scheduler(_cobject.CObject, Placer):
             # nothing of the refused split stays: its tensors are not left placed in memory
             # this scheduler now regards as free (they would stay there, as ggml keeps a
             # tensor that has data where it is, and an alloc_tensors would skip them)
-            self.reset()
+            self._pins.clear()  # reset(), which a callback may not call during a use
+            self._reset()
             self._unplace(graph)
             self._unplace_zero_byte(zero)
             raise
@@ -361,6 +365,7 @@ class Scheduler(_cobject.CObject, Placer):
                     raise ValueError(f"the scheduler put node {buffer.label(p)} on the {b.name} backend, "
                                      f"which cannot compute it: {b._why_not(p)}")
 
+    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_backend_sched_reset``: forget the allocation (tensor data becomes invalid; the
         graph's sources are put back) and the pins of :meth:`set_tensor_backend`."""
@@ -414,19 +419,31 @@ class Scheduler(_cobject.CObject, Placer):
             b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
             if isinstance(b, CPUBackend):
                 b._restart_abort_clock()
-        if not (self._is_alloc and self._graph is graph and graph.split_by is self):
-            self.alloc_graph(graph)
-        g = self._check_graph(graph)
-        state = graph.checked[self._ptr]
-        if state.indices is not None:
-            state.indices.run()
-        if not state.trialed:
-            self._trial_compute(graph, g)
-            state.trialed = True
-        self._stopped = False
-        with calling(*_callback_owners(graph), *((self,) if self._eval is not None else ())):
-            status = fn(self.ptr, g)
-            check_status(status, "ggml_backend_sched_graph_compute")
+        while True:
+            seen = _cobject.changes
+            if not (self._is_alloc and self._graph is graph and graph.split_by is self):
+                self.alloc_graph(graph)
+                seen = _cobject.changes  # its own change
+            g = self._check_graph(graph)
+            state = graph.checked[self._ptr]
+            lock = _cobject.using(self, graph, *self._backends, *(c for c, _ in state.contexts),
+                                  *(r.owner for r in state.records))
+            lock.__enter__()
+            if _cobject.changes == seen:  # nothing closed or placed anew while it waited
+                break
+            lock.__exit__()
+        try:
+            if state.indices is not None:
+                state.indices.run()
+            if not state.trialed:
+                self._trial_compute(graph, g)
+                state.trialed = True
+            self._stopped = False
+            with calling(*_callback_owners(graph), *((self,) if self._eval is not None else ())):
+                status = fn(self.ptr, g)
+                check_status(status, "ggml_backend_sched_graph_compute")
+        finally:
+            lock.__exit__()
         if not self._stopped:
             graph.computed = True
         return not self._stopped

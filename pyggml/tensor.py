@@ -600,6 +600,11 @@ class Tensor(_cobject.CBorrowed):
         ``ggml_backend_tensor_get`` for tensors in backend buffers (raising what a Python
         buffer's ``get_tensor`` raised).
         """
+        with _cobject.using(self._owner):  # its context: no reset or close meanwhile
+            return self._numpy(copy)
+
+    def _numpy(self, copy: bool) -> np.ndarray:
+        seen = _cobject.changes
         p, rec, in_buffer = self._memory()
         dtype = types.numpy_dtype(self._type)
         if not copy:
@@ -618,7 +623,9 @@ class Tensor(_cobject.CBorrowed):
             raise ValueError(f"tensor {self._label()} is not contiguous: copy it with Context.cont first")
         raw = np.empty(int(lib.ggml_nbytes(p)), dtype=np.uint8)
         if in_buffer:
-            with calling():
+            with _cobject.using(rec.owner if rec is not None else None), calling():
+                if _cobject.changes != seen:  # closed or placed anew while this waited: ClosedError
+                    p = self._memory()[0]
                 lib.ggml_backend_tensor_get(p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(ffi.from_buffer(raw), p.data, raw.nbytes)
@@ -702,6 +709,11 @@ class Tensor(_cobject.CBorrowed):
         tensor, TypeError for a dtype that cannot be stored without changing its kind. Wraps
         ``ggml_backend_tensor_set`` for tensors in backend buffers.
         """
+        with _cobject.using(self._owner):  # its context: no reset or close meanwhile
+            return self._set(array, reshape)
+
+    def _set(self, array: Any, reshape: bool) -> "Tensor":
+        seen = _cobject.changes
         p, rec, in_buffer = self._memory()
         if not lib.ggml_is_contiguous(p):
             raise ValueError(f"tensor {self._label()} is not contiguous")
@@ -714,7 +726,9 @@ class Tensor(_cobject.CBorrowed):
             self._check_shape(a.shape)
         raw = types.from_numpy_bytes(a.reshape(shape), self._type)
         if in_buffer:
-            with calling():
+            with _cobject.using(rec.owner if rec is not None else None), calling():
+                if _cobject.changes != seen:  # closed or placed anew while this waited: ClosedError
+                    p = self._memory()[0]
                 lib.ggml_backend_tensor_set(p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(p.data, ffi.from_buffer(raw), raw.nbytes)

@@ -36,10 +36,10 @@ class GraphCopy(_cobject.CObject):
     _kind = "graph copy"
 
     def __init__(self, backend: Backend, graph: Graph):
-        backend._prepare(graph)
-        _check_in_buffers(graph)
+        _, lock = backend._prepare(graph)
         copy = None
         try:
+            _check_in_buffers(graph)
             with calling():
                 copy = lib.ggml_backend_graph_copy(backend.ptr, graph.ptr)
         except BaseException:  # a Python buffer's callback raised: free what ggml made
@@ -47,6 +47,8 @@ class GraphCopy(_cobject.CObject):
                 with calling():
                     lib.ggml_backend_graph_copy_free(copy)
             raise
+        finally:
+            lock.__exit__()
         if copy.buffer == ffi.NULL:
             raise GGMLError(f"could not copy the graph to backend {backend.name}")
         super().__init__(ffi.new("struct ggml_backend_graph_copy *", copy), owned=True, keep=(backend, graph))
@@ -76,8 +78,21 @@ def compare_graph_backend(backend1: Backend, backend2: Backend, graph: Graph,
     the nodes up to the last of them are computed as one graph instead. Returns False if the
     graph copy failed. An exception in ``callback`` stops the comparison and is re-raised here.
     """
-    backend1._prepare(graph)
-    backend2._prepare(graph)
+    _, lock1 = backend1._prepare(graph)
+    try:
+        _, lock2 = backend2._prepare(graph)
+    except BaseException:
+        lock1.__exit__()
+        raise
+    try:
+        return _compare(backend1, backend2, graph, callback, test_nodes)
+    finally:
+        lock2.__exit__()
+        lock1.__exit__()
+
+
+def _compare(backend1: Backend, backend2: Backend, graph: Graph,
+             callback: Callable[[int, Tensor, Tensor], bool], test_nodes: Sequence[Tensor]) -> bool:
     _check_in_buffers(graph)
     nodes = set(graph.raw_nodes())
     for t in test_nodes:

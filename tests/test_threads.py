@@ -1,0 +1,173 @@
+"""Threads: pyggml objects shared by threads (cffi releases the GIL in every C call, so two
+threads can be inside ggml at once). Calls that use an object take turns; ``close()`` and
+``reset()`` wait for another thread's call that uses the object; a callback that closes what
+its own call uses is refused. References: NumPy."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache, ffi, lib
+
+rng = np.random.default_rng(11)
+
+
+def _mlp_graph(ctx, n, m):
+    """y = tanh(w @ x) in NumPy order: x (m, n), w (n, n)."""
+    x = ctx.new_tensor("f32", [n, m]).set_input()
+    w = ctx.new_tensor("f32", [n, n]).set_input()
+    y = ctx.tanh(ctx.mul_mat(w, x)).set_output()
+    return x, w, y, ctx.new_graph(16).build_forward(y)
+
+
+class _Blocked:
+    """A CPU backend whose compute stops in its abort callback until ``release`` is set (the
+    callback is asked after the first node)."""
+
+    def __init__(self, backend):
+        self.started, self.release = threading.Event(), threading.Event()
+        backend.abort_callback = self._cb
+
+    def _cb(self):
+        self.started.set()
+        assert self.release.wait(20)
+        return False
+
+
+def _run(fn, errors):
+    def target():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+    t = threading.Thread(target=target)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("what", ["backend", "context", "graph allocator"])
+def test_close_on_another_thread_waits_for_the_compute(what):
+    be = CPUBackend(n_threads=1)
+    ctx = Context.for_tensors(8, graph_size=16)
+    x, w, y, graph = _mlp_graph(ctx, 64, 8)
+    galloc = GraphAllocator(be)
+    galloc.alloc_graph(graph)
+    xa, wa = rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal((64, 64)).astype(np.float32)
+    x.set(xa)
+    w.set(wa)
+    obj = {"backend": be, "context": ctx, "graph allocator": galloc}[what]
+    blocked = _Blocked(be)
+    errors: list[BaseException] = []
+    computing = _run(lambda: be.graph_compute(graph), errors)
+    assert blocked.started.wait(20)
+    closing = _run(obj.close, errors)
+    closing.join(0.3)
+    assert closing.is_alive() and not obj.closed     # waits: C is still using it
+    result = {}
+    reading = _run(lambda: result.setdefault("y", y.numpy()), errors)   # waits too (the context)
+    blocked.release.set()
+    for t in (computing, closing, reading):
+        t.join(20)
+    assert obj.closed
+    if isinstance(errors[0] if errors else None, ClosedError):   # the read came after the close
+        errors.pop(0)
+    else:
+        np.testing.assert_allclose(result["y"], np.tanh(xa @ wa.T), rtol=1e-4, atol=1e-5)
+    assert errors == []
+    with pytest.raises(ClosedError):
+        be.graph_compute(graph)
+    for o in (galloc, ctx, be):
+        o.close()
+
+
+def test_a_callback_that_closes_what_its_compute_uses_is_refused():
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=16) as ctx, \
+            GraphAllocator(be) as galloc:
+        x, w, y, graph = _mlp_graph(ctx, 16, 4)
+        galloc.alloc_graph(graph)
+        xa, wa = rng.standard_normal((4, 16)).astype(np.float32), rng.standard_normal((16, 16)).astype(np.float32)
+        x.set(xa)
+        w.set(wa)
+        be.abort_callback = lambda: ctx.close()
+        with pytest.raises(RuntimeError, match="from a callback of a call that is using it"):
+            be.graph_compute(graph)
+        assert not ctx.closed                           # nothing was changed
+        be.abort_callback = None
+        be.graph_compute(graph)
+        np.testing.assert_allclose(y.numpy(), np.tanh(xa @ wa.T), rtol=1e-4, atol=1e-5)
+
+
+def test_threads_computing_on_one_backend_get_their_own_results():
+    """Graphs of different sizes need CPU work buffers of different sizes: ggml's CPU backend
+    grows its one work buffer between computes, so two computes at once would share it."""
+    be = CPUBackend(n_threads=1)
+    errors: list[BaseException] = []
+
+    def worker(n):
+        with Context.for_tensors(8, graph_size=16) as ctx, GraphAllocator(be) as galloc:
+            x, w, y, graph = _mlp_graph(ctx, n, 3)
+            galloc.alloc_graph(graph)
+            r = np.random.default_rng(n)
+            for _ in range(40):
+                xa = r.standard_normal((3, n)).astype(np.float32)
+                wa = r.standard_normal((n, n)).astype(np.float32)
+                x.set(xa)
+                w.set(wa)
+                be.graph_compute(graph)
+                np.testing.assert_allclose(y.numpy(), np.tanh(xa @ wa.T), rtol=1e-4, atol=1e-5)
+
+    threads = [_run(lambda n=n: worker(n), errors) for n in (8, 32, 96, 160)]
+    for t in threads:
+        t.join(120)
+    be.close()
+    assert errors == []
+
+
+def test_threads_sharing_a_graph_cache_get_their_own_results():
+    """GraphCache.compute sets the inputs, computes and reads the outputs as one step: threads
+    take turns (else one thread's inputs would be computed for another)."""
+    def build(ctx, n, m):
+        x = ctx.new_tensor("f32", [n, m])
+        w = ctx.new_tensor("f32", [n, n])
+        return {"x": x, "w": w}, {"y": ctx.tanh(ctx.mul_mat(w, x))}
+
+    errors: list[BaseException] = []
+    with CPUBackend(n_threads=1) as be, GraphCache(build, backend=be) as cache:
+        def worker(seed):
+            r = np.random.default_rng(seed)
+            for _ in range(40):
+                n = int(r.choice([16, 48]))
+                xa = r.standard_normal((4, n)).astype(np.float32)
+                wa = r.standard_normal((n, n)).astype(np.float32)
+                out = cache.compute((n, 4), x=xa, w=wa)["y"]
+                np.testing.assert_allclose(out, np.tanh(xa @ wa.T), rtol=1e-4, atol=1e-5)
+
+        threads = [_run(lambda s=s: worker(s), errors) for s in range(4)]
+        for t in threads:
+            t.join(120)
+    assert errors == []
+
+
+def test_threads_building_nodes_in_one_context_lose_none():
+    """ggml's arena is not thread-safe (two ggml_new_object at once place two tensors at the
+    same address): the op constructors of one context take turns."""
+    n = 20000
+    with Context.for_tensors(2 * n + 8) as ctx:
+        base = ctx.new_tensor("f32", [64, 64])
+        errors: list[BaseException] = []
+
+        def worker():
+            for _ in range(n):
+                ctx.add(base, base)
+
+        threads = [_run(worker, errors) for _ in range(2)]
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        count, p = 0, lib.ggml_get_first_tensor(ctx.ptr)
+        while p != ffi.NULL:
+            count += 1
+            p = lib.ggml_get_next_tensor(ctx.ptr, p)
+        assert count == 2 * n + 1
