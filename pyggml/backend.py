@@ -357,26 +357,24 @@ class Backend(_cobject.CObject):
         GGMLError, or the exception a Python callback raised (e.g. KeyboardInterrupt from the
         CPU backend's abort callback, or what a Python backend's ``graph_compute`` raised).
         """
-        g, lock = self._prepare(graph)
-        try:
-            with calling(*_callback_owners(graph)):
-                status = lib.ggml_backend_graph_compute(self._ptr, g)
-                check_status(status, "ggml_backend_graph_compute")
-        finally:
-            lock.__exit__()
+        self._run(graph, lib.ggml_backend_graph_compute, "ggml_backend_graph_compute")
         _mark_computed(graph)
 
     def graph_compute_async(self, graph: "Graph") -> None:
         """``ggml_backend_graph_compute_async``: queue the computation; :meth:`synchronize`
         before reading results (until then the graph's outputs raise as not computed)."""
+        self._run(graph, lib.ggml_backend_graph_compute_async, "ggml_backend_graph_compute_async")
+        self._pending.append(graph)
+
+    def _run(self, graph: "Graph", fn: Any, what: str) -> None:
+        """``fn(backend, graph)`` (a compute returning ``ggml_status``) after :meth:`_prepare`,
+        holding its locks; GGMLError (named ``what``) or a callback's exception on failure."""
         g, lock = self._prepare(graph)
         try:
             with calling(*_callback_owners(graph)):
-                status = lib.ggml_backend_graph_compute_async(self._ptr, g)
-                check_status(status, "ggml_backend_graph_compute_async")
+                check_status(fn(self._ptr, g), what)
         finally:
             lock.__exit__()
-        self._pending.append(graph)
 
     def graph_plan(self, graph: "Graph") -> "GraphPlan":
         """``ggml_backend_graph_plan_create``. Raises ValueError if the backend has no plans
