@@ -36,7 +36,7 @@ from typing import Any, Callable, TypeVar
 from .errors import ClosedError, GGMLError
 from .raw import ffi
 
-__all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap", "using", "guarded"]
+__all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap", "using", "guarded", "holding"]
 
 _Self = TypeVar("_Self", bound="CBorrowed")
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
@@ -82,9 +82,9 @@ class CObject(CBorrowed):
         self._views = 0  # live NumPy views of this object's memory
         self._pending_free: Any = None
         # threads: C calls that use this object hold this lock (:class:`using`); close() takes
-        # it too, so it waits for them. ``_busy``: uses open on the thread holding it
+        # it too, so it waits for them. ``_closers``: closes and resets running (:class:`_closing`)
         self._lock = threading.RLock()
-        self._busy = 0
+        self._closers = 0
 
     def _export(self, holder: Any) -> None:
         """Register ``holder``, the object behind a NumPy view of this object's memory: while one
@@ -160,7 +160,7 @@ class CObject(CBorrowed):
 
     def __hash__(self) -> int:
         # the pointer it was made with: the hash must not change when the object is closed
-        return hash((type(self), self.__dict__.get("_key", self._ptr)))
+        return hash((type(self), getattr(self, "_key", self._ptr)))
 
 
 #: counts closes and resets (and placers' new placements: :func:`changed`), so that a call that
@@ -177,28 +177,35 @@ def changed() -> None:
 class _closing:
     """``with _closing(obj):`` around a close or reset: waits (the object's lock) while another
     thread's C call uses ``obj``; RuntimeError, with nothing changed, when a call on this very
-    thread uses it (a callback of that call closing it: C would go on with freed memory)."""
+    thread uses it (a callback of that call closing it: C would go on with freed memory).
 
-    __slots__ = ("lock",)
+    A call that uses ``obj`` holds its lock (:class:`using`, op constructors): the lock already
+    held by this thread, outside a close of ``obj`` (``_closers``: a close may reset), is one."""
+
+    __slots__ = ("obj",)
 
     def __init__(self, obj: Any):
-        self.lock = obj.__dict__.get("_lock")
-        if self.lock is not None:
-            self.lock.acquire()
-            global changes
-            changes += 1
-            if obj._busy:
-                self.lock.release()
-                self.lock = None
-                raise RuntimeError(f"cannot close or reset this {obj._kind} from a callback of a "
-                                   "call that is using it (C would go on with freed memory)")
+        lock = getattr(obj, "_lock", None)
+        self.obj = None
+        if lock is None:
+            return
+        if lock._is_owned() and not obj._closers:
+            raise RuntimeError(f"cannot close or reset this {obj._kind} from a callback of a "
+                               "call that is using it (C would go on with freed memory)")
+        lock.acquire()
+        obj._closers += 1
+        global changes
+        changes += 1
+        self.obj = obj
 
     def __enter__(self) -> None:
         pass
 
     def __exit__(self, *exc: object) -> None:
-        if self.lock is not None:
-            self.lock.release()
+        obj = self.obj
+        if obj is not None:
+            obj._closers -= 1
+            obj._lock.release()
 
 
 def guarded(fn: _Fn) -> _Fn:
@@ -212,6 +219,17 @@ def guarded(fn: _Fn) -> _Fn:
     return guarded  # type: ignore[return-value]
 
 
+def holding(fn: _Fn) -> _Fn:
+    """Decorator of methods that change the object's C memory (a context's arena: new tensors
+    and graphs) or walk it: they hold the object's lock, so threads take turns and a close or
+    reset on another thread waits (ggml's arenas are not thread-safe)."""
+    @functools.wraps(fn)
+    def holding(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return fn(self, *args, **kwargs)
+    return holding  # type: ignore[return-value]
+
+
 class using:
     """``with using(a, b, ...):`` around C calls that use the objects (CObjects or objects with a
     ``_lock``; None and others skipped): holds their locks, so that another thread's call on
@@ -219,50 +237,55 @@ class using:
     lock held elsewhere: release, wait for it, try again), so two calls never wait on each
     other; re-entrant on one thread (a callback may use them again)."""
 
-    __slots__ = ("objs",)
+    __slots__ = ("locks",)
 
     def __init__(self, *objs: Any):
         seen: dict[int, Any] = {}
         for o in objs:
-            if o is not None and getattr(o, "_lock", None) is not None:
-                seen[id(o)] = o
-        self.objs = list(seen.values())
+            lock = getattr(o, "_lock", None) if o is not None else None
+            if lock is not None:
+                seen[id(lock)] = lock
+        self.locks = tuple(seen.values())
 
     @classmethod
-    def of(cls, objs: list[Any]) -> "using":
-        """A :class:`using` of ``objs`` as an earlier one found them (``.objs``: distinct, each
-        with a lock), made without looking again."""
+    def of(cls, locks: tuple[Any, ...]) -> "using":
+        """A :class:`using` of the locks an earlier one found (``.locks``: distinct), made
+        without looking again (computes cache them per checked graph)."""
         u = cls.__new__(cls)
-        u.objs = objs
+        u.locks = locks
         return u
 
     def __enter__(self) -> None:
-        objs = self.objs
-        if not objs:
+        locks = self.locks
+        n = 0
+        for lock in locks:  # the common case: none held elsewhere
+            if not lock.acquire(False):
+                break
+            n += 1
+        else:
             return
-        wait = 0
+        for lock in locks[:n]:
+            lock.release()
+        wait = n
         while True:
-            objs[wait]._lock.acquire()
-            got = [objs[wait]]
-            for i, o in enumerate(objs):
+            locks[wait].acquire()
+            got = [locks[wait]]
+            for i, lock in enumerate(locks):
                 if i == wait:
                     continue
-                if o._lock.acquire(False):
-                    got.append(o)
+                if lock.acquire(False):
+                    got.append(lock)
                     continue
                 for g in got:
-                    g._lock.release()
+                    g.release()
                 wait = i
                 break
             else:
-                for o in objs:
-                    o._busy += 1
                 return
 
     def __exit__(self, *exc: object) -> None:
-        for o in self.objs:
-            o._busy -= 1
-            o._lock.release()
+        for lock in self.locks:
+            lock.release()
 
 
 _WRAPPERS: dict[str, Callable[..., Any]] = {}

@@ -46,7 +46,7 @@ def _zero_byte_tensors(graph: "Graph") -> list[Any]:
     sources and the outputs; not views), found once per graph version."""
     g = graph.ptr
     key = (graph.version, int(lib.ggml_graph_n_nodes(g)))
-    cached = graph.__dict__.get("_zero_byte")
+    cached = graph._zero_byte
     if cached is not None and cached[0] == key:
         return cached[1]  # type: ignore[no-any-return]
     seen: dict[Any, None] = {}
@@ -59,7 +59,7 @@ def _zero_byte_tensors(graph: "Graph") -> list[Any]:
         if isinstance(t, Tensor):
             seen[t._ptr] = None
     found = [p for p in seen if p.view_src == ffi.NULL and lib.ggml_nbytes(p) == 0]
-    graph.__dict__["_zero_byte"] = (key, found)
+    graph._zero_byte = (key, found)
     return found
 
 

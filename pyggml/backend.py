@@ -80,7 +80,7 @@ class _Checked:
         # contexts, the owners of its buffers, its placer
         self.users = (*(c for c, _ in contexts), *(r.owner for r in records), self.placer,
                       *(o for o, _ in foreign))
-        self.locks: list[Any] | None = None  # using(backend, graph, *users).objs, on first use
+        self.locks: tuple[Any, ...] | None = None  # using(backend, graph, *users).locks, on first use
 
     def still_valid(self, graph: "Graph", n_nodes: int) -> bool:
         if self.version != graph.version or self.n_nodes != n_nodes or self.placer is not graph.placed_by:
@@ -330,10 +330,14 @@ class Backend(_cobject.CObject):
             key = self.ptr
             state = graph.checked.get(key)
             if state is None or not state.still_valid(graph, n_nodes):
-                with calling():  # supports_op of a Python device
-                    state = graph.checked[key] = self._check_graph(graph, n_nodes)
+                # checked holding the backend, the graph and its context (no close or reset
+                # meanwhile), then round again to take the locks of all computing uses
+                with _cobject.using(self, graph, graph._owner), calling():  # calling: supports_op
+                    if _cobject.changes == seen:                            # of a Python device
+                        graph.checked[key] = self._check_graph(graph, n_nodes)
+                continue
             if state.locks is None:
-                state.locks = _cobject.using(self, graph, *state.users).objs
+                state.locks = _cobject.using(self, graph, *state.users).locks
             lock = _cobject.using.of(state.locks)
             lock.__enter__()
             if _cobject.changes == seen:  # nothing closed or placed anew while it waited

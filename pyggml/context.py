@@ -12,6 +12,7 @@ tensor data in the arena keep it alive after the context is closed.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -83,6 +84,13 @@ class Context(_cobject.CObject, Ops):
         self._trial_ops: set[int] = set()  # ops made by Ops.op without checks of their own
         self._arena_lo = int(self._arena.ctypes.data)  # the tensor structs of this context lie
         self._arena_hi = self._arena_lo + size          # in [lo, hi) (ops._give_data)
+        # threads take turns in the arena (ggml's is not thread-safe): C calls that make, walk,
+        # reset or free its objects hold this lock, and so do the op constructors for their
+        # checks of the context's state. Held only around work that calls no Python callback
+        # and waits for no other lock (other contexts' are taken all or none), so that a thread
+        # that must walk every arena (buffer.forget) can wait for it; re-entrant for a
+        # finalizer that runs while it is held. close() and reset() also hold ``_lock``
+        self._arena_lock = threading.RLock()
         _tensor_mod.register_arena(self, self._arena.ctypes.data, size)
 
     @classmethod
@@ -134,13 +142,14 @@ class Context(_cobject.CObject, Ops):
         from now on; the memory is reused by what the context makes next. Contexts whose nodes
         read this context's tensors refuse new tensors, nodes and graphs (ClosedError) until
         they are reset themselves, and their graphs are refused."""
-        lib.ggml_reset(self._live_ptr())
-        self._gen += 1
-        self._room = -1 if self._raw else self._mem_size
-        self._trial_ops.clear()
-        self._deps.clear()
-        self._last_dep = None
-        self._stale = False
+        with self._arena_lock:
+            lib.ggml_reset(self._live_ptr())
+            self._gen += 1
+            self._room = -1 if self._raw else self._mem_size
+            self._trial_ops.clear()
+            self._deps.clear()
+            self._last_dep = None
+            self._stale = False
         self._invalidate_dependents()
 
     # ------------------------------------------------------------------ dependencies
@@ -163,10 +172,11 @@ class Context(_cobject.CObject, Ops):
         todo = list(self._dependents)
         while todo:
             d = todo.pop()
-            if d._stale or d._gen < 0:
-                continue
-            d._stale = True
-            d._room = -1
+            with d._arena_lock:  # one at a time: its op constructors read _room under it
+                if d._stale or d._gen < 0:
+                    continue
+                d._stale = True
+                d._room = -1
             todo.extend(d._dependents)
 
     def _stale_dep(self) -> Any:
@@ -207,17 +217,24 @@ class Context(_cobject.CObject, Ops):
         self._stale = False
 
     def tensors(self) -> Iterator[Tensor]:
-        """Every tensor of the context, in creation order (``ggml_get_first/next_tensor``)."""
-        t = lib.ggml_get_first_tensor(self._live_ptr())
+        """Every tensor of the context, in creation order (``ggml_get_first/next_tensor``).
+        ClosedError from the next step once the context is reset or closed."""
+        gen = self._gen
+        with self._arena_lock:
+            t = lib.ggml_get_first_tensor(self._live_ptr())
         while t != ffi.NULL:
             yield Tensor(t, self)
-            t = lib.ggml_get_next_tensor(self._live_ptr(), t)
+            with self._arena_lock:
+                if self._gen != gen:
+                    raise ClosedError("the context was reset or closed while its tensors were listed")
+                t = lib.ggml_get_next_tensor(self._live_ptr(), t)
 
     def get_tensor(self, name: str) -> Tensor:
         """``ggml_get_tensor``: the context's tensor named ``name`` (see :attr:`Tensor.name
         <pyggml.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
         raw = _tensor_mod.lookup_name_bytes(name)
-        t = lib.ggml_get_tensor(self._live_ptr(), raw) if raw is not None else ffi.NULL
+        with self._arena_lock:
+            t = lib.ggml_get_tensor(self._live_ptr(), raw) if raw is not None else ffi.NULL
         if t == ffi.NULL:
             raise KeyError(name)
         return Tensor(t, self)
@@ -269,8 +286,11 @@ class Context(_cobject.CObject, Ops):
         if ne[0] * types.type_size(t) >= 2**64:
             # ggml_nbytes computes ne[0] * type_size in size_t: it would wrap around
             raise ValueError(f"ne[0]={ne[0]} of type {types.type_name(t)}: ggml_nbytes would overflow")
-        self._reserve(nbytes)
-        out = Tensor(lib.ggml_new_tensor(self._live_ptr(), t, len(ne), ffi.new("int64_t[]", ne)), self)
+        c_ne = ffi.new("int64_t[]", ne)
+        with self._arena_lock:
+            self._reserve(nbytes)
+            p = lib.ggml_new_tensor(self._live_ptr(), t, len(ne), c_ne)
+        out = Tensor(p, self)
         out._contig = True  # ggml_new_tensor's strides are packed
         if name is not None:
             out.name = name
@@ -321,9 +341,13 @@ class Context(_cobject.CObject, Ops):
         """``ggml_new_graph_custom``: an empty graph of at most ``size`` nodes and ``size`` leafs."""
         if size < 1:
             raise ValueError("graph size must be >= 1")
-        self._reserve(0, n_objects=0, extra=int(lib.ggml_graph_overhead_custom(size, grads)) + 64)
-        return Graph(lib.ggml_new_graph_custom(self._live_ptr(), size, grads), self, size, grads)
+        extra = int(lib.ggml_graph_overhead_custom(size, grads)) + 64
+        with self._arena_lock:
+            self._reserve(0, n_objects=0, extra=extra)
+            p = lib.ggml_new_graph_custom(self._live_ptr(), size, grads)
+        return Graph(p, self, size, grads)
 
+    @_cobject.holding
     def alloc_tensors(self, where: "Backend | BufferType") -> Buffer:
         """Allocate every tensor of this ``no_alloc`` context in one backend buffer
         (``ggml_backend_alloc_ctx_tensors`` / ``_from_buft``); ``where`` is a backend (its
@@ -394,11 +418,16 @@ class Context(_cobject.CObject, Ops):
         """``ggml_free``, then the backend buffers made by :meth:`alloc_tensors`. Tensors of the
         context raise ClosedError from now on."""
         if self._ptr is not None:
-            self._gen = -1
+            with self._arena_lock:
+                self._gen = -1
             self._invalidate_dependents()
         super().close()
         for b in self._buffers:
             b.close()
+
+    def _free(self, ptr: Any) -> None:
+        with self._arena_lock:  # after any C call in the arena another thread is making
+            lib.ggml_free(ptr)
 
     # one Python object per ggml context: identity is equality (cheap to hash, and stable
     # when the context is closed)

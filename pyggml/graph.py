@@ -103,6 +103,10 @@ class Graph(_cobject.CObject):
         self.checked: dict[Any, Any] = {}  # backend pointer -> what the backend's check found
         self._node_set: frozenset[Any] | None = None
         self._root_leafs: list[Any] | None = None
+        # caches of what other modules work out once per graph version (keyed by it)
+        self._io_flags: tuple[Any, tuple[tuple[int, ...], tuple[int, ...]]] | None = None  # io_flags()
+        self._zero_byte: Any = None    # pyggml.alloc: zero-byte tensors ggml-alloc would place
+        self._sched_loose: Any = None  # pyggml.sched: leafs pinned to the last backend
 
     # ------------------------------------------------------------------ lifetime
     @property
@@ -137,6 +141,11 @@ class Graph(_cobject.CObject):
         something that is not a tensor, ClosedError for a tensor of a closed context; every
         output is checked first, so a call that raises adds none of them.
         """
+        # the graph, its context and the outputs' contexts: no reset or close meanwhile
+        with _cobject.using(self, self._owner, *(getattr(o, "_owner", None) for o in outputs)):
+            return self._build_forward(outputs)
+
+    def _build_forward(self, outputs: tuple[Tensor, ...]) -> "Graph":
         g = self.ptr
         # every output checked before anything is walked or added: a bad one (closed, not a
         # tensor) or a graph too small leaves the graph as it was
@@ -182,6 +191,10 @@ class Graph(_cobject.CObject):
         first in a forked child (:mod:`pyggml._trial`). The gradient nodes' ops become trial
         ops of ``ctx``: the backward graph's first CPU compute is tried in a forked child too.
         """
+        with _cobject.using(self, self._owner, ctx):  # no reset or close meanwhile
+            return self._build_backward(ctx)
+
+    def _build_backward(self, ctx: "Context") -> "Graph":
         if not self.grads:
             raise ValueError("build_backward needs a graph made with new_graph(..., grads=True)")
         if self._backward:
@@ -361,10 +374,10 @@ class Graph(_cobject.CObject):
         changed (:mod:`pyggml.alloc`, :mod:`pyggml.sched`). Cached until the graph changes or
         a flag is set through pyggml."""
         key = (self.version, int(lib.ggml_graph_n_nodes(self.ptr)), _tensor._io_epoch)
-        cached = self.__dict__.get("_io_flags")
+        cached = self._io_flags
         if cached is None or cached[0] != key:
             nodes = self.raw_nodes()
-            cached = self.__dict__["_io_flags"] = (key, (tuple(p.flags & _IO for p in nodes),
+            cached = self._io_flags = (key, (tuple(p.flags & _IO for p in nodes),
                                                          tuple(p.flags & _IO for p in self._raw_leafs(nodes))))
         return cached[1]
 

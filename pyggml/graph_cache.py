@@ -99,7 +99,7 @@ class GraphCache:
         self._galloc = GraphAllocator(backend) if backend is not None else None
         self._closed = False
         self._lock = threading.RLock()  # one get/compute/close at a time (_cobject.using)
-        self._busy = 0
+        self._closers = 0
         self.builds = 0  # how many graphs were built (for tests and benchmarks)
 
     # ------------------------------------------------------------------ graphs

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from . import _trial, types
+from . import _cobject, _trial, types
 from ._unchecked_ops import UncheckedOps
 from .buffer import host_array_owner
 from .enums import GGMLType, PoolOp, SortOrder
@@ -146,7 +146,7 @@ def _check_nelements(ne: Sequence[int], what: str) -> None:
 
 
 def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
-                type: Any, contig: bool | None, *args: Any, n_objects: int = 1) -> Tensor:
+                type: Any, contig: bool | None, args: tuple[Any, ...], n_objects: int = 1) -> Tensor:
     """The new node ``fn(ctx, *args)``, its ``ne`` and type as the caller computed them the way
     ggml.c does (``tests/test_ops.py`` compares them with C's for every op that passes them), or
     read from C when ``ne`` is None. ``contig`` True: the result is known to be contiguous (a new
@@ -160,11 +160,34 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
     a reset or close of that context makes this one refuse new nodes until it is reset itself,
     since its nodes point at memory that is gone). This is the hot path of
     every op constructor: it reads only Python attributes besides the one C call."""
-    lock = ctx._lock  # threads take turns in a context (ggml's arena is not thread-safe)
+    # threads take turns in a context's arena (ggml's is not thread-safe): its arena lock
+    # (Context._arena_lock), and that of each other context whose tensors the node reads (no
+    # reset or close of it meanwhile). The inputs were checked before: again under the locks
+    # (another thread may have reset their context since and made other tensors there)
+    lock: Any = ctx._arena_lock
     lock.acquire()
+    held: Any = None  # the arena lock of the one other context read, or all of them (a list)
     try:
-        if ctx._gen < 0:
+        gen = ctx._gen
+        if gen < 0:
             raise ClosedError("this context is closed")
+        dep = ctx  # the other context the inputs come from (the common case: one, the weights)
+        for t in inputs:
+            owner = t._owner
+            if owner is not ctx and owner is not dep:
+                other = owner._arena_lock  # None for a BorrowScope
+                if dep is not ctx or (other is not None and not other.acquire(False)):
+                    # more than one other context, or another thread holds it: let go, then
+                    # take them all at once (two threads never wait on each other)
+                    if held is not None:
+                        held.release()
+                    lock, held = None, None
+                    held = _hold_all(ctx, inputs)
+                    dep = _MANY  # _record_deps below sorts them out
+                    break
+                dep, held = owner, other
+            if owner._gen != t._gen:
+                tensor_arg(t, "input")  # ClosedError
         room = ctx._room - _OVERHEAD * n_objects
         if room < 0:
             # asks ggml for the exact free space (MemoryError); ClosedError if a context whose
@@ -174,16 +197,20 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
         else:
             ctx._room = room
         if ctx._no_alloc:
-            for t in inputs:
-                owner = t._owner
-                if owner is not ctx and owner is not ctx._last_dep:
-                    _record_deps(ctx, inputs)
-                    break
+            if dep is not ctx and dep is not ctx._last_dep:
+                _record_deps(ctx, inputs)
             p = fn(ctx._ptr, *args)
         else:
             p = _make_allocating(ctx, fn, inputs, args)
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
+        if held is not None:
+            if held.__class__ is list:
+                for other in held:
+                    other.release()
+            else:
+                held.release()
     if ne is None:
         return Tensor(p, ctx)
     # the Tensor made here, not by Tensor.__init__ (which reads ne and type from C): every
@@ -197,6 +224,29 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
     t._contig = contig
     t._nb = None
     return t
+
+
+_MANY = object()  # _make_known: the inputs come from several other contexts
+
+
+def _hold_all(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
+    """The arena locks of ``ctx`` and of the inputs' contexts, taken all at once
+    (:class:`~pyggml._cobject.using`: a lock held elsewhere is waited for holding none), then
+    every input checked open (ClosedError, nothing held)."""
+    every = [ctx._arena_lock, *(getattr(t._owner, "_arena_lock", None) for t in inputs)]
+    locks = list({id(x): x for x in every if x is not None}.values())
+    _cobject.using.of(tuple(locks)).__enter__()
+    try:
+        if ctx._gen < 0:
+            raise ClosedError("this context is closed")
+        for t in inputs:
+            if t._owner._gen != t._gen:
+                tensor_arg(t, "input")  # ClosedError
+    except BaseException:
+        for held in locks:
+            held.release()
+        raise
+    return locks
 
 
 def _record_deps(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
@@ -268,7 +318,7 @@ def _make_inert(ctx: Any, ptr: Any, lo: int) -> None:
 
 def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:
     """:func:`_make_known` with the node's ne and type read from C."""
-    return _make_known(ctx, fn, inputs, None, None, None, *args, n_objects=n_objects)
+    return _make_known(ctx, fn, inputs, None, None, None, args, n_objects)
 
 
 def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
@@ -279,7 +329,7 @@ def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
         if an != bn and not can_repeat(bn, an):
             raise ValueError(f"b (ne={list(bn)}) does not tile a (ne={list(an)}): ggml broadcasts "
                              "by repeating b, so each a.ne[i] must be a multiple of b.ne[i]")
-        return _make_known(self, fn, (a, b), an, a._type, True, a._ptr, b._ptr)
+        return _make_known(self, fn, (a, b), an, a._type, True, (a._ptr, b._ptr))
     op.__doc__ = doc
     return op
 
@@ -378,7 +428,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"unknown unary op {name!r}; known: {sorted(UNARY_OPS)}")
         if name in _UNARY_NEEDS_ROWS and not _rows_contiguous(a):
             raise ValueError(f"{name} needs a tensor with contiguous rows: use cont() first")
-        return _make_known(self, fn, (a,), a._ne, a._type, None, a._ptr)
+        return _make_known(self, fn, (a,), a._ne, a._type, None, (a._ptr,))
 
     def neg(self, a: Tensor) -> Tensor:
         """``ggml_neg``: -a."""
@@ -522,7 +572,7 @@ class Ops(UncheckedOps):
         # ggml_is_padded_1d (static in ggml.c)
         if not (nb[0] == lib.ggml_type_size(a._type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]):
             raise ValueError("scale needs a tensor whose rows are packed: use cont() first")
-        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, True, a._ptr, float(s))
+        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, True, (a._ptr, float(s)))
 
     def clamp(self, a: Tensor, min: float, max: float) -> Tensor:
         """``ggml_clamp``: a clipped to [min, max] (a new tensor since ggml 0.25; a view computed
@@ -579,7 +629,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, True, a._ptr, eps)
+        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, True, (a._ptr, eps))
 
     def rms_norm(self, a: Tensor, eps: float = 1e-6) -> Tensor:
         """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]. Raises ValueError unless
@@ -588,7 +638,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"rms_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, True, a._ptr, eps)
+        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, True, (a._ptr, eps))
 
     def l2_norm(self, a: Tensor, eps: float = 1e-12) -> Tensor:
         """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]. Raises ValueError unless eps >= 0."""
@@ -596,7 +646,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"l2_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, None, a._ptr, eps)
+        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, None, (a._ptr, eps))
 
     def soft_max(self, a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
                  max_bias: float = 0.0) -> Tensor:
@@ -627,8 +677,8 @@ class Ops(UncheckedOps):
             inputs, m_ptr = (a, mask), mask._ptr
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
-        return _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, True, a._ptr, m_ptr,
-                           float(scale), float(max_bias))
+        return _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, True,
+                           (a._ptr, m_ptr, float(scale), float(max_bias)))
 
     # ------------------------------------------------------------------ matrix
     def mul_mat(self, a: Tensor, b: Tensor) -> Tensor:
@@ -656,7 +706,7 @@ class Ops(UncheckedOps):
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
             _check_nelements((an[1], bn[1], bn[2], bn[3]), "mul_mat")
         return _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32, True,
-                           a._ptr, b._ptr)
+                           (a._ptr, b._ptr))
 
     def out_prod(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_out_prod``: ne [M, K] x [N, K] -> [M, N] (Σ_k a[k, m]·b[k, n] in ggml order)."""
@@ -671,7 +721,7 @@ class Ops(UncheckedOps):
     def cont(self, a: Tensor) -> Tensor:
         """``ggml_cont``: a contiguous copy of a."""
         a = _t(a, "a")
-        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, True, a._ptr)
+        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, True, (a._ptr,))
 
     def cpy(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_cpy``: copy a into b (converting the type); returns a view of b.
@@ -714,7 +764,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"cannot reshape {a.nelements} elements to ne={list(ne)}")
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "reshape")
-        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, True, a._ptr, *ne)
+        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, True, (a._ptr, *ne))
 
     def view(self, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None,
              offset: int = 0) -> Tensor:
@@ -750,8 +800,8 @@ class Ops(UncheckedOps):
         if not size or size >= _VIEW_SAFE_BYTES:  # else fewer than _NE_SAFE elements
             _check_nelements(ne, "view")
         if n == 1:
-            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, None, a._ptr, ne[0], offset)
-        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, None, a._ptr, *ne, *nb, offset)
+            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, None, (a._ptr, ne[0], offset))
+        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, None, (a._ptr, *ne, *nb, offset))
 
     def permute(self, a: Tensor, *axes: int) -> Tensor:
         """``ggml_permute``: dim i of a becomes dim ``axes[i]`` (ggml order); 2 to 4 axes
@@ -770,7 +820,7 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "permute")
-        return _make_known(self, lib.ggml_permute, (a,), ne, a._type, None, a._ptr, *axes)
+        return _make_known(self, lib.ggml_permute, (a,), ne, a._type, None, (a._ptr, *axes))
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``: swap ne[0] and ne[1] (a view). Raises ValueError for a
@@ -781,7 +831,7 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements((n[1], n[0], n[2], n[3]), "transpose")
-        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, None, a._ptr)
+        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, None, (a._ptr,))
 
     def concat(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
         """``ggml_concat``: a and b joined along ggml dim ``dim``; other dims and types must match."""
@@ -808,7 +858,7 @@ class Ops(UncheckedOps):
             _check_nelements((a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]), "get_rows")
         # as ggml_get_rows: F32 unless a is I32
         return _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
-                           _I32 if a._type == _I32 else _F32, True, a._ptr, rows._ptr)
+                           _I32 if a._type == _I32 else _F32, True, (a._ptr, rows._ptr))
 
     def set_rows(self, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
         """``ggml_set_rows``: write the rows of b (F32/F16) into a at I32/I64 indices ``rows``;
@@ -870,9 +920,9 @@ class Ops(UncheckedOps):
                 raise ValueError("rope: freq_factors must be F32 with >= n_dims/2 entries")
             c = freq_factors._ptr
             inputs = (a, pos, freq_factors)
-        return _make_known(self, lib.ggml_rope_ext, inputs, a._ne, a._type, None, a._ptr, pos._ptr, c, n_dims,
-                           mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
-                           beta_slow)
+        return _make_known(self, lib.ggml_rope_ext, inputs, a._ne, a._type, None,
+                           (a._ptr, pos._ptr, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
+                            ext_factor, attn_factor, beta_fast, beta_slow))
 
     def _glu(self, fn: Any, fn_split: Any, a: Tensor, b: Tensor | None) -> Tensor:
         a = _t(a, "a")

@@ -38,13 +38,14 @@ _VIEW_OPS = frozenset(int(o) for o in EMPTY_OPS if o != lib.GGML_OP_NONE)
 
 
 class _SchedChecked:
-    __slots__ = ("version", "n_nodes", "records", "contexts", "indices", "trialed")
+    __slots__ = ("version", "n_nodes", "records", "contexts", "indices", "trialed", "locks")
 
     def __init__(self, graph: Graph, n_nodes: int, records: list[Any], contexts: list[tuple[Any, int]],
                  indices: "buffer.IndexCheck | None"):
         self.version, self.n_nodes, self.records, self.contexts = graph.version, n_nodes, records, contexts
         self.indices = indices  # the row indices in data, checked before every compute
         self.trialed = False  # the forked trial compute (Scheduler._trial_compute) was done
+        self.locks: tuple[Any, ...] | None = None  # what Scheduler._compute locks, on first use
 
     def still_valid(self, graph: Graph, n_nodes: int) -> bool:
         return (self.version == graph.version and self.n_nodes == n_nodes
@@ -174,6 +175,13 @@ class Scheduler(_cobject.CObject, Placer):
         state = graph.checked.get(self._ptr)
         if state is not None and state.still_valid(graph, n_nodes):
             return g
+        # holding the scheduler, its backends, the graph and its context: no close or reset
+        with _cobject.using(self, graph, graph._owner, *self._backends):
+            return self._check_new_graph(graph)
+
+    def _check_new_graph(self, graph: Graph) -> Any:
+        g = graph.ptr
+        n_nodes = int(lib.ggml_graph_n_nodes(g))
         nodes = graph.raw_nodes()
         leafs = graph._raw_leafs(nodes)
         if len(nodes) + len(leafs) >= self.graph_size:
@@ -249,7 +257,7 @@ class Scheduler(_cobject.CObject, Placer):
         asserts (buffer_id >= 0). They are pinned to the last backend (the CPU one), which
         places them as a graph allocator would. Which leafs those are is worked out once per
         graph version."""
-        cached = graph.__dict__.get("_sched_loose")
+        cached = graph._sched_loose
         if cached is None or cached[0] != graph.version:
             leafs: dict[Any, None] = {}
             read = set()
@@ -263,7 +271,7 @@ class Scheduler(_cobject.CObject, Placer):
             for t in graph._keep:
                 if isinstance(t, Tensor) and t._ptr.op == lib.GGML_OP_NONE:
                     leafs[t._ptr] = None
-            cached = graph.__dict__["_sched_loose"] = (graph.version, [p for p in leafs if p not in read])
+            cached = graph._sched_loose = (graph.version, [p for p in leafs if p not in read])
         if cached[1]:
             host = self._backends[-1]._ptr
             for p in cached[1]:
@@ -426,8 +434,10 @@ class Scheduler(_cobject.CObject, Placer):
                 seen = _cobject.changes  # its own change
             g = self._check_graph(graph)
             state = graph.checked[self._ptr]
-            lock = _cobject.using(self, graph, *self._backends, *(c for c, _ in state.contexts),
-                                  *(r.owner for r in state.records))
+            if state.locks is None:
+                state.locks = _cobject.using(self, graph, *self._backends, *(c for c, _ in state.contexts),
+                                             *(r.owner for r in state.records)).locks
+            lock = _cobject.using.of(state.locks)
             lock.__enter__()
             if _cobject.changes == seen:  # nothing closed or placed anew while it waited
                 break

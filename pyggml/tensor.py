@@ -20,6 +20,7 @@ costs what a Python attribute costs.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -163,6 +164,8 @@ class BorrowScope:
     or ggml's own internal tensors. Same protocol as a context: ``_gen`` and ``closed``."""
 
     __slots__ = ("_gen", "name")
+    _arena_lock = None  # no arena of pyggml's (op constructors take none)
+    _lock = None        # nothing to take turns on (_cobject.using skips it)
 
     def __init__(self, name: str):
         self._gen = 0
@@ -190,10 +193,12 @@ def register_arena(ctx: Any, start: int, size: int) -> None:
 def _forget_buffer(buf: Any, freed: Any) -> None:
     """:data:`pyggml.buffer.forgetters`: the tensors of every open context in ``buf`` point at
     ``freed`` instead."""
-    for _, _, ref in _ARENAS:
+    for _, _, ref in list(_ARENAS):
         ctx = ref()
-        if ctx is not None and ctx._ptr is not None:
-            lib.pyggml_ctx_forget_buffer(ctx._ptr, buf, freed)
+        if ctx is not None:
+            with ctx._arena_lock:  # it walks the context's objects: no thread makes or frees one
+                if ctx._ptr is not None:
+                    lib.pyggml_ctx_forget_buffer(ctx._ptr, buf, freed)
 
 
 buffer.forgetters.append(_forget_buffer)
@@ -221,6 +226,16 @@ def tensor_arg(x: Any, what: str) -> "Tensor":
     if x._owner._gen != x._gen:
         raise ClosedError(f"{what}: {_closed_message(x)}")
     return x
+
+
+_NO_LOCK = contextlib.nullcontext()
+
+
+def arena_lock(t: "Tensor") -> Any:
+    """The arena lock of ``t``'s context (``Context._arena_lock``; a no-op for tensors ggml
+    lends): held around a check of ``t``'s struct and the C call that relies on it, so that
+    no reset puts another tensor's struct there in between."""
+    return getattr(t._owner, "_arena_lock", _NO_LOCK)
 
 
 def is_contiguous(t: "Tensor") -> bool:
@@ -327,7 +342,9 @@ class Tensor(_cobject.CBorrowed):
 
     @name.setter
     def name(self, value: str) -> None:
-        lib.ggml_set_name(self.ptr, name_bytes(value))
+        raw = name_bytes(value)
+        with arena_lock(self):  # its context is not reset meanwhile
+            lib.ggml_set_name(self.ptr, raw)
 
     def _label(self) -> str:
         """How messages name the tensor: its name, or its op and shape when it has none."""
@@ -442,11 +459,12 @@ class Tensor(_cobject.CBorrowed):
     def set_input(self) -> "Tensor":
         """``ggml_set_input``: allocated first, never overwritten by the graph allocator.
         Raises ValueError for a node (ggml asserts a leaf: an input is set, not computed)."""
-        p = self.ptr
-        if p.op != lib.GGML_OP_NONE:
-            raise ValueError(f"only a leaf can be an input, not a {op_name(p.op)} node "
-                             "(set the data of the tensors it is computed from instead)")
-        lib.ggml_set_input(p)
+        with arena_lock(self):  # its context is not reset meanwhile (another struct there)
+            p = self.ptr
+            if p.op != lib.GGML_OP_NONE:
+                raise ValueError(f"only a leaf can be an input, not a {op_name(p.op)} node "
+                                 "(set the data of the tensors it is computed from instead)")
+            lib.ggml_set_input(p)
         _io_flag_set()
         return self
 
@@ -455,24 +473,27 @@ class Tensor(_cobject.CBorrowed):
         ggml's other flags it counts when a graph is placed: a graph placed before keeps its
         places until it is placed again (computing it on a backend may still overwrite this
         tensor with a node that was given its memory, e.g. an in-place unary op)."""
-        lib.ggml_set_output(self.ptr)
+        with arena_lock(self):
+            lib.ggml_set_output(self.ptr)
         _io_flag_set()
         return self
 
     def set_param(self) -> "Tensor":
         """``ggml_set_param``: a trainable parameter (gets a gradient in backward graphs).
         Raises ValueError for a node (ggml asserts a leaf)."""
-        p = self.ptr
-        if p.op != lib.GGML_OP_NONE:
-            raise ValueError(f"only a leaf can be a parameter, not a {op_name(p.op)} node")
-        lib.ggml_set_param(p)
+        with arena_lock(self):
+            p = self.ptr
+            if p.op != lib.GGML_OP_NONE:
+                raise ValueError(f"only a leaf can be a parameter, not a {op_name(p.op)} node")
+            lib.ggml_set_param(p)
         return self
 
     def set_loss(self) -> "Tensor":
         """``ggml_set_loss``: the scalar F32 loss of a backward graph. Raises ValueError otherwise."""
         if self.nelements != 1 or self._type != GGMLType.F32:
             raise ValueError("a loss must be a scalar F32 tensor")
-        lib.ggml_set_loss(self.ptr)
+        with arena_lock(self):
+            lib.ggml_set_loss(self.ptr)
         return self
 
     # ------------------------------------------------------------------ node settings (ggml >= 0.25)

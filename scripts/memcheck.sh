@@ -10,7 +10,8 @@
 #        AVX-512 (the default in-place build on an AVX-512 machine dies of SIGILL under it).
 #        Default build/venv-blas/bin/python (scripts/check_variants.sh blas builds it, CPU
 #        x86-64-v3); any variant's venv works. EXAMPLES (per seed, 12), STEPS (per example, 30),
-#        LOGS (folder for the logs, default a new mktemp -d)
+#        LOGS (folder for the logs, default a new mktemp -d); WORKER=threads runs the threads
+#        fuzzer (tests/fuzz_threads_worker.py) instead, SECONDS per seed (60) on 4 threads
 # About a minute per seed (valgrind runs ~50x slower). Exit status 0 when valgrind saw no memory
 # error through ggml or pyggml and every seed passed. Not part of CI (needs valgrind).
 set -u
@@ -19,6 +20,8 @@ SEEDS=${1:-4}
 SEED=${2:-1}
 PYTHON=${PYTHON:-build/venv-blas/bin/python}
 EXAMPLES=${EXAMPLES:-12}
+WORKER=${WORKER:-state}
+SECONDS_PER_SEED=${SECONDS:-60}
 STEPS=${STEPS:-30}
 LOGS=${LOGS:-$(mktemp -d -t pyggml-memcheck.XXXXXX)}
 mkdir -p "$LOGS"
@@ -32,7 +35,7 @@ cpu=$(cd / && env -u PYTHONPATH "$PYTHON" -c 'import json, pyggml; print(json.lo
 if [ "$cpu" = native ] && grep -q avx512f /proc/cpuinfo; then
     echo "$PYTHON's pyggml is built for -march=native on an AVX-512 machine: valgrind cannot run it"; exit 2
 fi
-echo "pyggml of $PYTHON (CPU $cpu), seeds $SEED.., $EXAMPLES examples of $STEPS steps; logs in $LOGS"
+echo "pyggml of $PYTHON (CPU $cpu), $WORKER fuzzer, seeds $SEED..; logs in $LOGS"
 export GGML_NO_BACKTRACE=1 FUZZ_NO_SHRINK=1 PYTHONMALLOC=malloc  # malloc: valgrind sees every free
 unset PYTHONPATH
 # first, that this pipeline sees a read of freed memory: the raw layer (as C) reads a closed
@@ -52,8 +55,13 @@ fi
 echo "self-check: a raw read of freed memory is reported"
 failed=0 total=0
 for ((s = SEED; s < SEED + SEEDS; s++)); do
+    if [ "$WORKER" = threads ]; then
+        args=(tests/fuzz_threads_worker.py "$s" "$SECONDS_PER_SEED" 4)
+    else
+        args=(tests/fuzz_state_worker.py "$s" "$EXAMPLES" "$STEPS")
+    fi
     valgrind --leak-check=no --error-limit=no --num-callers=40 --log-file="$LOGS/valgrind-$s.log" \
-        "$PYTHON" tests/fuzz_state_worker.py "$s" "$EXAMPLES" "$STEPS" >"$LOGS/seed-$s.log" 2>&1
+        "$PYTHON" "${args[@]}" >"$LOGS/seed-$s.log" 2>&1
     rc=$?
     n=$(grep -oE '^calls=[0-9]+' "$LOGS/seed-$s.log" | tail -1 | cut -d= -f2)
     total=$((total + ${n:-0}))

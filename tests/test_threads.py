@@ -171,3 +171,29 @@ def test_threads_building_nodes_in_one_context_lose_none():
             count += 1
             p = lib.ggml_get_next_tensor(ctx.ptr, p)
         assert count == 2 * n + 1
+
+
+def test_threads_fuzzer_short_run():
+    """A short run of the threads fuzzer (tests/fuzz_threads_worker.py; scripts/fuzz_threads.sh
+    runs long campaigns): 4 threads sharing a backend, a context they all build in, an
+    allocating context, a graph allocator and a graph cache, computing, reading, resetting and
+    closing at random. In its own interpreter, so that a GGML_ASSERT or a crash is a death;
+    every value read must match NumPy. Before the arena locks it died within seconds
+    (GGML_ASSERT in ggml_mul_mat, ggml_new_object, ggml_set_input; a segfault in the sweep of
+    a freed buffer's tensors)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pyggml
+
+    worker = Path(__file__).with_name("fuzz_threads_worker.py")
+    env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent), GGML_NO_BACKTRACE="1")
+    for seed in (1, 2):
+        r = subprocess.run([sys.executable, "-X", "faulthandler", str(worker), str(seed), "4", "4"],
+                           env=env, capture_output=True, text=True, timeout=300)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, f"seed {seed}: exit {r.returncode}\n{out[-4000:]}"
+        calls = int(out.split("calls=")[1].split()[0])
+        assert calls > 1000 and "failures=0" in out, out[-4000:]

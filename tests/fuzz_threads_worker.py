@@ -1,0 +1,219 @@
+"""Threads fuzzer: THREADS threads share pyggml objects (a CPU backend, a no_alloc context that
+they all build graphs in, an allocating context, a graph allocator, a graph cache) and call them
+at random for SECONDS: build a graph, place it, set its inputs, compute, read the output;
+compute through the cache; make tensors from NumPy and read them back; reset the contexts;
+close an object and make a new one in its place (the others holding it see it closed).
+
+pyggml promises (docs/concepts/errors.rst, "Threads"): no crash, no read of freed memory, and
+every value read is the one computed from that thread's own inputs, or the call raises
+ClosedError (an object it used was closed or reset, or the memory now holds another graph),
+MemoryError (a full context) or ValueError (a graph placed anew but not computed since). So a
+result that differs from NumPy is WRONG_RESULT; any other exception is UNEXPECTED_EXCEPTION; a
+thread still running 60 s past the end is HANG (stacks printed). Run under valgrind by
+``scripts/memcheck.sh`` (WORKER=threads) to see reads of freed memory that happened to hold
+the right values.
+
+    python tests/fuzz_threads_worker.py SEED [SECONDS (10)] [THREADS (4)]
+
+Prints one line per failure (``FAILURE KIND thread action: detail``), then
+``calls=N actions=N refused=N failures=N``; exit status 1 when something failed, 3 on a hang.
+"""
+from __future__ import annotations
+
+import faulthandler
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache
+
+_REFUSALS = (ClosedError, MemoryError, ValueError)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls = self.actions = self.refused = 0
+        self.failures: list[str] = []
+
+    def add_calls(self, n: int) -> None:
+        with self.lock:
+            self.calls += n
+
+    def fail(self, kind: str, who: str, detail: str) -> None:
+        with self.lock:
+            self.failures.append(f"FAILURE {kind} {who}: {detail}")
+            print(self.failures[-1], flush=True)
+
+
+def _build(ctx: Context, n: int, m: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The cache's graphs: y = tanh(w @ x) in NumPy order, x (m, n), w (n, n)."""
+    x = ctx.new_tensor("f32", [n, m])
+    w = ctx.new_tensor("f32", [n, n])
+    return {"x": x, "w": w}, {"y": ctx.tanh(ctx.mul_mat(w, x))}
+
+
+class World:
+    """The shared objects. ``lock`` guards only which object is current (a close-and-renew
+    swaps one in); the objects themselves are used without it, as users would."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.backend = CPUBackend(n_threads=1)
+        self.ctx = Context.for_tensors(96, graph_size=32)
+        self.data = Context(1 << 16)
+        self.galloc = GraphAllocator(self.backend)
+        self.cache = GraphCache(_build, backend=self.backend, max_graphs=2)
+
+    def renew(self, what: str) -> None:
+        """Close ``what`` and put a new one in its place (a new backend brings a new allocator
+        and cache: they hold it). The old objects are closed while other threads may use them."""
+        with self.lock:
+            if what == "backend":
+                old = [self.backend, self.galloc, self.cache]
+                self.backend = CPUBackend(n_threads=1)
+                self.galloc = GraphAllocator(self.backend)
+                self.cache = GraphCache(_build, backend=self.backend, max_graphs=2)
+            elif what == "ctx":
+                old, self.ctx = [self.ctx], Context.for_tensors(96, graph_size=32)
+            elif what == "data":
+                old, self.data = [self.data], Context(1 << 16)
+            elif what == "galloc":
+                old, self.galloc = [self.galloc], GraphAllocator(self.backend)
+            else:
+                old, self.cache = [self.cache], GraphCache(_build, backend=self.backend, max_graphs=2)
+        for o in reversed(old):
+            o.close()
+
+    def close(self) -> None:
+        for o in (self.cache, self.galloc, self.data, self.ctx, self.backend):
+            o.close()
+
+
+def own_graph(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
+    """Build y = tanh(w @ x) (+ x2 chain) in the shared context, place it with the shared
+    allocator, set, compute, read."""
+    with w.lock:
+        ctx, galloc, backend = w.ctx, w.galloc, w.backend
+    n, m = int(r.choice([8, 16, 40])), int(r.integers(1, 5))
+    x = ctx.new_tensor("f32", [n, m]).set_input()
+    wt = ctx.new_tensor("f32", [n, n]).set_input()
+    y = ctx.tanh(ctx.mul_mat(wt, x))
+    chain = r.random() < 0.5
+    if chain:
+        y = ctx.add(y, x)
+    y.set_output()
+    graph = ctx.new_graph(16).build_forward(y)
+    galloc.alloc_graph(graph)
+    xa = r.standard_normal((m, n)).astype(np.float32)
+    wa = r.standard_normal((n, n)).astype(np.float32)
+    x.set(xa)
+    wt.set(wa)
+    backend.graph_compute(graph)
+    count.add_calls(11)
+    expected = np.tanh(xa @ wa.T)
+    return y.numpy(), expected + xa if chain else expected
+
+
+def cache_compute(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
+    with w.lock:
+        cache = w.cache
+    n, m = int(r.choice([8, 24])), int(r.integers(1, 4))
+    xa = r.standard_normal((m, n)).astype(np.float32)
+    wa = r.standard_normal((n, n)).astype(np.float32)
+    count.add_calls(1)
+    return cache.compute((n, m), x=xa, w=wa)["y"], np.tanh(xa @ wa.T)
+
+
+def data_roundtrip(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
+    with w.lock:
+        data = w.data
+    a = r.standard_normal(int(r.integers(1, 64))).astype(np.float32)
+    t = data.from_numpy(a)
+    b = r.standard_normal(a.shape).astype(np.float32)
+    t.set(b)
+    count.add_calls(3)
+    return t.numpy(), b
+
+
+def reset(w: World, r: np.random.Generator, count: Counter) -> None:
+    with w.lock:
+        obj = w.ctx if r.random() < 0.7 else w.data
+    obj.reset()
+    count.add_calls(1)
+
+
+def renew(w: World, r: np.random.Generator, count: Counter) -> None:
+    w.renew(str(r.choice(["backend", "ctx", "data", "galloc", "cache"])))
+    count.add_calls(2)
+
+
+ACTIONS: list[tuple[Callable[..., Any], float]] = [
+    (own_graph, 0.35), (cache_compute, 0.3), (data_roundtrip, 0.2), (reset, 0.1), (renew, 0.05)]
+
+
+def worker(i: int, seed: int, w: World, deadline: float, count: Counter) -> None:
+    r = np.random.default_rng([seed, i])
+    names = [a.__name__ for a, _ in ACTIONS]
+    p = np.array([q for _, q in ACTIONS])
+    while time.monotonic() < deadline:
+        k = int(r.choice(len(ACTIONS), p=p / p.sum()))
+        who = f"thread {i} {names[k]}"
+        try:
+            out = ACTIONS[k][0](w, r, count)
+        except _REFUSALS as e:
+            if not isinstance(e, (ClosedError, MemoryError)) and "not been computed" not in str(e):
+                count.fail("UNEXPECTED_EXCEPTION", who, f"{type(e).__name__}: {e}")
+            with count.lock:
+                count.refused += 1
+            if isinstance(e, MemoryError):
+                with w.lock:
+                    ctx = w.ctx
+                try:
+                    ctx.reset()
+                except ClosedError:
+                    pass
+            continue
+        except BaseException as e:  # noqa: BLE001 - every other exception is a finding
+            count.fail("UNEXPECTED_EXCEPTION", who, "".join(traceback.format_exception(e)).strip())
+            continue
+        with count.lock:
+            count.actions += 1
+        if out is not None:
+            got, expected = out
+            if got.size != expected.size:
+                count.fail("WRONG_RESULT", who, f"shape {got.shape}, expected {expected.shape}")
+            elif not np.allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-5):
+                count.fail("WRONG_RESULT", who, f"max |diff| {np.max(np.abs(got.reshape(expected.shape) - expected))}")
+
+
+def main() -> int:
+    seed = int(sys.argv[1])
+    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
+    n_threads = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    world, count = World(), Counter()
+    deadline = time.monotonic() + seconds
+    threads = [threading.Thread(target=worker, args=(i, seed, world, deadline, count), daemon=True)
+               for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(deadline - time.monotonic(), 0) + 60)
+    if any(t.is_alive() for t in threads):
+        print("FAILURE HANG: threads still running 60 s past the end; their stacks:", flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        print(f"calls={count.calls} actions={count.actions} refused={count.refused} "
+              f"failures={len(count.failures) + 1}", flush=True)
+        return 3
+    world.close()
+    print(f"calls={count.calls} actions={count.actions} refused={count.refused} "
+          f"failures={len(count.failures)}", flush=True)
+    return 1 if count.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
