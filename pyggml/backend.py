@@ -64,7 +64,7 @@ class _Checked:
     """What a backend's check of a graph found, valid while nothing it depends on changes."""
 
     __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced",
-                 "users", "locks")
+                 "users", "locks", "backend")
 
     def __init__(self, graph: "Graph", n_nodes: int, records: list[buffer.LiveBuffer],
                  contexts: list[tuple[Any, int]], foreign: list[tuple[Any, Any]]):
@@ -81,6 +81,9 @@ class _Checked:
         self.users = (*(c for c, _ in contexts), *(r.owner for r in records), self.placer,
                       *(o for o, _ in foreign))
         self.locks: tuple[Any, ...] | None = None  # using(backend, graph, *users).locks, on first use
+        # the backend object that checked (the key, its pointer, may be a new backend's once
+        # this one is closed: malloc gives the address again)
+        self.backend: Any = None
 
     def still_valid(self, graph: "Graph", n_nodes: int) -> bool:
         if self.version != graph.version or self.n_nodes != n_nodes or self.placer is not graph.placed_by:
@@ -141,33 +144,39 @@ class Backend(_cobject.CObject):
 
     # --- description
     @property
+    @_cobject.holding  # no close meanwhile (another thread's)
     def name(self) -> str:
         """``ggml_backend_name``."""
         with calling():
             return _str(lib.ggml_backend_name(self.ptr))
 
     @property
+    @_cobject.holding  # no close meanwhile (another thread's)
     def guid(self) -> bytes:
         """The 16-byte backend identifier (``ggml_backend_guid``)."""
         return bytes(ffi.buffer(lib.ggml_backend_guid(self.ptr), 16))
 
     @property
+    @_cobject.holding  # no close meanwhile (another thread's)
     def device(self) -> "Device":
         """``ggml_backend_get_device``."""
         return _cobject.wrap("device", lib.ggml_backend_get_device(self.ptr))  # type: ignore[no-any-return]
 
     @property
+    @_cobject.holding  # no close meanwhile (another thread's)
     def default_buffer_type(self) -> BufferType:
         """``ggml_backend_get_default_buffer_type``."""
         return BufferType(lib.ggml_backend_get_default_buffer_type(self.ptr))
 
     @property
+    @_cobject.holding  # no close meanwhile (another thread's)
     def alignment(self) -> int:
         """``ggml_backend_get_alignment``, bytes."""
         with calling():
             return int(lib.ggml_backend_get_alignment(self.ptr))
 
     @property
+    @_cobject.holding  # no close meanwhile (another thread's)
     def max_size(self) -> int:
         """``ggml_backend_get_max_size``, bytes."""
         with calling():
@@ -177,6 +186,7 @@ class Backend(_cobject.CObject):
         """A buffer of the default buffer type (``ggml_backend_alloc_buffer``)."""
         return self.default_buffer_type.alloc_buffer(size)
 
+    @_cobject.holding  # no close meanwhile (another thread's)
     def set_n_threads(self, n: int) -> bool:
         """Threads for this backend's compute, through its registry's
         ``ggml_backend_set_n_threads`` (``ggml_backend_reg_get_proc_address``: the CPU and BLAS
@@ -193,6 +203,7 @@ class Backend(_cobject.CObject):
         return True
 
     # --- capabilities
+    @_cobject.holding  # no close meanwhile (another thread's)
     def supports_op(self, op: Tensor) -> bool:
         """``ggml_backend_supports_op``: can this backend compute node ``op``? Raises what a
         Python device's ``supports_op`` raised."""
@@ -203,11 +214,13 @@ class Backend(_cobject.CObject):
     def _supports_raw(self, p: Any) -> bool:
         return bool(lib.ggml_backend_supports_op(self._ptr, p))
 
+    @_cobject.holding  # no close meanwhile (another thread's)
     def supports_buft(self, buft: BufferType) -> bool:
         """``ggml_backend_supports_buft``: can it use tensors in buffers of ``buft``?"""
         with calling():
             return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))
 
+    @_cobject.holding  # no close meanwhile (another thread's)
     def offload_op(self, op: Tensor) -> bool:
         """``ggml_backend_offload_op``: worth moving this op's weights here?"""
         p = tensor_arg(op, "op")._ptr
@@ -215,6 +228,7 @@ class Backend(_cobject.CObject):
             return bool(lib.ggml_backend_offload_op(self.ptr, p))
 
     # --- tensor data
+    @_cobject.holding  # no close meanwhile (another thread's)
     def tensor_set_async(self, tensor: Tensor, array: np.ndarray, offset: int = 0) -> None:
         """``ggml_backend_tensor_set_async``: copy ``array``'s bytes into ``tensor`` at byte
         ``offset``; ``array`` is kept alive until :meth:`synchronize`."""
@@ -225,6 +239,7 @@ class Backend(_cobject.CObject):
         with calling():
             lib.ggml_backend_tensor_set_async(self.ptr, p, ffi.from_buffer(a), offset, a.nbytes)
 
+    @_cobject.holding  # no close meanwhile (another thread's)
     def tensor_get_async(self, tensor: Tensor, out: np.ndarray, offset: int = 0) -> None:
         """``ggml_backend_tensor_get_async``: copy bytes from ``tensor`` into the writable,
         C-contiguous ``out``; valid after :meth:`synchronize`."""
@@ -236,6 +251,7 @@ class Backend(_cobject.CObject):
         with calling():
             lib.ggml_backend_tensor_get_async(self.ptr, p, ffi.from_buffer(out), offset, out.nbytes)
 
+    @_cobject.holding  # no close meanwhile (another thread's)
     def synchronize(self) -> None:
         """Wait for all queued work (``ggml_backend_synchronize``); graphs computed with
         :meth:`graph_compute_async` are computed from now on."""
@@ -271,6 +287,7 @@ class Backend(_cobject.CObject):
         with calling():
             lib.ggml_backend_tensor_copy(ps, pd)
 
+    @_cobject.holding  # no close meanwhile (another thread's)
     def tensor_copy_async(self, dst_backend: "Backend", src: Tensor, dst: Tensor) -> None:
         """``ggml_backend_tensor_copy_async`` from this backend to ``dst_backend``; raises
         ValueError as :meth:`tensor_copy` does."""
@@ -329,12 +346,13 @@ class Backend(_cobject.CObject):
             n_nodes = lib.ggml_graph_n_nodes(g)
             key = self.ptr
             state = graph.checked.get(key)
-            if state is None or not state.still_valid(graph, n_nodes):
+            if state is None or state.backend is not self or not state.still_valid(graph, n_nodes):
                 # checked holding the backend, the graph and its context (no close or reset
                 # meanwhile), then round again to take the locks of all computing uses
                 with _cobject.using(self, graph, graph._owner), calling():  # calling: supports_op
                     if _cobject.changes == seen:                            # of a Python device
-                        graph.checked[key] = self._check_graph(graph, n_nodes)
+                        state = graph.checked[key] = self._check_graph(graph, n_nodes)
+                        state.backend = self
                 continue
             if state.locks is None:
                 state.locks = _cobject.using(self, graph, *state.users).locks

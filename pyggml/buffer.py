@@ -19,6 +19,7 @@ buffer also points the tensors of every open context that were in it at a stand-
 from __future__ import annotations
 
 import re
+import threading
 
 import weakref
 from collections import OrderedDict
@@ -87,6 +88,13 @@ FREED = (lib.pyggml_freed_buffer(0), lib.pyggml_freed_buffer(1))
 #: called with (buffer, stand-in) when a buffer is freed; pyggml.tensor, which knows the open
 #: contexts, registers the function that points their tensors in it at the stand-in
 forgetters: list[Callable[[Any, Any], None]] = []
+#: held around every C call that allocates or frees backend buffers together with pyggml's
+#: record of them (track, retire, forget): ggml's allocators free a buffer inside the call that
+#: allocates the next one, and pyggml retires it after; another thread's buffer allocated at
+#: the freed address in between would be taken for the freed one (its tensors swept away
+#: while it computed: found by tests/fuzz_threads_worker.py). Re-entrant; held briefly, around
+#: C calls whose only Python callbacks are Python buffer types' own
+lifecycle = threading.RLock()
 _table: list[Any] = [None, 0, -1]  # [C array of struct pyggml_live_buffer, length, version]
 _version = 0
 #: counts the times a placer forgot the places of tensors (data NULL again, to place them
@@ -329,11 +337,12 @@ class Buffer(_cobject.CObject):
             track(ptr, self)
 
     def _free(self, ptr: Any) -> None:
-        retire(ptr)
-        for part in self._parts:  # a multi-buffer frees its parts
-            retire(part)
-        with calling():  # a Python buffer's free_buffer
-            lib.ggml_backend_buffer_free(ptr)
+        with lifecycle:
+            retire(ptr)
+            for part in self._parts:  # a multi-buffer frees its parts
+                retire(part)
+            with calling():  # a Python buffer's free_buffer
+                lib.ggml_backend_buffer_free(ptr)
 
     @_cobject.guarded
     def close(self) -> None:
@@ -431,8 +440,9 @@ class Buffer(_cobject.CObject):
             if not b.owned or b.closed:
                 raise ValueError("a multi-buffer takes over open buffers pyggml owns")
         arr = ffi.new("ggml_backend_buffer_t[]", [b.ptr for b in buffers])
-        ptr = lib.ggml_backend_multi_buffer_alloc_buffer(arr, len(buffers))
-        multi = Buffer(ptr, owned=True, keep=buffers)
+        with lifecycle:
+            ptr = lib.ggml_backend_multi_buffer_alloc_buffer(arr, len(buffers))
+            multi = Buffer(ptr, owned=True, keep=buffers)
         for b in buffers:
             b._owned = False
             b._owner = multi  # borrowed from the multi-buffer now: closed with it

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _cobject
+from . import _cobject, buffer
 from .buffer import Buffer
 from .raw import ffi, lib
 from .raw.boundary import calling
@@ -74,11 +74,11 @@ class BufferType(_cobject.CObject):
         allocation fails (or what a Python buffer type's ``alloc_buffer`` raised)."""
         if size < 0 or size > self.max_size:
             raise ValueError(f"buffer size {size} is outside 0..{self.max_size}")
-        with calling():
+        with buffer.lifecycle, calling():
             ptr = lib.ggml_backend_buft_alloc_buffer(self.ptr, size)
             if ptr == ffi.NULL:
                 raise MemoryError(f"{self.name}: could not allocate {size} bytes")
-        return Buffer(ptr, owned=True, keep=self)
+            return Buffer(ptr, owned=True, keep=self)
 
     def __repr__(self) -> str:
         return "<BufferType (closed)>" if self.closed else f"<BufferType {self.name}>"

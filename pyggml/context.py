@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from . import _cobject, tensor as _tensor_mod, types
+from . import _cobject, buffer, tensor as _tensor_mod, types
 from .buffer import Buffer, check_tensor_memory
 from .buffer_type import BufferType
 from .errors import ClosedError, GGMLError
@@ -396,7 +396,7 @@ class Context(_cobject.CObject, Ops):
             raise ValueError("no tensor of this context needs allocation")
         if total >= 2**62:
             raise MemoryError(f"alloc_tensors: the tensors of this context need {total} bytes")
-        with calling():
+        with buffer.lifecycle, calling():
             ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(self._live_ptr(), buft.ptr)
             if ptr == ffi.NULL and total == 0:
                 # ggml makes no buffer of 0 bytes (nothing is allocated: it returns NULL)
@@ -404,7 +404,7 @@ class Context(_cobject.CObject, Ops):
                                  "elements: ggml allocates no buffer for them")
             if ptr == ffi.NULL:
                 raise GGMLError("ggml_backend_alloc_ctx_tensors failed (out of memory?)")
-        buf = Buffer(ptr, owned=True, keep=where)
+            buf = Buffer(ptr, owned=True, keep=where)
         self._buffers.append(buf)
         return buf
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 from numpy.typing import DTypeLike
 
-from . import _cobject, _trial
+from . import _cobject, _trial, buffer
 from .backend import Backend
 from .buffer import Buffer
 from .buffer_type import BufferType
@@ -348,6 +348,7 @@ class CPUBackend(Backend):
         super()._free(ptr)
 
     @property
+    @_cobject.holding  # no close meanwhile
     def n_threads(self) -> int:
         """Threads asked for compute (``ggml_backend_cpu_set_n_threads``); default 4. With a
         threadpool of fewer threads attached, compute uses the pool's number (see
@@ -355,12 +356,14 @@ class CPUBackend(Backend):
         return self._n_threads
 
     @n_threads.setter
+    @_cobject.holding  # no close meanwhile
     def n_threads(self, n: int) -> None:
         if not 1 <= n <= lib.GGML_MAX_N_THREADS:
             raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}")
         self._n_threads = n
         self._apply_n_threads()
 
+    @_cobject.holding  # no close meanwhile
     def set_n_threads(self, n: int) -> bool:
         """Set :attr:`n_threads` (the pool clamp applies); returns True."""
         if not isinstance(n, int):
@@ -379,6 +382,7 @@ class CPUBackend(Backend):
             n = pool.n_threads
         lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
 
+    @_cobject.holding  # no close meanwhile
     def set_threadpool(self, pool: Threadpool | None) -> None:
         """``ggml_backend_cpu_set_threadpool`` (None: ggml's own disposable threads). The
         backend keeps the pool alive; closing the pool detaches it first. A pool of fewer
@@ -439,6 +443,7 @@ class CPUBackend(Backend):
         if failure is not None:
             raise ValueError(f"computing this graph would abort the process: {failure}")
 
+    @_cobject.holding  # no close meanwhile
     def set_use_ref(self, use_ref: bool) -> None:
         """``ggml_backend_cpu_set_use_ref``: use the slow reference kernels (for testing)."""
         lib.ggml_backend_cpu_set_use_ref(self.ptr, use_ref)
@@ -484,8 +489,9 @@ def cpu_buffer_from_array(array: np.ndarray) -> Buffer:
     addr = array.__array_interface__["data"][0]
     if addr % 32:
         raise ValueError("the array's memory must be 32-byte aligned (ggml asserts it): see aligned_zeros")
-    ptr = lib.ggml_backend_cpu_buffer_from_ptr(ffi.from_buffer(array), array.nbytes)
-    return Buffer(ptr, owned=True, keep=array)
+    with buffer.lifecycle:
+        ptr = lib.ggml_backend_cpu_buffer_from_ptr(ffi.from_buffer(array), array.nbytes)
+        return Buffer(ptr, owned=True, keep=array)
 
 
 _cobject.register_wrapper("cpu_backend", CPUBackend._wrap)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _cobject
+from . import _cobject, buffer
 from .backend import Backend
 from .buffer import Buffer
 from .buffer_type import BufferType
@@ -131,12 +131,12 @@ class Device(_cobject.CObject):
         if not (array.flags.c_contiguous and array.flags.writeable):
             raise ValueError("the array must be writable and C-contiguous")
         size = array.nbytes
-        with calling():
+        with buffer.lifecycle, calling():
             ptr = lib.ggml_backend_dev_buffer_from_host_ptr(self.ptr, ffi.from_buffer(array), size,
                                                             max_tensor_size or size)
             if ptr == ffi.NULL:
                 raise GGMLError(f"device {self.name} could not make a buffer of {size} bytes")
-        return Buffer(ptr, owned=True, keep=array)
+            return Buffer(ptr, owned=True, keep=array)
 
     def supports_op(self, op: Tensor) -> bool:
         """``ggml_backend_dev_supports_op``."""

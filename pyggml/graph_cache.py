@@ -55,6 +55,7 @@ class CachedGraph:
         self.graph = graph
         self.inputs = dict(inputs)
         self.outputs = dict(outputs)
+        self.computes = 0  # computations started: a pending result knows whether it is the last
 
     def close(self) -> None:
         self.ctx.close()
@@ -170,6 +171,7 @@ class GraphCache:
             entry = self.get(key)
             self._place(entry)
             self._set_inputs(entry, inputs)
+            entry.computes += 1
             if self.scheduler is not None:
                 self.scheduler.compute(entry.graph)
             else:
@@ -184,9 +186,12 @@ class GraphCache:
         (``ggml_backend_tensor_set_async`` + ``ggml_backend_graph_compute_async``, or the
         scheduler's ``compute_async``) and return at once; :meth:`PendingCompute.result`
         waits and reads the outputs. On a backend that computes synchronously (the CPU) the work
-        is done before this returns."""
+        is done before this returns. Threads: until ``result()``, the outputs are this call's
+        only while no other compute of the same key starts (``result()`` raises ClosedError
+        then, rather than return that compute's values)."""
         entry = self.get(key)
         self._place(entry)
+        entry.computes += 1
         if self.scheduler is not None:
             self._set_inputs(entry, inputs)
             self.scheduler.compute_async(entry.graph)
@@ -230,14 +235,22 @@ class PendingCompute:
     """A computation queued by :meth:`GraphCache.compute_async`."""
 
     def __init__(self, cache: GraphCache, entry: CachedGraph, synchronize: Callable[[], None]):
+        self._cache = cache
         self._entry = entry
+        self._compute = entry.computes
         self._synchronize = synchronize
         self._done = False
 
     def result(self, outputs: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Wait for the computation and return the outputs (default: all), NumPy order."""
-        if not self._done:
-            self._synchronize()
-            self._done = True
-        names = list(self._entry.outputs) if outputs is None else outputs
-        return {n: self._entry.outputs[n].numpy() for n in names}
+        """Wait for the computation and return the outputs (default: all), NumPy order.
+        Raises ClosedError if another compute of the same key started since (the outputs hold
+        its values now), or what reading the outputs raises."""
+        with _cobject.using(self._cache):
+            if self._entry.computes != self._compute:
+                raise ClosedError(f"the outputs of graph {self._entry.key!r} were overwritten by a later "
+                                  "compute of the same key: read a result before computing its key again")
+            if not self._done:
+                self._synchronize()
+                self._done = True
+            names = list(self._entry.outputs) if outputs is None else outputs
+            return {n: self._entry.outputs[n].numpy() for n in names}

@@ -30,7 +30,7 @@ from .buffer import host_array_owner
 from .enums import GGMLType, PoolOp, SortOrder
 from .raw import callbacks, ffi, lib, requires
 from .errors import ClosedError
-from .tensor import BorrowScope, Tensor, can_repeat, is_contiguous, row_strides, tensor_arg
+from .tensor import BorrowScope, Tensor, c_read, can_repeat, is_contiguous, row_strides, tensor_arg
 
 __all__ = ["Ops", "UNARY_OPS", "host_array", "op_constructors"]
 
@@ -105,20 +105,20 @@ def _overlaps(dst: Tensor, src: Tensor, same_ok: bool = True) -> bool:
     the order (the transpose of x copied into x gives neither x nor its transpose). Views share
     their root's memory (``view_src`` is always the root in ggml); different roots never
     overlap. ``same_ok=False``: the very same layout counts too (``set_rows`` moves rows)."""
-    d, s = dst._ptr, src._ptr
-    rd, rs = d.view_src, s.view_src
-    if rd == ffi.NULL:
-        rd = d
-    if rs == ffi.NULL:
-        rs = s
-    if rd != rs:
+    rd, lo_d, hi_d, layout_d = c_read(dst, _extent)
+    rs, lo_s, hi_s, layout_s = c_read(src, _extent)
+    if rd != rs or hi_d <= lo_s or hi_s <= lo_d:
         return False
-    lo_d, lo_s = d.view_offs, s.view_offs
-    hi_d, hi_s = lo_d + lib.ggml_nbytes(d), lo_s + lib.ggml_nbytes(s)
-    if hi_d <= lo_s or hi_s <= lo_d:
-        return False
-    return not (same_ok and lo_d == lo_s and d.type == s.type and tuple(d.ne) == tuple(s.ne)
-                and tuple(d.nb) == tuple(s.nb))
+    return not (same_ok and lo_d == lo_s and layout_d == layout_s)
+
+
+def _extent(p: Any) -> tuple[Any, int, int, tuple[Any, ...]]:
+    """(root struct, first byte, end byte in the root's memory, layout) of tensor struct ``p``."""
+    root = p.view_src
+    if root == ffi.NULL:
+        root = p
+    lo = int(p.view_offs)
+    return root, lo, lo + int(lib.ggml_nbytes(p)), (int(p.type), tuple(p.ne), tuple(p.nb))
 
 
 def _check_rows_stay(a: Tensor, op: str) -> None:
@@ -389,7 +389,7 @@ _PERMUTATIONS = _permutations()
 
 
 def _rows_contiguous(a: Tensor) -> bool:
-    return bool(lib.ggml_is_contiguous_rows(a._ptr))
+    return bool(c_read(a, lib.ggml_is_contiguous_rows))
 
 
 def _ne(t: Tensor) -> list[int]:
@@ -568,7 +568,7 @@ class Ops(UncheckedOps):
     def scale(self, a: Tensor, s: float) -> Tensor:
         """``ggml_scale``: a * s. a must be padded-1d (contiguous rows packed)."""
         a = _t(a, "a")
-        ne, nb = a._ne, a._ptr.nb
+        ne, nb = a._ne, row_strides(a)
         # ggml_is_padded_1d (static in ggml.c)
         if not (nb[0] == lib.ggml_type_size(a._type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]):
             raise ValueError("scale needs a tensor whose rows are packed: use cont() first")
@@ -700,7 +700,7 @@ class Ops(UncheckedOps):
         # and a transposed [2, 1] is a contiguous [1, 2])
         c = a._contig
         if (not (an[0] > _BLCK[a._type] and an[1] > 1 and (c if c is not None else is_contiguous(a)))
-                and lib.ggml_is_transposed(a._ptr)):
+                and c_read(a, lib.ggml_is_transposed)):
             raise ValueError("mul_mat: a must not be transposed (use cont())")
         if an[1] > bn[0]:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
@@ -712,7 +712,7 @@ class Ops(UncheckedOps):
         """``ggml_out_prod``: ne [M, K] x [N, K] -> [M, N] (Σ_k a[k, m]·b[k, n] in ggml order)."""
         a, b = _t(a, "a"), _t(b, "b")
         an, bn = a._ne, b._ne
-        if an[1] != bn[1] or not _divides(an[2], bn[2]) or not _divides(an[3], bn[3]) or lib.ggml_is_transposed(a._ptr):
+        if an[1] != bn[1] or not _divides(an[2], bn[2]) or not _divides(an[3], bn[3]) or c_read(a, lib.ggml_is_transposed):
             raise ValueError(f"cannot out_prod a ne={list(an)} with b ne={list(bn)}")
         _check_nelements((an[0], bn[0], bn[2], bn[3]), "out_prod")
         return _make(self, lib.ggml_out_prod, (a, b), a._ptr, b._ptr)
@@ -793,7 +793,7 @@ class Ops(UncheckedOps):
             an = a._ne
             # ggml_nbytes of a, in Python when a is contiguous (packed rows)
             a_bytes = (_TSIZE[t] * (an[0] // blck) * an[1] * an[2] * an[3] if is_contiguous(a)
-                       else int(lib.ggml_nbytes(a._ptr)))
+                       else int(c_read(a, lib.ggml_nbytes)))
             if offset + size > a_bytes:
                 raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a "
                                  f"({a_bytes} bytes)")
@@ -928,13 +928,13 @@ class Ops(UncheckedOps):
         a = _t(a, "a")
         if b is not None:
             b = _t(b, "b")  # every tensor first: a closed one raises ClosedError before a layout error
-        if not lib.ggml_is_contiguous_1(a._ptr):
+        if not c_read(a, lib.ggml_is_contiguous_1):
             raise ValueError("glu ops need a contiguous tensor")
         if b is None:
             if a._ne[0] % 2:
                 raise ValueError("glu on one tensor needs an even ne[0] (it is split in halves)")
             return _make(self, fn, (a,), a._ptr)
-        if not lib.ggml_is_contiguous_1(b._ptr) or a._ne != b._ne or a._type != b._type:
+        if not c_read(b, lib.ggml_is_contiguous_1) or a._ne != b._ne or a._type != b._type:
             raise ValueError("glu on two tensors needs contiguous tensors of the same ne and type")
         return _make(self, fn_split, (a, b), a._ptr, b._ptr)
 
@@ -1119,7 +1119,7 @@ class Ops(UncheckedOps):
             raise ValueError("acc needs a contiguous a at least as large as b")
         ne = b._ne
         last = offset + 4 * (ne[0] - 1) + (ne[1] - 1) * nb1 + (ne[2] - 1) * nb2 + (ne[3] - 1) * nb3
-        if b.nelements and (offset < 0 or min(nb1, nb2, nb3) < 0 or last + 4 > lib.ggml_nbytes(a._ptr)):
+        if b.nelements and (offset < 0 or min(nb1, nb2, nb3) < 0 or last + 4 > c_read(a, lib.ggml_nbytes)):
             raise ValueError("acc: the view of b reaches outside a")
         return _make(self, lib.ggml_acc, (a, b), a._ptr, b._ptr, nb1, nb2, nb3, offset)
 

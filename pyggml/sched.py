@@ -38,7 +38,7 @@ _VIEW_OPS = frozenset(int(o) for o in EMPTY_OPS if o != lib.GGML_OP_NONE)
 
 
 class _SchedChecked:
-    __slots__ = ("version", "n_nodes", "records", "contexts", "indices", "trialed", "locks")
+    __slots__ = ("version", "n_nodes", "records", "contexts", "indices", "trialed", "locks", "sched")
 
     def __init__(self, graph: Graph, n_nodes: int, records: list[Any], contexts: list[tuple[Any, int]],
                  indices: "buffer.IndexCheck | None"):
@@ -46,6 +46,7 @@ class _SchedChecked:
         self.indices = indices  # the row indices in data, checked before every compute
         self.trialed = False  # the forked trial compute (Scheduler._trial_compute) was done
         self.locks: tuple[Any, ...] | None = None  # what Scheduler._compute locks, on first use
+        self.sched: Any = None  # the scheduler that checked (its pointer, the key, may be reused)
 
     def still_valid(self, graph: Graph, n_nodes: int) -> bool:
         return (self.version == graph.version and self.n_nodes == n_nodes
@@ -93,9 +94,9 @@ class Scheduler(_cobject.CObject, Placer):
                     raise ValueError(f"backend {b.name} does not support buffer type {t.name}")
         if graph_size < 1:
             raise ValueError("graph_size must be >= 1")
-        c_backends = ffi.new("ggml_backend_t[]", [b.ptr for b in backends])
         c_bufts = ffi.new("ggml_backend_buffer_type_t[]", [t.ptr for t in bufts]) if bufts else ffi.NULL
-        with calling():
+        with _cobject.using(*backends), calling():  # no backend closed meanwhile (another thread)
+            c_backends = ffi.new("ggml_backend_t[]", [b.ptr for b in backends])
             ptr = lib.ggml_backend_sched_new(c_backends, c_bufts, len(backends), graph_size, parallel, op_offload)
         super().__init__(ptr, owned=True, keep=(backends, bufts))
         self._backends = backends
@@ -173,7 +174,7 @@ class Scheduler(_cobject.CObject, Placer):
         g = graph.ptr
         n_nodes = int(lib.ggml_graph_n_nodes(g))
         state = graph.checked.get(self._ptr)
-        if state is not None and state.still_valid(graph, n_nodes):
+        if state is not None and state.sched is self and state.still_valid(graph, n_nodes):
             return g
         # holding the scheduler, its backends, the graph and its context: no close or reset
         with _cobject.using(self, graph, graph._owner, *self._backends):
@@ -229,8 +230,9 @@ class Scheduler(_cobject.CObject, Placer):
                 rec = buffer.check_tensor_memory(p, functools.partial(buffer.label, p))
                 if rec is not None:
                     records.append(rec)
-        graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, records, contexts,
-                                                     buffer.IndexCheck.of(nodes, saved))
+        state = graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, records, contexts,
+                                                             buffer.IndexCheck.of(nodes, saved))
+        state.sched = self
         return g
 
     def _take(self, graph: Graph) -> Any:
@@ -314,6 +316,8 @@ class Scheduler(_cobject.CObject, Placer):
         whose CPU kernel cannot compute it (the allocation is then reset)."""
         g = self._take(graph)
         state = graph.checked.get(self._ptr)
+        if state is not None and state.sched is not self:  # another scheduler's, at this address
+            state = None
         self._check_pins(graph)
         self._reset()  # always: ggml's alloc_graph does not, and its hash set may hold a failed split's tensors
         io = graph.io_flags()  # (the sources as built: the reset put them back)
@@ -424,11 +428,12 @@ class Scheduler(_cobject.CObject, Placer):
 
     def _compute(self, graph: Graph, fn: Any) -> bool:
         for b in self._backends:
-            b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
             if isinstance(b, CPUBackend):
                 b._restart_abort_clock()
         while True:
-            seen = _cobject.changes
+            seen = _cobject.changes  # a close after this is seen below, under the locks
+            for b in self._backends:
+                b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
             if not (self._is_alloc and self._graph is graph and graph.split_by is self):
                 self.alloc_graph(graph)
                 seen = _cobject.changes  # its own change

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -229,6 +229,7 @@ def tensor_arg(x: Any, what: str) -> "Tensor":
 
 
 _NO_LOCK = contextlib.nullcontext()
+_R = TypeVar("_R")
 
 
 def arena_lock(t: "Tensor") -> Any:
@@ -238,12 +239,27 @@ def arena_lock(t: "Tensor") -> Any:
     return getattr(t._owner, "_arena_lock", _NO_LOCK)
 
 
+def c_read(t: "Tensor", fn: Callable[[Any], _R]) -> _R:
+    """``fn(t's struct)`` (a C getter such as ``ggml_nbytes``) under the arena lock of ``t``'s
+    context, after checking ``t`` open there: ClosedError if its context was reset or closed
+    (another thread may have made other objects where ``t``'s struct was, and ggml would read
+    them as a tensor). Checks read tensors' structs through this."""
+    owner = t._owner
+    lock = getattr(owner, "_arena_lock", None)
+    if lock is None:  # a tensor ggml lends: valid while it is lent (BorrowScope)
+        return fn(t._ptr)
+    with lock:
+        if owner._gen != t._gen:
+            raise ClosedError(_closed_message(t))
+        return fn(t._ptr)
+
+
 def is_contiguous(t: "Tensor") -> bool:
     """``ggml_is_contiguous`` of open tensor ``t``, cached on the object (op constructors mark
     the results they know to be contiguous, saving the C call)."""
     c = t._contig
     if c is None:
-        c = t._contig = bool(lib.ggml_is_contiguous(t._ptr))
+        c = t._contig = bool(c_read(t, lib.ggml_is_contiguous))
     return c
 
 
@@ -252,7 +268,7 @@ def row_strides(t: "Tensor") -> tuple[int, ...]:
     cached on the object."""
     nb = t._nb
     if nb is None:
-        nb = t._nb = tuple(t._ptr.nb)
+        nb = t._nb = c_read(t, lambda p: tuple(p.nb))
     return nb
 
 
@@ -390,7 +406,8 @@ class Tensor(_cobject.CBorrowed):
     @property
     def nbytes(self) -> int:
         """``ggml_nbytes``: bytes spanned by the data (strides included)."""
-        return int(lib.ggml_nbytes(self.ptr))
+        self.ptr  # ClosedError once closed
+        return int(c_read(self, lib.ggml_nbytes))
 
     @property
     def op(self) -> Op:
@@ -450,7 +467,8 @@ class Tensor(_cobject.CBorrowed):
 
     def is_transposed(self) -> bool:
         """``ggml_is_transposed``."""
-        return bool(lib.ggml_is_transposed(self.ptr))
+        self.ptr  # ClosedError once closed
+        return bool(c_read(self, lib.ggml_is_transposed))
 
     def is_empty_op(self) -> bool:
         """True for ops that compute nothing (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE)."""

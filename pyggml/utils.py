@@ -40,8 +40,11 @@ class GraphCopy(_cobject.CObject):
         copy = None
         try:
             _check_in_buffers(graph)
-            with calling():
-                copy = lib.ggml_backend_graph_copy(backend.ptr, graph.ptr)
+            with buffer.lifecycle:
+                with calling():
+                    copy = lib.ggml_backend_graph_copy(backend.ptr, graph.ptr)
+                if copy.buffer != ffi.NULL:
+                    buffer.track(copy.buffer, self)  # the copied tensors' buffer, freed with the copy
         except BaseException:  # a Python buffer's callback raised: free what ggml made
             if copy is not None and copy.buffer != ffi.NULL:
                 with calling():
@@ -52,16 +55,16 @@ class GraphCopy(_cobject.CObject):
         if copy.buffer == ffi.NULL:
             raise GGMLError(f"could not copy the graph to backend {backend.name}")
         super().__init__(ffi.new("struct ggml_backend_graph_copy *", copy), owned=True, keep=(backend, graph))
-        buffer.track(copy.buffer, self)  # the copied tensors' buffer, freed with the copy
         self._scope = BorrowScope("a graph copy")
         #: the copied graph; its tensors belong to this object
         self.graph = Graph(copy.graph, self._scope, int(lib.ggml_graph_size(copy.graph)))
 
     def _free(self, ptr: Any) -> None:
         self._scope.close()
-        buffer.retire(ptr.buffer)
-        with calling():  # frees the copy's buffer
-            lib.ggml_backend_graph_copy_free(ptr[0])
+        with buffer.lifecycle:
+            buffer.retire(ptr.buffer)
+            with calling():  # frees the copy's buffer
+                lib.ggml_backend_graph_copy_free(ptr[0])
 
 
 def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:

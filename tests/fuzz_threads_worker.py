@@ -1,7 +1,8 @@
 """Threads fuzzer: THREADS threads share pyggml objects (a CPU backend, a no_alloc context that
 they all build graphs in, an allocating context, a graph allocator, a graph cache) and call them
-at random for SECONDS: build a graph, place it, set its inputs, compute, read the output;
-compute through the cache; make tensors from NumPy and read them back; reset the contexts;
+at random for SECONDS: build a graph, place it (the allocator, or the thread's own scheduler
+over the shared backend), set its inputs, compute, read the output; compute through the cache
+(also asynchronously, reading the result later); make tensors from NumPy and read them back; reset the contexts;
 close an object and make a new one in its place (the others holding it see it closed).
 
 pyggml promises (docs/concepts/errors.rst, "Threads"): no crash, no read of freed memory, and
@@ -14,6 +15,7 @@ thread still running 60 s past the end is HANG (stacks printed). Run under valgr
 the right values.
 
     python tests/fuzz_threads_worker.py SEED [SECONDS (10)] [THREADS (4)]
+    env FUZZ_ACTIONS=own_graph,renew: only those actions (to narrow a finding down)
 
 Prints one line per failure (``FAILURE KIND thread action: detail``), then
 ``calls=N actions=N refused=N failures=N``; exit status 1 when something failed, 3 on a hang.
@@ -21,6 +23,7 @@ Prints one line per failure (``FAILURE KIND thread action: detail``), then
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 import threading
 import time
@@ -29,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache
+from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache, Scheduler
 
 _REFUSALS = (ClosedError, MemoryError, ValueError)
 
@@ -94,11 +97,26 @@ class World:
             o.close()
 
 
+_local = threading.local()
+
+
+def _own_scheduler(backend: CPUBackend) -> Scheduler:
+    """This thread's scheduler over the shared backend (a new one once the backend is renewed;
+    the old one closed)."""
+    sched = getattr(_local, "sched", None)
+    if sched is None or sched._backends[0] is not backend:
+        if sched is not None:
+            sched.close()
+        sched = _local.sched = Scheduler([backend], graph_size=64)
+    return sched
+
+
 def own_graph(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
-    """Build y = tanh(w @ x) (+ x2 chain) in the shared context, place it with the shared
-    allocator, set, compute, read."""
+    """Build y = tanh(w @ x) (+ x chain) in the shared context, place it with the shared
+    allocator (or this thread's scheduler over the shared backend), set, compute, read."""
     with w.lock:
         ctx, galloc, backend = w.ctx, w.galloc, w.backend
+    sched = _own_scheduler(backend) if r.random() < float(os.environ.get("FUZZ_SCHED", 0.3)) else None
     n, m = int(r.choice([8, 16, 40])), int(r.integers(1, 5))
     x = ctx.new_tensor("f32", [n, m]).set_input()
     wt = ctx.new_tensor("f32", [n, n]).set_input()
@@ -108,12 +126,15 @@ def own_graph(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, An
         y = ctx.add(y, x)
     y.set_output()
     graph = ctx.new_graph(16).build_forward(y)
-    galloc.alloc_graph(graph)
+    (sched or galloc).alloc_graph(graph)
     xa = r.standard_normal((m, n)).astype(np.float32)
     wa = r.standard_normal((n, n)).astype(np.float32)
     x.set(xa)
     wt.set(wa)
-    backend.graph_compute(graph)
+    if sched is not None:
+        sched.compute(graph)
+    else:
+        backend.graph_compute(graph)
     count.add_calls(11)
     expected = np.tanh(xa @ wa.T)
     return y.numpy(), expected + xa if chain else expected
@@ -127,6 +148,20 @@ def cache_compute(w: World, r: np.random.Generator, count: Counter) -> tuple[Any
     wa = r.standard_normal((n, n)).astype(np.float32)
     count.add_calls(1)
     return cache.compute((n, m), x=xa, w=wa)["y"], np.tanh(xa @ wa.T)
+
+
+def cache_async(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
+    """compute_async, then result(): another thread's compute of the same key in between
+    must make result() raise ClosedError, not return that compute's values."""
+    with w.lock:
+        cache = w.cache
+    n, m = int(r.choice([8, 24])), int(r.integers(1, 4))
+    xa = r.standard_normal((m, n)).astype(np.float32)
+    wa = r.standard_normal((n, n)).astype(np.float32)
+    pending = cache.compute_async((n, m), x=xa, w=wa)
+    time.sleep(float(r.choice([0.0, 0.001])))
+    count.add_calls(2)
+    return pending.result()["y"], np.tanh(xa @ wa.T)
 
 
 def data_roundtrip(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
@@ -148,18 +183,20 @@ def reset(w: World, r: np.random.Generator, count: Counter) -> None:
 
 
 def renew(w: World, r: np.random.Generator, count: Counter) -> None:
-    w.renew(str(r.choice(["backend", "ctx", "data", "galloc", "cache"])))
+    w.renew(str(r.choice(os.environ.get("FUZZ_RENEW", "backend,ctx,data,galloc,cache").split(","))))
     count.add_calls(2)
 
 
 ACTIONS: list[tuple[Callable[..., Any], float]] = [
-    (own_graph, 0.35), (cache_compute, 0.3), (data_roundtrip, 0.2), (reset, 0.1), (renew, 0.05)]
+    (own_graph, 0.35), (cache_compute, 0.2), (cache_async, 0.1), (data_roundtrip, 0.2), (reset, 0.1),
+    (renew, 0.05)]
 
 
 def worker(i: int, seed: int, w: World, deadline: float, count: Counter) -> None:
     r = np.random.default_rng([seed, i])
     names = [a.__name__ for a, _ in ACTIONS]
-    p = np.array([q for _, q in ACTIONS])
+    only = os.environ.get("FUZZ_ACTIONS")  # e.g. own_graph,renew: narrow a finding down
+    p = np.array([q if only is None or n in only.split(",") else 0.0 for n, (_, q) in zip(names, ACTIONS)])
     while time.monotonic() < deadline:
         k = int(r.choice(len(ACTIONS), p=p / p.sum()))
         who = f"thread {i} {names[k]}"

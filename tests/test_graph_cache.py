@@ -73,6 +73,23 @@ def test_compute_async_then_result():
         np.testing.assert_allclose(pending.result()["y"], reference(x, w), rtol=1e-5, atol=1e-6)
 
 
+def test_a_pending_result_overwritten_by_a_later_compute_of_its_key_is_refused():
+    """Two computes of one key share the graph's outputs: the first result, read after the
+    second compute, used to be the second one's values (a thread's result handed to another)."""
+    with CPUBackend() as cpu, GraphCache(build, backend=cpu) as cache:
+        x1, x2 = (rng.standard_normal((2, 4)).astype(np.float32) for _ in range(2))
+        w = rng.standard_normal((3, 4)).astype(np.float32)
+        first = cache.compute_async((4, 2), x=x1, w=w)
+        second = cache.compute_async((4, 2), x=x2, w=w)
+        with pytest.raises(ClosedError, match="overwritten by a later compute"):
+            first.result()
+        np.testing.assert_allclose(second.result()["y"], reference(x2, w), rtol=1e-5, atol=1e-6)
+        third = cache.compute_async((4, 2), x=x1, w=w)
+        cache.compute((4, 3), x=np.ones((3, 4), np.float32), w=w)  # another key: the allocator
+        with pytest.raises(ClosedError):                           # holds that graph now
+            third.result()
+
+
 @pytest.mark.parametrize("use_sched", [False, True])
 def test_a_closed_cache_refuses_to_compute(use_sched):
     """A GraphCache over a scheduler, closed, still built and computed a new graph on the next

@@ -197,3 +197,35 @@ def test_threads_fuzzer_short_run():
         assert r.returncode == 0, f"seed {seed}: exit {r.returncode}\n{out[-4000:]}"
         calls = int(out.split("calls=")[1].split()[0])
         assert calls > 1000 and "failures=0" in out, out[-4000:]
+
+
+def test_a_graph_checked_by_a_closed_backend_is_checked_again_by_a_new_one_at_its_address():
+    """Graphs cache a backend's check by the backend's pointer. malloc gives a closed backend's
+    address to the next one: the cached check (and the locks computing takes, the old backend's)
+    was used for the new backend, so closing the new one did not wait for its compute."""
+    ctx = Context.for_tensors(8, graph_size=16)
+    x, w, y, graph = _mlp_graph(ctx, 32, 4)
+    old = CPUBackend(n_threads=1)
+    galloc = GraphAllocator(old)
+    galloc.alloc_graph(graph)
+    x.set(np.ones((4, 32), np.float32))
+    w.set(np.ones((32, 32), np.float32))
+    old.graph_compute(graph)
+    address = int(ffi.cast("uintptr_t", old.ptr))
+    old.close()
+    new = CPUBackend(n_threads=1)
+    if int(ffi.cast("uintptr_t", new.ptr)) != address:
+        pytest.skip("malloc did not give the closed backend's address to the new one")
+    blocked = _Blocked(new)
+    errors: list[BaseException] = []
+    computing = _run(lambda: new.graph_compute(graph), errors)
+    assert blocked.started.wait(20)
+    closing = _run(new.close, errors)
+    closing.join(0.3)
+    assert closing.is_alive() and not new.closed  # waits for the compute on it
+    blocked.release.set()
+    for t in (computing, closing):
+        t.join(20)
+    assert errors == [] and new.closed
+    galloc.close()
+    ctx.close()
