@@ -88,12 +88,13 @@ FREED = (lib.pyggml_freed_buffer(0), lib.pyggml_freed_buffer(1))
 #: called with (buffer, stand-in) when a buffer is freed; pyggml.tensor, which knows the open
 #: contexts, registers the function that points their tensors in it at the stand-in
 forgetters: list[Callable[[Any, Any], None]] = []
-#: held around every C call that allocates or frees backend buffers together with pyggml's
-#: record of them (track, retire, forget): ggml's allocators free a buffer inside the call that
-#: allocates the next one, and pyggml retires it after; another thread's buffer allocated at
-#: the freed address in between would be taken for the freed one (its tensors swept away
-#: while it computed: found by tests/fuzz_threads_worker.py). Re-entrant; held briefly, around
-#: C calls whose only Python callbacks are Python buffer types' own
+#: held around every C call that allocates backend buffers together with pyggml's record of
+#: them (track; for placers also retire and forget): ggml's allocators free a buffer inside the
+#: call that allocates the next one, and pyggml retires it after; another thread's buffer
+#: allocated at the freed address in between would be taken for the freed one (its tensors
+#: swept away while it computed: found by tests/fuzz_threads_worker.py). A buffer pyggml frees
+#: itself is retired first and needs no lock (finalizers free buffers). Re-entrant; held
+#: briefly, around C calls whose only Python callbacks are Python buffer types' own
 lifecycle = threading.RLock()
 _table: list[Any] = [None, 0, -1]  # [C array of struct pyggml_live_buffer, length, version]
 _version = 0
@@ -337,12 +338,12 @@ class Buffer(_cobject.CObject):
             track(ptr, self)
 
     def _free(self, ptr: Any) -> None:
-        with lifecycle:
-            retire(ptr)
-            for part in self._parts:  # a multi-buffer frees its parts
-                retire(part)
-            with calling():  # a Python buffer's free_buffer
-                lib.ggml_backend_buffer_free(ptr)
+        # forgotten before it is freed: no lifecycle lock needed (a finalizer may run this)
+        retire(ptr)
+        for part in self._parts:  # a multi-buffer frees its parts
+            retire(part)
+        with calling():  # a Python buffer's free_buffer
+            lib.ggml_backend_buffer_free(ptr)
 
     @_cobject.guarded
     def close(self) -> None:

@@ -429,8 +429,15 @@ class Graph(_cobject.CObject):
         """Put back the node sources a scheduler rewrote (``saved``, else those saved when it
         split this graph); a no-op if none did."""
         saved = saved or self._sources
-        if saved is not None and not self.closed:
-            saved.restore(self._ptr)
+        if saved is not None and self._ptr is not None:
+            # it writes into the nodes' structs: under the arena locks of their contexts (all at
+            # once), and only while none was reset or closed (another thread's tensors may lie
+            # there now)
+            contexts = self.contexts()
+            locks = {id(c._arena_lock): c._arena_lock for c, _ in contexts}
+            with _cobject.using.of(tuple(locks.values())):
+                if not self.closed and all(c._gen == gen for c, gen in contexts):
+                    saved.restore(self._ptr)
         if saved is self._sources:
             self._sources = None
             if self.split_by is not None:

@@ -61,10 +61,9 @@ class GraphCopy(_cobject.CObject):
 
     def _free(self, ptr: Any) -> None:
         self._scope.close()
-        with buffer.lifecycle:
-            buffer.retire(ptr.buffer)
-            with calling():  # frees the copy's buffer
-                lib.ggml_backend_graph_copy_free(ptr[0])
+        buffer.retire(ptr.buffer)  # before it is freed (no lifecycle lock needed)
+        with calling():  # frees the copy's buffer
+            lib.ggml_backend_graph_copy_free(ptr[0])
 
 
 def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
