@@ -220,9 +220,9 @@ def guarded(fn: _Fn) -> _Fn:
 
 
 def holding(fn: _Fn) -> _Fn:
-    """Decorator of methods that change the object's C memory (a context's arena: new tensors
-    and graphs) or walk it: they hold the object's lock, so threads take turns and a close or
-    reset on another thread waits (ggml's arenas are not thread-safe)."""
+    """Decorator of methods that call C with the object (a backend's ``name``, ``synchronize``...;
+    a context's ``alloc_tensors``): they hold the object's lock, so that a close or reset on
+    another thread waits for them instead of freeing the object under them."""
     @functools.wraps(fn)
     def holding(self: Any, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
