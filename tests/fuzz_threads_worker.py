@@ -1,9 +1,10 @@
-"""Threads fuzzer: THREADS threads share pyggml objects (a CPU backend, a no_alloc context that
-they all build graphs in, an allocating context, a graph allocator, a graph cache) and call them
-at random for SECONDS: build a graph, place it (the allocator, or the thread's own scheduler
-over the shared backend), set its inputs, compute, read the output; compute through the cache
-(also asynchronously, reading the result later); make tensors from NumPy and read them back; reset the contexts;
-close an object and make a new one in its place (the others holding it see it closed).
+"""Threads fuzzer: THREADS threads share pyggml objects (a CPU backend, the NumPy backend, a
+no_alloc context that they all build graphs in, an allocating context, a graph allocator, a graph
+cache) and call them at random for SECONDS: build a graph, place it (the allocator, or the
+thread's own scheduler over the shared backend), set its inputs, compute, read the output; the
+same with a scheduler over the NumPy backend and the CPU backend; compute through the cache (also
+asynchronously, reading the result later); make tensors from NumPy and read them back; reset the
+contexts; close an object and make a new one in its place (the others holding it see it closed).
 
 pyggml promises (docs/concepts/errors.rst, "Threads"): no crash, no read of freed memory, and
 every value read is the one computed from that thread's own inputs, or the call raises
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache, Scheduler
+from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache, Scheduler, numpy_backend
 
 _REFUSALS = (ClosedError, MemoryError, ValueError)
 
@@ -71,6 +72,7 @@ class World:
         self.data = Context(1 << 16)
         self.galloc = GraphAllocator(self.backend)
         self.cache = GraphCache(_build, backend=self.backend, max_graphs=2)
+        self.numpy = numpy_backend.init()  # a backend written in Python, shared too
 
     def renew(self, what: str) -> None:
         """Close ``what`` and put a new one in its place (a new backend brings a new allocator
@@ -85,6 +87,8 @@ class World:
                 old, self.ctx = [self.ctx], Context.for_tensors(96, graph_size=32)
             elif what == "data":
                 old, self.data = [self.data], Context(1 << 16)
+            elif what == "numpy":
+                old, self.numpy = [self.numpy], numpy_backend.init()
             elif what == "galloc":
                 old, self.galloc = [self.galloc], GraphAllocator(self.backend)
             else:
@@ -93,21 +97,23 @@ class World:
             o.close()
 
     def close(self) -> None:
-        for o in (self.cache, self.galloc, self.data, self.ctx, self.backend):
+        for o in (self.cache, self.galloc, self.data, self.ctx, self.backend, self.numpy):
             o.close()
 
 
 _local = threading.local()
 
 
-def _own_scheduler(backend: CPUBackend) -> Scheduler:
-    """This thread's scheduler over the shared backend (a new one once the backend is renewed;
-    the old one closed)."""
-    sched = getattr(_local, "sched", None)
-    if sched is None or sched._backends[0] is not backend:
+def _own_scheduler(*backends: Any) -> Scheduler:
+    """This thread's scheduler over the shared backends given (a new one once one of them is
+    renewed; the old one closed)."""
+    key = "sched" if len(backends) == 1 else "pysched"
+    sched = getattr(_local, key, None)
+    if sched is None or any(a is not b for a, b in zip(sched._backends, backends)):
         if sched is not None:
             sched.close()
-        sched = _local.sched = Scheduler([backend], graph_size=64)
+        sched = Scheduler(list(backends), graph_size=64)
+        setattr(_local, key, sched)
     return sched
 
 
@@ -137,7 +143,8 @@ def own_graph(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, An
         backend.graph_compute(graph)
     count.add_calls(11)
     expected = np.tanh(xa @ wa.T)
-    return y.numpy(), expected + xa if chain else expected
+    return y.numpy(), expected + xa if chain else expected, f"{'scheduler' if sched else 'allocator'} n={n} m={m}"
+
 
 
 def cache_compute(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
@@ -148,6 +155,24 @@ def cache_compute(w: World, r: np.random.Generator, count: Counter) -> tuple[Any
     wa = r.standard_normal((n, n)).astype(np.float32)
     count.add_calls(1)
     return cache.compute((n, m), x=xa, w=wa)["y"], np.tanh(xa @ wa.T)
+
+
+def numpy_graph(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
+    """y = (x * x + x) summed by rows, scheduled on the shared NumPy backend (a backend written
+    in Python: its callbacks run under the scheduler's compute) before the shared CPU backend."""
+    with w.lock:
+        ctx, backend, nb = w.ctx, w.backend, w.numpy
+    sched = _own_scheduler(nb, backend)
+    n, m = int(r.choice([4, 16])), int(r.integers(1, 4))
+    x = ctx.new_tensor("f32", [n, m]).set_input()
+    y = ctx.sum_rows(ctx.add(ctx.mul(x, x), x)).set_output()
+    graph = ctx.new_graph(16).build_forward(y)
+    sched.alloc_graph(graph)
+    xa = r.standard_normal((m, n)).astype(np.float32)
+    x.set(xa)
+    sched.compute(graph)
+    count.add_calls(9)
+    return y.numpy(), (xa * xa + xa).sum(axis=1, keepdims=True)
 
 
 def cache_async(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
@@ -183,13 +208,13 @@ def reset(w: World, r: np.random.Generator, count: Counter) -> None:
 
 
 def renew(w: World, r: np.random.Generator, count: Counter) -> None:
-    w.renew(str(r.choice(os.environ.get("FUZZ_RENEW", "backend,ctx,data,galloc,cache").split(","))))
+    w.renew(str(r.choice(os.environ.get("FUZZ_RENEW", "backend,ctx,data,galloc,cache,numpy").split(","))))
     count.add_calls(2)
 
 
 ACTIONS: list[tuple[Callable[..., Any], float]] = [
-    (own_graph, 0.35), (cache_compute, 0.2), (cache_async, 0.1), (data_roundtrip, 0.2), (reset, 0.1),
-    (renew, 0.05)]
+    (own_graph, 0.3), (numpy_graph, 0.1), (cache_compute, 0.15), (cache_async, 0.1), (data_roundtrip, 0.2),
+    (reset, 0.1), (renew, 0.05)]
 
 
 def worker(i: int, seed: int, w: World, deadline: float, count: Counter) -> None:
@@ -221,11 +246,11 @@ def worker(i: int, seed: int, w: World, deadline: float, count: Counter) -> None
         with count.lock:
             count.actions += 1
         if out is not None:
-            got, expected = out
+            got, expected, *what = out
             if got.size != expected.size:
-                count.fail("WRONG_RESULT", who, f"shape {got.shape}, expected {expected.shape}")
+                count.fail("WRONG_RESULT", who, f"shape {got.shape}, expected {expected.shape} {what}")
             elif not np.allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-5):
-                count.fail("WRONG_RESULT", who, f"max |diff| {np.max(np.abs(got.reshape(expected.shape) - expected))}")
+                count.fail("WRONG_RESULT", who, f"max |diff| {np.max(np.abs(got.reshape(expected.shape) - expected))} {what}")
 
 
 def main() -> int:
