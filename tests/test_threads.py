@@ -36,6 +36,18 @@ class _Blocked:
         return False
 
 
+def _close_during_blocked_compute(be, graph, obj, errors):
+    """Start ``be``'s compute of ``graph``, held in its abort callback, then ``obj.close()`` on
+    another thread; check that the close waits. Returns (blocked, computing, closing)."""
+    blocked = _Blocked(be)
+    computing = _run(lambda: be.graph_compute(graph), errors)
+    assert blocked.started.wait(20)
+    closing = _run(obj.close, errors)
+    closing.join(0.3)
+    assert closing.is_alive() and not obj.closed     # waits: C is still using it
+    return blocked, computing, closing
+
+
 def _run(fn, errors):
     def target():
         try:
@@ -58,13 +70,8 @@ def test_close_on_another_thread_waits_for_the_compute(what):
     x.set(xa)
     w.set(wa)
     obj = {"backend": be, "context": ctx, "graph allocator": galloc}[what]
-    blocked = _Blocked(be)
     errors: list[BaseException] = []
-    computing = _run(lambda: be.graph_compute(graph), errors)
-    assert blocked.started.wait(20)
-    closing = _run(obj.close, errors)
-    closing.join(0.3)
-    assert closing.is_alive() and not obj.closed     # waits: C is still using it
+    blocked, computing, closing = _close_during_blocked_compute(be, graph, obj, errors)
     result = {}
     reading = _run(lambda: result.setdefault("y", y.numpy()), errors)   # waits too (the context)
     blocked.release.set()
@@ -216,13 +223,8 @@ def test_a_graph_checked_by_a_closed_backend_is_checked_again_by_a_new_one_at_it
     new = CPUBackend(n_threads=1)
     if int(ffi.cast("uintptr_t", new.ptr)) != address:
         pytest.skip("malloc did not give the closed backend's address to the new one")
-    blocked = _Blocked(new)
     errors: list[BaseException] = []
-    computing = _run(lambda: new.graph_compute(graph), errors)
-    assert blocked.started.wait(20)
-    closing = _run(new.close, errors)
-    closing.join(0.3)
-    assert closing.is_alive() and not new.closed  # waits for the compute on it
+    blocked, computing, closing = _close_during_blocked_compute(new, graph, new, errors)
     blocked.release.set()
     for t in (computing, closing):
         t.join(20)
