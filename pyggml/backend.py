@@ -18,7 +18,7 @@ from .buffer import Buffer
 from .buffer_type import BufferType
 from .errors import ClosedError, GGMLError
 from .raw import dl, ffi, lib
-from .raw.boundary import calling, check_status
+from .raw.boundary import call_status, calling, check_status
 from .tensor import EMPTY_OPS, Tensor, tensor_arg
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class _Checked:
     """What a backend's check of a graph found, valid while nothing it depends on changes."""
 
     __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced",
-                 "users", "locks", "backend")
+                 "users", "locks", "backend", "valid_at", "lock", "owners")
 
     def __init__(self, graph: "Graph", n_nodes: int, records: list[buffer.LiveBuffer],
                  contexts: list[tuple[Any, int]], foreign: list[tuple[Any, Any]]):
@@ -81,9 +81,14 @@ class _Checked:
         self.users = (*(c for c, _ in contexts), *(r.owner for r in records), self.placer,
                       *(o for o, _ in foreign))
         self.locks: tuple[Any, ...] | None = None  # using(backend, graph, *users).locks, on first use
+        self.lock: _cobject.using | None = None     # a using of them (stateless: threads share it)
+        self.owners = _callback_owners(graph)      # to declare to calling() around a compute
         # the backend object that checked (the key, its pointer, may be a new backend's once
         # this one is closed: malloc gives the address again)
         self.backend: Any = None
+        # _cobject.changes when this was last found valid: until the next close, reset or
+        # placement anywhere, only the graph's own version and node count need a look
+        self.valid_at = -1
 
     def still_valid(self, graph: "Graph", n_nodes: int) -> bool:
         if self.version != graph.version or self.n_nodes != n_nodes or self.placer is not graph.placed_by:
@@ -336,17 +341,19 @@ class Backend(_cobject.CObject):
         """What to say when this backend cannot compute node ``p`` (``_supports_raw`` false)."""
         return "its supports_op refuses the op or these types (compute it on another backend)"
 
-    def _prepare(self, graph: "Graph") -> tuple[Any, _cobject.using]:
-        """(the graph's C pointer, the held locks of what computing it uses), after the check
-        (cached on the graph) of everything computing it needs; the caller releases the locks
-        (``__exit__``). Raises ValueError/ClosedError (holding nothing)."""
+    def _prepare(self, graph: "Graph") -> tuple[Any, _cobject.using, _Checked]:
+        """(the graph's C pointer, the held locks of what computing it uses, the check), after
+        the check (cached on the graph) of everything computing it needs; the caller releases
+        the locks (``__exit__``). Raises ValueError/ClosedError (holding nothing)."""
         while True:
             seen = _cobject.changes
             g = graph.ptr
             n_nodes = lib.ggml_graph_n_nodes(g)
             key = self.ptr
             state = graph.checked.get(key)
-            if state is None or state.backend is not self or not state.still_valid(graph, n_nodes):
+            if state is None or state.backend is not self or not (
+                    state.valid_at == seen and state.version == graph.version and state.n_nodes == n_nodes
+                    or state.still_valid(graph, n_nodes)):
                 # checked holding the backend, the graph and its context (no close or reset
                 # meanwhile), then round again to take the locks of all computing uses
                 with _cobject.using(self, graph, graph._owner), calling():  # calling: supports_op
@@ -354,9 +361,14 @@ class Backend(_cobject.CObject):
                         state = graph.checked[key] = self._check_graph(graph, n_nodes)
                         state.backend = self
                 continue
-            if state.locks is None:
-                state.locks = _cobject.using(self, graph, *state.users).locks
-            lock = _cobject.using.of(state.locks)
+            state.valid_at = seen
+            lock = state.lock
+            if lock is None:
+                # the graph's own lock is covered by its context's (everything that changes a
+                # graph holds both): that one instead, where the graph has one
+                owner = graph._owner
+                lock = _cobject.using(self, graph if owner._lock is None else owner, *state.users)
+                state.locks, state.lock = lock.locks, lock
             lock.__enter__()
             if _cobject.changes == seen:  # nothing closed or placed anew while it waited
                 break
@@ -367,7 +379,7 @@ class Backend(_cobject.CObject):
             except BaseException:
                 lock.__exit__()
                 raise
-        return g, lock
+        return g, lock, state
 
     def graph_compute(self, graph: "Graph") -> None:
         """Compute ``graph`` (``ggml_backend_graph_compute``).
@@ -391,10 +403,13 @@ class Backend(_cobject.CObject):
     def _run(self, graph: "Graph", fn: Any, what: str) -> None:
         """``fn(backend, graph)`` (a compute returning ``ggml_status``) after :meth:`_prepare`,
         holding its locks; GGMLError (named ``what``) or a callback's exception on failure."""
-        g, lock = self._prepare(graph)
+        g, lock, state = self._prepare(graph)
         try:
-            with calling(*_callback_owners(graph)):
-                check_status(fn(self._ptr, g), what)
+            if state.owners:
+                with calling(*state.owners):
+                    check_status(fn(self._ptr, g), what)
+            else:
+                call_status(what, fn, self._ptr, g)
         finally:
             lock.__exit__()
 
@@ -403,9 +418,9 @@ class Backend(_cobject.CObject):
         (ggml would abort)."""
         if self.ptr.iface.graph_plan_create == ffi.NULL:
             raise ValueError(f"backend {self.name} does not support graph plans")
-        g, lock = self._prepare(graph)
+        g, lock, state = self._prepare(graph)
         try:
-            with calling(*_callback_owners(graph)):
+            with calling(*state.owners):
                 plan = lib.ggml_backend_graph_plan_create(self._ptr, g)
         finally:
             lock.__exit__()
@@ -447,9 +462,9 @@ class GraphPlan(_cobject.CObject):
         """``ggml_backend_graph_plan_compute`` (the graph is checked as by
         :meth:`Backend.graph_compute`); raises GGMLError on failure, or what a callback raised."""
         backend: Backend = self._owner
-        _, lock = backend._prepare(self._graph)
+        _, lock, state = backend._prepare(self._graph)
         try:
-            with _cobject.using(self), calling(*_callback_owners(self._graph)):
+            with _cobject.using(self), calling(*state.owners):
                 status = lib.ggml_backend_graph_plan_compute(backend._ptr, self.ptr)
                 check_status(status, "ggml_backend_graph_plan_compute")
         finally:

@@ -23,7 +23,7 @@ from .cpu import CPUBackend, graph_trial_ops
 from .enums import DeviceType
 from .graph import Graph
 from .raw import callbacks, ffi, lib
-from .raw.boundary import calling, check_status
+from .raw.boundary import call_status, calling, check_status
 from .tensor import EMPTY_OPS, BorrowScope, Tensor, tensor_arg
 
 __all__ = ["Scheduler", "MAX_BACKENDS", "EvalCallback"]
@@ -38,7 +38,8 @@ _VIEW_OPS = frozenset(int(o) for o in EMPTY_OPS if o != lib.GGML_OP_NONE)
 
 
 class _SchedChecked:
-    __slots__ = ("version", "n_nodes", "records", "contexts", "indices", "trialed", "locks", "sched")
+    __slots__ = ("version", "n_nodes", "records", "contexts", "indices", "trialed", "locks", "sched",
+                 "valid_at", "lock")
 
     def __init__(self, graph: Graph, n_nodes: int, records: list[Any], contexts: list[tuple[Any, int]],
                  indices: "buffer.IndexCheck | None"):
@@ -47,10 +48,23 @@ class _SchedChecked:
         self.trialed = False  # the forked trial compute (Scheduler._trial_compute) was done
         self.locks: tuple[Any, ...] | None = None  # what Scheduler._compute locks, on first use
         self.sched: Any = None  # the scheduler that checked (its pointer, the key, may be reused)
+        # _cobject.changes when last found valid: until the next close, reset or placement
+        # anywhere, only the graph's version and node count need a look
+        self.valid_at = -1
+        self.lock: _cobject.using | None = None  # a using of ``locks`` (stateless: threads share it)
 
-    def still_valid(self, graph: Graph, n_nodes: int) -> bool:
-        return (self.version == graph.version and self.n_nodes == n_nodes
-                and all(r.alive for r in self.records) and all(c._gen == g for c, g in self.contexts))
+    def still_valid(self, graph: Graph, n_nodes: int, seen: int) -> bool:
+        if self.version != graph.version or self.n_nodes != n_nodes:
+            return False
+        if self.valid_at != seen:
+            for r in self.records:
+                if not r.alive:
+                    return False
+            for c, g in self.contexts:
+                if c._gen != g:
+                    return False
+            self.valid_at = seen
+        return True
 
 
 class Scheduler(_cobject.CObject, Placer):
@@ -100,6 +114,7 @@ class Scheduler(_cobject.CObject, Placer):
             ptr = lib.ggml_backend_sched_new(c_backends, c_bufts, len(backends), graph_size, parallel, op_offload)
         super().__init__(ptr, owned=True, keep=(backends, bufts))
         self._backends = backends
+        self._cpus = [b for b in backends if isinstance(b, CPUBackend)]  # their abort clocks restart
         self._bufts = bufts or [b.default_buffer_type for b in backends]
         self.graph_size = graph_size
         self._is_alloc = False
@@ -171,10 +186,11 @@ class Scheduler(_cobject.CObject, Placer):
     # ------------------------------------------------------------------ checks
     def _check_graph(self, graph: Graph) -> Any:
         """Everything ggml would assert on when splitting ``graph`` (cached on the graph)."""
+        seen = _cobject.changes
         g = graph.ptr
-        n_nodes = int(lib.ggml_graph_n_nodes(g))
+        n_nodes = lib.ggml_graph_n_nodes(g)
         state = graph.checked.get(self._ptr)
-        if state is not None and state.sched is self and state.still_valid(graph, n_nodes):
+        if state is not None and state.sched is self and state.still_valid(graph, n_nodes, seen):
             return g
         # holding the scheduler, its backends, the graph and its context: no close or reset
         with _cobject.using(self, graph, graph._owner, *self._backends):
@@ -427,9 +443,8 @@ class Scheduler(_cobject.CObject, Placer):
         return self._compute(graph, lib.ggml_backend_sched_graph_compute_async)
 
     def _compute(self, graph: Graph, fn: Any) -> bool:
-        for b in self._backends:
-            if isinstance(b, CPUBackend):
-                b._restart_abort_clock()
+        for cpu in self._cpus:
+            cpu._restart_abort_clock()
         while True:
             seen = _cobject.changes  # a close after this is seen below, under the locks
             for b in self._backends:
@@ -439,10 +454,14 @@ class Scheduler(_cobject.CObject, Placer):
                 seen = _cobject.changes  # its own change
             g = self._check_graph(graph)
             state = graph.checked[self._ptr]
-            if state.locks is None:
-                state.locks = _cobject.using(self, graph, *self._backends, *(c for c, _ in state.contexts),
-                                             *(r.owner for r in state.records)).locks
-            lock = _cobject.using.of(state.locks)
+            lock = state.lock
+            if lock is None:
+                # the graph's own lock is covered by its context's (everything that changes a
+                # graph holds both): that one instead, where the graph has one
+                owner = graph._owner
+                lock = _cobject.using(self, graph if owner._lock is None else owner, *self._backends,
+                                      *(c for c, _ in state.contexts), *(r.owner for r in state.records))
+                state.locks, state.lock = lock.locks, lock
             lock.__enter__()
             if _cobject.changes == seen:  # nothing closed or placed anew while it waited
                 break
@@ -454,9 +473,12 @@ class Scheduler(_cobject.CObject, Placer):
                 self._trial_compute(graph, g)
                 state.trialed = True
             self._stopped = False
-            with calling(*_callback_owners(graph), *((self,) if self._eval is not None else ())):
-                status = fn(self.ptr, g)
-                check_status(status, "ggml_backend_sched_graph_compute")
+            owners = _callback_owners(graph)
+            if owners or self._eval is not None:
+                with calling(*owners, *((self,) if self._eval is not None else ())):
+                    check_status(fn(self._ptr, g), "ggml_backend_sched_graph_compute")
+            else:
+                call_status("ggml_backend_sched_graph_compute", fn, self._ptr, g)
         finally:
             lock.__exit__()
         if not self._stopped:

@@ -36,7 +36,7 @@ class GraphCopy(_cobject.CObject):
     _kind = "graph copy"
 
     def __init__(self, backend: Backend, graph: Graph):
-        _, lock = backend._prepare(graph)
+        _, lock, _ = backend._prepare(graph)
         copy = None
         try:
             _check_in_buffers(graph)
@@ -80,9 +80,9 @@ def compare_graph_backend(backend1: Backend, backend2: Backend, graph: Graph,
     the nodes up to the last of them are computed as one graph instead. Returns False if the
     graph copy failed. An exception in ``callback`` stops the comparison and is re-raised here.
     """
-    _, lock1 = backend1._prepare(graph)
+    _, lock1, _ = backend1._prepare(graph)
     try:
-        _, lock2 = backend2._prepare(graph)
+        _, lock2, _ = backend2._prepare(graph)
     except BaseException:
         lock1.__exit__()
         raise
