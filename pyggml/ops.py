@@ -45,6 +45,9 @@ _INT64_MAX = 2**63 - 1
 
 _NONE = lib.GGML_OP_NONE
 _new_object = object.__new__
+# the C functions of the hottest op constructors, looked up once (a lib attribute costs ~25 ns)
+_ggml_mul_mat, _ggml_soft_max_ext, _ggml_rms_norm, _ggml_permute = (
+    lib.ggml_mul_mat, lib.ggml_soft_max_ext, lib.ggml_rms_norm, lib.ggml_permute)
 
 
 def host_array(t: Tensor) -> np.ndarray:
@@ -324,7 +327,10 @@ def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: in
 def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
     """An element-wise binary op constructor (``ggml_add``...): b tiles a; a's ne and type."""
     def op(self: Any, a: Tensor, b: Tensor) -> Tensor:
-        a, b = _t(a, "a"), _t(b, "b")
+        if a.__class__ is not Tensor or a._owner._gen != a._gen:  # _t inlined (hot path)
+            a = _t(a, "a")
+        if b.__class__ is not Tensor or b._owner._gen != b._gen:
+            b = _t(b, "b")
         an, bn = a._ne, b._ne
         if an != bn and not can_repeat(bn, an):
             raise ValueError(f"b (ne={list(bn)}) does not tile a (ne={list(an)}): ggml broadcasts "
@@ -634,11 +640,12 @@ class Ops(UncheckedOps):
     def rms_norm(self, a: Tensor, eps: float = 1e-6) -> Tensor:
         """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]. Raises ValueError unless
         eps >= 0."""
-        a = _t(a, "a")
+        if a.__class__ is not Tensor or a._owner._gen != a._gen:  # _t inlined (hot path)
+            a = _t(a, "a")
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"rms_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_rms_norm, (a,), a._ne, a._type, True, (a._ptr, eps))
+        return _make_known(self, _ggml_rms_norm, (a,), a._ne, a._type, True, (a._ptr, eps))
 
     def l2_norm(self, a: Tensor, eps: float = 1e-12) -> Tensor:
         """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]. Raises ValueError unless eps >= 0."""
@@ -677,7 +684,7 @@ class Ops(UncheckedOps):
             inputs, m_ptr = (a, mask), mask._ptr
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
-        return _make_known(self, lib.ggml_soft_max_ext, inputs, a._ne, a._type, True,
+        return _make_known(self, _ggml_soft_max_ext, inputs, a._ne, a._type, True,
                            (a._ptr, m_ptr, float(scale), float(max_bias)))
 
     # ------------------------------------------------------------------ matrix
@@ -705,7 +712,7 @@ class Ops(UncheckedOps):
         if an[1] > bn[0]:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
             _check_nelements((an[1], bn[1], bn[2], bn[3]), "mul_mat")
-        return _make_known(self, lib.ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32, True,
+        return _make_known(self, _ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32, True,
                            (a._ptr, b._ptr))
 
     def out_prod(self, a: Tensor, b: Tensor) -> Tensor:
@@ -820,7 +827,7 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "permute")
-        return _make_known(self, lib.ggml_permute, (a,), ne, a._type, None, (a._ptr, *axes))
+        return _make_known(self, _ggml_permute, (a,), ne, a._type, None, (a._ptr, *axes))
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``: swap ne[0] and ne[1] (a view). Raises ValueError for a
