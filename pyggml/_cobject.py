@@ -163,8 +163,9 @@ class CObject(CBorrowed):
         return hash((type(self), getattr(self, "_key", self._ptr)))
 
 
-#: counts closes and resets (and placers' new placements: :func:`changed`), so that a call that
-#: checked its objects before taking their locks knows whether to check again under them
+#: counts closes and resets (and placers' new placements: :func:`changed`), at their start and
+#: at their end (under the lock of what they change), so that a call that checked its objects
+#: before taking their locks knows whether to check again under them
 changes = 0
 
 
@@ -205,6 +206,11 @@ class _closing:
         obj = self.obj
         if obj is not None:
             obj._closers -= 1
+            # counted again at the end, still holding the lock: a thread that read ``changes``
+            # while this ran (after the first count) and checked the object before the close
+            # changed it sees a new count once it holds the lock, and checks again
+            global changes
+            changes += 1
             obj._lock.release()
 
 

@@ -231,3 +231,49 @@ def test_a_graph_checked_by_a_closed_backend_is_checked_again_by_a_new_one_at_it
     assert errors == [] and new.closed
     galloc.close()
     ctx.close()
+
+
+def test_a_compute_that_waited_for_a_placement_checks_its_graph_again():
+    """A compute on thread A that checked its graph while thread B was placing another graph
+    with the same allocator (B holds the allocator; A waits for it) must check again once it
+    holds the allocator: the memory holds B's graph now, so ClosedError, not a compute that
+    writes into B's tensors (or into a buffer ggml-alloc freed to make a bigger one). Found by
+    the threads fuzzer at 8 threads (wrong results, a heap corruption): ``_cobject.changes`` was
+    counted at the start of a placement only, so A's check during it looked current."""
+    with Context.for_tensors(32, graph_size=16) as ctx, CPUBackend(n_threads=1) as be, \
+            GraphAllocator(be) as galloc:
+        x1, w1, y1, g1 = _mlp_graph(ctx, 8, 2)
+        x2, w2, y2, g2 = _mlp_graph(ctx, 16, 3)
+        galloc.alloc_graph(g1)
+        x1.set(rng.standard_normal((2, 8)).astype(np.float32))
+        w1.set(rng.standard_normal((8, 8)).astype(np.float32))
+        be.graph_compute(g1)  # checked once: later computes look at the check only
+        placing, release = threading.Event(), threading.Event()
+        original = galloc._check_outputs_memory
+
+        def slow_check(graph):  # inside B's placement, holding the allocator
+            placing.set()
+            assert release.wait(20)
+            return original(graph)
+
+        galloc._check_outputs_memory = slow_check
+        b = threading.Thread(target=galloc.alloc_graph, args=(g2,))
+        b.start()
+        assert placing.wait(20)
+        errors: list[BaseException] = []
+
+        def compute():
+            try:
+                be.graph_compute(g1)
+            except BaseException as e:  # noqa: BLE001 - checked below
+                errors.append(e)
+
+        a = threading.Thread(target=compute)
+        a.start()
+        a.join(0.5)  # A checks g1 (still placed) and waits for the allocator
+        release.set()
+        b.join(20)
+        a.join(20)
+        assert not a.is_alive() and not b.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], ClosedError), errors
+        assert galloc._graph is g2
