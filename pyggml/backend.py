@@ -90,24 +90,48 @@ class _Checked:
         # placement anywhere, only the graph's own version and node count need a look
         self.valid_at = -1
 
-    def still_valid(self, graph: "Graph", n_nodes: int) -> bool:
-        if self.version != graph.version or self.n_nodes != n_nodes or self.placer is not graph.placed_by:
+    def still_valid(self, graph: "Graph", n_nodes: int, seen: int) -> bool:
+        """Whether the check holds for ``graph`` of ``n_nodes`` nodes; ``seen``: the
+        ``_cobject.changes`` read before (while it has not moved since the check was last found
+        valid, only the graph's version and node count need a look)."""
+        if self.version != graph.version or self.n_nodes != n_nodes:
             return False
-        if self.unplaced != buffer.unplaced:
+        if self.valid_at == seen:
+            return True
+        if self.placer is not graph.placed_by or self.unplaced != buffer.unplaced:
             # a placer placing another graph forgot where some tensors were (data NULL), maybe
             # this graph's: computing would run kernels on NULL (a crash found while shrinking
             # fuzz seed 2535: GraphAllocator.reserve of another graph of the same tensors)
             return False
-        for rec in self.records:
-            if not rec.alive:
-                return False
-        for ctx, gen in self.contexts:
-            if ctx._gen != gen:
-                return False
+        if not _memory_current(self.records, self.contexts):
+            return False
         for owner, holding in self.foreign:
             if owner.holding() is not holding:
                 return False
-        return self.placer is None or self.placer.covers(graph)
+        if self.placer is not None and not self.placer.covers(graph):
+            return False
+        self.valid_at = seen
+        return True
+
+
+def _memory_current(records: list[buffer.LiveBuffer], contexts: list[tuple[Any, int]]) -> bool:
+    """Whether the buffers a graph check found are all alive and its contexts all at the
+    generation it found (shared by backends' and schedulers' checks)."""
+    for rec in records:
+        if not rec.alive:
+            return False
+    for ctx, gen in contexts:
+        if ctx._gen != gen:
+            return False
+    return True
+
+
+def _compute_lock(graph: "Graph", *users: Any) -> _cobject.using:
+    """The :class:`~pyggml._cobject.using` of a compute of ``graph`` by ``users`` (backends,
+    contexts, buffer owners, placers): the graph's own lock is covered by its context's
+    (everything that changes a graph holds both), so that one instead, where it has one."""
+    owner = graph._owner
+    return _cobject.using(graph if owner._lock is None else owner, *users)
 
 
 class Backend(_cobject.CObject):
@@ -351,9 +375,7 @@ class Backend(_cobject.CObject):
             n_nodes = lib.ggml_graph_n_nodes(g)
             key = self.ptr
             state = graph.checked.get(key)
-            if state is None or state.backend is not self or not (
-                    state.valid_at == seen and state.version == graph.version and state.n_nodes == n_nodes
-                    or state.still_valid(graph, n_nodes)):
+            if state is None or state.backend is not self or not state.still_valid(graph, n_nodes, seen):
                 # checked holding the backend, the graph and its context (no close or reset
                 # meanwhile), then round again to take the locks of all computing uses
                 with _cobject.using(self, graph, graph._owner), calling():  # calling: supports_op
@@ -361,13 +383,9 @@ class Backend(_cobject.CObject):
                         state = graph.checked[key] = self._check_graph(graph, n_nodes)
                         state.backend = self
                 continue
-            state.valid_at = seen
             lock = state.lock
             if lock is None:
-                # the graph's own lock is covered by its context's (everything that changes a
-                # graph holds both): that one instead, where the graph has one
-                owner = graph._owner
-                lock = _cobject.using(self, graph if owner._lock is None else owner, *state.users)
+                lock = _compute_lock(graph, self, *state.users)
                 state.locks, state.lock = lock.locks, lock
             lock.__enter__()
             if _cobject.changes == seen:  # nothing closed or placed anew while it waited

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from . import _cobject, _trial, buffer
 from .alloc import Placer, placing
-from .backend import Backend, _callback_owners
+from .backend import Backend, _callback_owners, _compute_lock, _memory_current
 from .buffer_type import BufferType
 from .cpu import CPUBackend, graph_trial_ops
 from .enums import DeviceType
@@ -57,12 +57,8 @@ class _SchedChecked:
         if self.version != graph.version or self.n_nodes != n_nodes:
             return False
         if self.valid_at != seen:
-            for r in self.records:
-                if not r.alive:
-                    return False
-            for c, g in self.contexts:
-                if c._gen != g:
-                    return False
+            if not _memory_current(self.records, self.contexts):
+                return False
             self.valid_at = seen
         return True
 
@@ -456,11 +452,8 @@ class Scheduler(_cobject.CObject, Placer):
             state = graph.checked[self._ptr]
             lock = state.lock
             if lock is None:
-                # the graph's own lock is covered by its context's (everything that changes a
-                # graph holds both): that one instead, where the graph has one
-                owner = graph._owner
-                lock = _cobject.using(self, graph if owner._lock is None else owner, *self._backends,
-                                      *(c for c, _ in state.contexts), *(r.owner for r in state.records))
+                lock = _compute_lock(graph, self, *self._backends, *(c for c, _ in state.contexts),
+                                    *(r.owner for r in state.records))
                 state.locks, state.lock = lock.locks, lock
             lock.__enter__()
             if _cobject.changes == seen:  # nothing closed or placed anew while it waited
