@@ -12,6 +12,7 @@ tensor data in the arena keep it alive after the context is closed.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
@@ -42,6 +43,20 @@ _MAX_BYTES = 2**62
 
 def _pad(n: int, align: int) -> int:
     return (n + align - 1) // align * align
+
+#: taken around every change and every listing of a context's ``_dependents`` (a WeakSet:
+#: another thread's add while one lists it raises); re-entrant for a finalizer's close
+_DEPENDENTS_LOCK = threading.RLock()
+
+
+def _make_stale(contexts: Sequence["Context"]) -> None:
+    """A context was reset or closed: every context whose nodes read its tensors (directly or
+    through others; their arena locks held) is stale. Their op constructors take the slow path
+    (``_room`` < 0), where :meth:`Context._reserve` raises ClosedError."""
+    for d in contexts:
+        if not d._stale and d._gen >= 0:
+            d._stale = True
+            d._room = -1
 
 
 class Context(_cobject.CObject, Ops):
@@ -78,7 +93,7 @@ class Context(_cobject.CObject, Ops):
         self._buffers: list[Buffer] = []   # from alloc_tensors, closed with the context
         self._callbacks: list[Any] = []    # Python ops (map_custom) live as long as the context
         self._deps: dict[Any, int] = {}    # other contexts whose tensors ours point at -> their
-        self._last_dep: Any = None         # generation then
+                                           # generation then
         self._dependents: "weakref.WeakSet[Context]" = weakref.WeakSet()  # contexts pointing at ours
         self._stale = False                # a context in _deps was reset or closed since
         self._trial_ops: set[int] = set()  # ops made by Ops.op without checks of their own
@@ -89,7 +104,9 @@ class Context(_cobject.CObject, Ops):
         # checks of the context's state. Held only around work that calls no Python callback
         # and waits for no other lock (other contexts' are taken all or none), so that a thread
         # that must walk every arena (buffer.forget) can wait for it; re-entrant for a
-        # finalizer that runs while it is held. close() and reset() also hold ``_lock``
+        # finalizer that runs while it is held. close() and reset() also hold ``_lock``, and the
+        # arena locks of the contexts whose nodes read ours (_holding_dependents): op
+        # constructors reading a recorded dependency's tensors hold only their own context's
         self._arena_lock = threading.RLock()
         _tensor_mod.register_arena(self, self._arena.ctypes.data, size)
 
@@ -142,42 +159,78 @@ class Context(_cobject.CObject, Ops):
         from now on; the memory is reused by what the context makes next. Contexts whose nodes
         read this context's tensors refuse new tensors, nodes and graphs (ClosedError) until
         they are reset themselves, and their graphs are refused."""
-        with self._arena_lock:
+        with self._holding_dependents() as dependents:
             lib.ggml_reset(self._live_ptr())
             self._gen += 1
             self._room = -1 if self._raw else self._mem_size
             self._trial_ops.clear()
             self._deps.clear()
-            self._last_dep = None
             self._stale = False
-        self._invalidate_dependents()
+            _make_stale(dependents)
 
     # ------------------------------------------------------------------ dependencies
     def _add_dep(self, owner: Any) -> None:
         """Record that nodes of this context read tensors of ``owner`` (a context or a borrow
         scope) in its current generation. Raises ClosedError if ``owner``'s own nodes read
-        memory that is gone (its tensors may point into it)."""
+        memory that is gone (its tensors may point into it). The caller holds the arena locks
+        of both (``owner``'s dependents grow only under its lock: :meth:`_holding_dependents`)."""
         if getattr(owner, "_stale", False):
             owner._check_deps()
         self._deps.setdefault(owner, owner._gen)
-        self._last_dep = owner
         dependents = getattr(owner, "_dependents", None)
         if dependents is not None:
-            dependents.add(self)
+            with _DEPENDENTS_LOCK:
+                dependents.add(self)
 
-    def _invalidate_dependents(self) -> None:
-        """This context was reset or closed: every context whose nodes read its tensors
-        (directly or through others) is stale. Their op constructors take the slow path
-        (``_room`` < 0), where :meth:`_reserve` raises."""
-        todo = list(self._dependents)
+    def _drop_dep(self, owner: Any) -> None:
+        """Undo :meth:`_add_dep` of ``owner`` (a node that read its tensors was refused)."""
+        self._deps.pop(owner, None)
+        dependents = getattr(owner, "_dependents", None)
+        if dependents is not None:
+            with _DEPENDENTS_LOCK:
+                dependents.discard(self)
+
+    def _all_dependents(self) -> dict[int, "Context"]:
+        """Every context whose nodes read this one's tensors, directly or through other
+        contexts' (their ``_dependents``, transitively), by id."""
+        out: dict[int, Context] = {}
+        todo = [self]
         while todo:
-            d = todo.pop()
-            with d._arena_lock:  # one at a time: its op constructors read _room under it
-                if d._stale or d._gen < 0:
-                    continue
-                d._stale = True
-                d._room = -1
-            todo.extend(d._dependents)
+            c = todo.pop()
+            with _DEPENDENTS_LOCK:  # another thread may add one meanwhile (WeakSet iteration)
+                found = list(c._dependents)
+            for d in found:
+                if d is not self and id(d) not in out:
+                    out[id(d)] = d
+                    todo.append(d)
+        return out
+
+    @contextlib.contextmanager
+    def _holding_dependents(self) -> Iterator[list["Context"]]:
+        """Hold this context's arena lock and those of every context whose nodes read its
+        tensors (:meth:`_all_dependents`), taken all at once; yields those contexts, for a reset
+        or close to make them stale (:func:`_make_stale`) in the same hold.
+
+        An op constructor of a context that recorded this one as a dependency holds only its own
+        arena lock while ggml reads this one's tensor structs (``ops._make_known``): so this
+        waits for it, and no later one reads memory that is gone (the stale context's op
+        constructors take the slow path, which raises ClosedError). A context that becomes a
+        dependent does so under this context's arena lock: the set is looked at again once the
+        locks are held, and taken again if it grew meanwhile."""
+        while True:
+            found = self._all_dependents()
+            locks = {id(self._arena_lock): self._arena_lock}
+            for d in found.values():
+                locks[id(d._arena_lock)] = d._arena_lock
+            held = _cobject.using.of(tuple(locks.values()))
+            held.__enter__()
+            if self._all_dependents().keys() <= found.keys():
+                break
+            held.__exit__()
+        try:
+            yield list(found.values())
+        finally:
+            held.__exit__()
 
     def _stale_dep(self) -> Any:
         """A context this one depends on (transitively) that was reset or closed since, or None."""
@@ -418,9 +471,10 @@ class Context(_cobject.CObject, Ops):
         """``ggml_free``, then the backend buffers made by :meth:`alloc_tensors`. Tensors of the
         context raise ClosedError from now on."""
         if self._ptr is not None:
-            with self._arena_lock:
+            with self._holding_dependents() as dependents:
                 self._gen = -1
-            self._invalidate_dependents()
+                self._room = -1  # op constructors take the slow path (ClosedError)
+                _make_stale(dependents)
         super().close()
         for b in self._buffers:
             b.close()

@@ -150,9 +150,10 @@ def _check_nelements(ne: Sequence[int], what: str) -> None:
 
 def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
                 type: Any, contig: bool | None, args: tuple[Any, ...], n_objects: int = 1) -> Tensor:
-    """The new node ``fn(ctx, *args)``, its ``ne`` and type as the caller computed them the way
-    ggml.c does (``tests/test_ops.py`` compares them with C's for every op that passes them), or
-    read from C when ``ne`` is None. ``contig`` True: the result is known to be contiguous (a new
+    """The new node ``fn(*args)`` (``args[0]`` is ``ctx._ptr``: a call with one whole tuple costs
+    least), its ``ne`` and type as the caller computed them the way ggml.c does
+    (``tests/test_ops.py`` compares them with C's for every op that passes them), or read from
+    C when ``ne`` is None. ``contig`` True: the result is known to be contiguous (a new
     tensor, or a reshape), so later contiguity checks of it need no C call (``Tensor._contig``).
 
     The context's free space is checked first. In a ``no_alloc`` context (the common case) that
@@ -164,64 +165,40 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
     since its nodes point at memory that is gone). This is the hot path of
     every op constructor: it reads only Python attributes besides the one C call."""
     # threads take turns in a context's arena (ggml's is not thread-safe): its arena lock
-    # (Context._arena_lock), and that of each other context whose tensors the node reads (no
-    # reset or close of it meanwhile). The inputs were checked before: again under the locks
-    # (another thread may have reset their context since and made other tensors there)
-    lock: Any = ctx._arena_lock
+    # (Context._arena_lock). The fast path: every input is open and lives in ``ctx`` or in a
+    # context ``ctx`` recorded as a dependency (whose reset or close waits for this lock:
+    # Context._holding_dependents), the context has room by the count and makes no data. The
+    # inputs were checked before: again under the lock (another thread may have reset their
+    # context since and made other tensors there)
+    p = None
+    lock = ctx._arena_lock
     lock.acquire()
-    held: Any = None  # the arena lock of the one other context read, or all of them (a list)
     try:
-        gen = ctx._gen
-        if gen < 0:
-            raise ClosedError("this context is closed")
-        dep = ctx  # the other context the inputs come from (the common case: one, the weights)
+        deps = ctx._deps
         for t in inputs:
             owner = t._owner
-            if owner is not ctx and owner is not dep:
-                other = owner._arena_lock  # None for a BorrowScope
-                if dep is not ctx or (other is not None and not other.acquire(False)):
-                    # more than one other context, or another thread holds it: let go, then
-                    # take them all at once (two threads never wait on each other)
-                    if held is not None:
-                        held.release()
-                    lock, held = None, None
-                    held = _hold_all(ctx, inputs)
-                    dep = _MANY  # _record_deps below sorts them out
-                    break
-                dep, held = owner, other
-            if owner._gen != t._gen:
-                tensor_arg(t, "input")  # ClosedError
-        room = ctx._room - _OVERHEAD * n_objects
-        if room < 0:
-            # asks ggml for the exact free space (MemoryError); ClosedError if a context whose
-            # tensors this one's nodes read was reset or closed (Context._invalidate_dependents
-            # sends every op constructor here then)
-            ctx._reserve(0, n_objects)
+            if owner._gen != t._gen or (owner is not ctx and owner not in deps):
+                break
         else:
-            ctx._room = room
-        if ctx._no_alloc:
-            if dep is not ctx and dep is not ctx._last_dep:
-                _record_deps(ctx, inputs)
-            p = fn(ctx._ptr, *args)
-        else:
-            p = _make_allocating(ctx, fn, inputs, args)
+            room = ctx._room - _OVERHEAD * n_objects  # < 0: stale, closed, raw or running low
+            if room >= 0 and ctx._no_alloc:
+                ctx._room = room
+                p = fn(*args)  # args[0]: ctx._ptr, read before the lock (None once closed)
+                gen = ctx._gen  # the node's (a reset after the lock is let go makes another)
     finally:
-        if lock is not None:
-            lock.release()
-        if held is not None:
-            if held.__class__ is list:
-                for other in held:
-                    other.release()
-            else:
-                held.release()
+        lock.release()
+    if p is None:
+        p, gen = _make_slow(ctx, fn, inputs, args, n_objects)
     if ne is None:
-        return Tensor(p, ctx)
+        t = Tensor(p, ctx)
+        t._gen = gen  # a node of a reset context is closed, whatever its struct says now
+        return t
     # the Tensor made here, not by Tensor.__init__ (which reads ne and type from C): every
     # slot of Tensor.__slots__ is set (tests/test_tensor.py checks)
     t = _new_object(Tensor)
     t._ptr = p
     t._owner = ctx
-    t._gen = ctx._gen
+    t._gen = gen
     t._ne = ne
     t._type = type
     t._contig = contig
@@ -229,7 +206,30 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
     return t
 
 
-_MANY = object()  # _make_known: the inputs come from several other contexts
+def _make_slow(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: tuple[Any, ...],
+               n_objects: int) -> tuple[Any, int]:
+    """The node ``fn(*args)`` (``args[0]``: the context's pointer) and ``ctx``'s generation,
+    where :func:`_make_known`'s fast path does not go: with the arena locks of ``ctx`` and of
+    every input's context, taken all at once; ClosedError if one
+    of them is closed or reset (or a context whose tensors ``ctx``'s nodes read), MemoryError
+    when ``ctx`` is full; records the dependencies; gives data in an allocating context."""
+    held = _hold_all(ctx, inputs)
+    try:
+        room = ctx._room - _OVERHEAD * n_objects
+        if room < 0:
+            # asks ggml for the exact free space (MemoryError); ClosedError if a context whose
+            # tensors this one's nodes read was reset or closed (Context._holding_dependents
+            # sends every op constructor here then)
+            ctx._reserve(0, n_objects)
+        else:
+            ctx._room = room
+        if ctx._no_alloc:
+            _record_deps(ctx, inputs)
+            return fn(ctx._ptr, *args[1:]), ctx._gen
+        return _make_allocating(ctx, fn, inputs, args[1:]), ctx._gen
+    finally:
+        for lock in held:
+            lock.release()
 
 
 def _hold_all(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
@@ -274,7 +274,6 @@ def _make_allocating(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: Sequence
     view), and the dependencies this call recorded are dropped: a refused op leaves nothing
     that reads other contexts' tensors."""
     c = ctx._ptr
-    before_last = ctx._last_dep
     new_deps = _record_deps(ctx, inputs)
     used = int(lib.ggml_used_mem(c))
     lib.ggml_set_no_alloc(c, True)
@@ -287,11 +286,7 @@ def _make_allocating(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: Sequence
     except MemoryError:
         _make_inert(ctx, p, ctx._arena_lo + used)
         for owner in new_deps:
-            ctx._deps.pop(owner, None)
-            dependents = getattr(owner, "_dependents", None)
-            if dependents is not None:
-                dependents.discard(ctx)
-        ctx._last_dep = before_last
+            ctx._drop_dep(owner)
         raise
     return p
 
@@ -321,7 +316,7 @@ def _make_inert(ctx: Any, ptr: Any, lo: int) -> None:
 
 def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:
     """:func:`_make_known` with the node's ne and type read from C."""
-    return _make_known(ctx, fn, inputs, None, None, None, args, n_objects)
+    return _make_known(ctx, fn, inputs, None, None, None, (ctx._ptr, *args), n_objects)
 
 
 def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
@@ -335,7 +330,7 @@ def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
         if an != bn and not can_repeat(bn, an):
             raise ValueError(f"b (ne={list(bn)}) does not tile a (ne={list(an)}): ggml broadcasts "
                              "by repeating b, so each a.ne[i] must be a multiple of b.ne[i]")
-        return _make_known(self, fn, (a, b), an, a._type, True, (a._ptr, b._ptr))
+        return _make_known(self, fn, (a, b), an, a._type, True, (self._ptr, a._ptr, b._ptr))
     op.__doc__ = doc
     return op
 
@@ -434,7 +429,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"unknown unary op {name!r}; known: {sorted(UNARY_OPS)}")
         if name in _UNARY_NEEDS_ROWS and not _rows_contiguous(a):
             raise ValueError(f"{name} needs a tensor with contiguous rows: use cont() first")
-        return _make_known(self, fn, (a,), a._ne, a._type, None, (a._ptr,))
+        return _make_known(self, fn, (a,), a._ne, a._type, None, (self._ptr, a._ptr))
 
     def neg(self, a: Tensor) -> Tensor:
         """``ggml_neg``: -a."""
@@ -578,7 +573,7 @@ class Ops(UncheckedOps):
         # ggml_is_padded_1d (static in ggml.c)
         if not (nb[0] == lib.ggml_type_size(a._type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]):
             raise ValueError("scale needs a tensor whose rows are packed: use cont() first")
-        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, True, (a._ptr, float(s)))
+        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, True, (self._ptr, a._ptr, float(s)))
 
     def clamp(self, a: Tensor, min: float, max: float) -> Tensor:
         """``ggml_clamp``: a clipped to [min, max] (a new tensor since ggml 0.25; a view computed
@@ -635,7 +630,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, True, (a._ptr, eps))
+        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, True, (self._ptr, a._ptr, eps))
 
     def rms_norm(self, a: Tensor, eps: float = 1e-6) -> Tensor:
         """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]. Raises ValueError unless
@@ -645,7 +640,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"rms_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, _ggml_rms_norm, (a,), a._ne, a._type, True, (a._ptr, eps))
+        return _make_known(self, _ggml_rms_norm, (a,), a._ne, a._type, True, (self._ptr, a._ptr, eps))
 
     def l2_norm(self, a: Tensor, eps: float = 1e-12) -> Tensor:
         """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]. Raises ValueError unless eps >= 0."""
@@ -653,7 +648,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"l2_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, None, (a._ptr, eps))
+        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, None, (self._ptr, a._ptr, eps))
 
     def soft_max(self, a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
                  max_bias: float = 0.0) -> Tensor:
@@ -685,7 +680,7 @@ class Ops(UncheckedOps):
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
         return _make_known(self, _ggml_soft_max_ext, inputs, a._ne, a._type, True,
-                           (a._ptr, m_ptr, float(scale), float(max_bias)))
+                           (self._ptr, a._ptr, m_ptr, float(scale), float(max_bias)))
 
     # ------------------------------------------------------------------ matrix
     def mul_mat(self, a: Tensor, b: Tensor) -> Tensor:
@@ -697,23 +692,22 @@ class Ops(UncheckedOps):
             a = _t(a, "a")
         if b.__class__ is not Tensor or b._owner._gen != b._gen:
             b = _t(b, "b")
-        an, bn = a._ne, b._ne
-        if (an[0] != bn[0] or not (an[2] > 0 and bn[2] % an[2] == 0)
-                or not (an[3] > 0 and bn[3] % an[3] == 0)):  # _divides inlined
+        a0, a1, a2, a3 = an = a._ne
+        b0, b1, b2, b3 = bn = b._ne
+        if a0 != b0 or not (a2 > 0 and b2 % a2 == 0) or not (a3 > 0 and b3 % a3 == 0):  # _divides inlined
             raise ValueError(f"cannot mul_mat a ne={list(an)} with b ne={list(bn)}: needs "
                              "a.ne0 == b.ne0 and b.ne2/ne3 multiples of a.ne2/ne3")
         # ggml_is_transposed: nb[0] > nb[1], which a contiguous a is not when ne[0] is more than
         # one block and ne[1] > 1 (ggml_is_contiguous ignores the strides of dims of size 1,
         # and a transposed [2, 1] is a contiguous [1, 2])
         c = a._contig
-        if (not (an[0] > _BLCK[a._type] and an[1] > 1 and (c if c is not None else is_contiguous(a)))
+        if (not (a0 > _BLCK[a._type] and a1 > 1 and (c if c is not None else is_contiguous(a)))
                 and c_read(a, lib.ggml_is_transposed)):
             raise ValueError("mul_mat: a must not be transposed (use cont())")
-        if an[1] > bn[0]:
+        if a1 > b0:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
-            _check_nelements((an[1], bn[1], bn[2], bn[3]), "mul_mat")
-        return _make_known(self, _ggml_mul_mat, (a, b), (an[1], bn[1], bn[2], bn[3]), _F32, True,
-                           (a._ptr, b._ptr))
+            _check_nelements((a1, b1, b2, b3), "mul_mat")
+        return _make_known(self, _ggml_mul_mat, (a, b), (a1, b1, b2, b3), _F32, True, (self._ptr, a._ptr, b._ptr))
 
     def out_prod(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_out_prod``: ne [M, K] x [N, K] -> [M, N] (Σ_k a[k, m]·b[k, n] in ggml order)."""
@@ -728,7 +722,7 @@ class Ops(UncheckedOps):
     def cont(self, a: Tensor) -> Tensor:
         """``ggml_cont``: a contiguous copy of a."""
         a = _t(a, "a")
-        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, True, (a._ptr,))
+        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, True, (self._ptr, a._ptr))
 
     def cpy(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_cpy``: copy a into b (converting the type); returns a view of b.
@@ -771,7 +765,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"cannot reshape {a.nelements} elements to ne={list(ne)}")
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "reshape")
-        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, True, (a._ptr, *ne))
+        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, True, (self._ptr, a._ptr, *ne))
 
     def view(self, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None,
              offset: int = 0) -> Tensor:
@@ -807,8 +801,8 @@ class Ops(UncheckedOps):
         if not size or size >= _VIEW_SAFE_BYTES:  # else fewer than _NE_SAFE elements
             _check_nelements(ne, "view")
         if n == 1:
-            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, None, (a._ptr, ne[0], offset))
-        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, None, (a._ptr, *ne, *nb, offset))
+            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, None, (self._ptr, a._ptr, ne[0], offset))
+        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, None, (self._ptr, a._ptr, *ne, *nb, offset))
 
     def permute(self, a: Tensor, *axes: int) -> Tensor:
         """``ggml_permute``: dim i of a becomes dim ``axes[i]`` (ggml order); 2 to 4 axes
@@ -827,7 +821,7 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "permute")
-        return _make_known(self, _ggml_permute, (a,), ne, a._type, None, (a._ptr, *axes))
+        return _make_known(self, _ggml_permute, (a,), ne, a._type, None, (self._ptr, a._ptr, *axes))
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``: swap ne[0] and ne[1] (a view). Raises ValueError for a
@@ -838,7 +832,7 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements((n[1], n[0], n[2], n[3]), "transpose")
-        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, None, (a._ptr,))
+        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, None, (self._ptr, a._ptr))
 
     def concat(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
         """``ggml_concat``: a and b joined along ggml dim ``dim``; other dims and types must match."""
@@ -865,7 +859,7 @@ class Ops(UncheckedOps):
             _check_nelements((a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]), "get_rows")
         # as ggml_get_rows: F32 unless a is I32
         return _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
-                           _I32 if a._type == _I32 else _F32, True, (a._ptr, rows._ptr))
+                           _I32 if a._type == _I32 else _F32, True, (self._ptr, a._ptr, rows._ptr))
 
     def set_rows(self, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
         """``ggml_set_rows``: write the rows of b (F32/F16) into a at I32/I64 indices ``rows``;
@@ -928,7 +922,7 @@ class Ops(UncheckedOps):
             c = freq_factors._ptr
             inputs = (a, pos, freq_factors)
         return _make_known(self, lib.ggml_rope_ext, inputs, a._ne, a._type, None,
-                           (a._ptr, pos._ptr, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
+                           (self._ptr, a._ptr, pos._ptr, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
                             ext_factor, attn_factor, beta_fast, beta_slow))
 
     def _glu(self, fn: Any, fn_split: Any, a: Tensor, b: Tensor | None) -> Tensor:

@@ -277,3 +277,50 @@ def test_a_compute_that_waited_for_a_placement_checks_its_graph_again():
         assert not a.is_alive() and not b.is_alive()
         assert len(errors) == 1 and isinstance(errors[0], ClosedError), errors
         assert galloc._graph is g2
+
+
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_a_reset_waits_for_op_constructors_of_contexts_that_read_its_tensors(how):
+    """An op constructor whose inputs live in a context its own context already reads (the
+    weights) holds only its own context's arena lock (ops._make_known's fast path): so a reset
+    or close of the weights' context waits for the op constructors of every context whose nodes
+    read them, directly or through another context's nodes, and leaves those contexts refusing
+    new nodes. (Held here by hand: the lock an op constructor holds around its C call.)"""
+    with Context.for_tensors(8) as weights, Context.for_tensors(8) as mid, Context.for_tensors(8) as top:
+        w = weights.new_tensor("f32", [4, 4])
+        h = mid.add(w, w)           # mid reads weights
+        y = top.add(h, h)           # top reads mid, so weights through mid
+        top.mul(y, h)               # the fast path: h's context is a recorded dependency
+        for dependent in (mid, top):
+            errors: list[BaseException] = []
+            with dependent._arena_lock:  # an op constructor of `dependent` in its C call
+                closing = _run(getattr(weights, how), errors)
+                closing.join(0.3)
+                assert closing.is_alive() and not w.closed  # waits for it
+            closing.join(20)
+            assert errors == [] and w.closed
+            if how == "close":
+                break
+            w = weights.new_tensor("f32", [4, 4])
+        with pytest.raises(ClosedError):
+            mid.add(h, h)               # mid's nodes point at memory that is gone
+        with pytest.raises(ClosedError):
+            top.add(y, y)               # and top's, through mid's
+        mid.reset()
+        top.reset()
+        if how == "reset":
+            assert top.add(mid.add(w, w), w).ne == (4, 4, 1, 1)
+
+
+def test_an_op_reading_two_other_contexts_lets_go_of_every_lock():
+    """An op constructor whose inputs come from two other contexts takes all their locks at
+    once; afterwards another thread can use the three contexts (before, the op kept its own
+    context's arena lock: the next thread to use it waited forever)."""
+    with Context.for_tensors(4) as a_ctx, Context.for_tensors(4) as b_ctx, Context.for_tensors(8) as ctx:
+        a, b = a_ctx.new_tensor("f32", [4]), b_ctx.new_tensor("f32", [4])
+        ctx.add(a, b)
+        errors: list[BaseException] = []
+        for fn in (lambda: ctx.add(a, b), a_ctx.reset, ctx.reset):
+            done = _run(fn, errors)
+            done.join(20)
+            assert not done.is_alive() and errors == []
