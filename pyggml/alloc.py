@@ -76,15 +76,15 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def placing(fn: _F) -> _F:
     """A placer's method that places or plans ``graph`` (its first argument): run holding the
-    locks of the placer, the graph, the graph's context and a scheduler's backends (another
-    thread's compute of a graph placed by it waits, and waits for it; a close of a backend the
-    split asks waits) and :data:`pyggml.buffer.lifecycle`, and counted as a change at its start
-    and its end (``_cobject.changed``: a compute that checked its graph before taking its locks
-    checks again)."""
+    locks of the placer, the graph, the contexts its tensors come from (``Graph.contexts``:
+    ggml walks their tensor structs, so no reset or close of one meanwhile) and a scheduler's
+    backends (another thread's compute of a graph placed by it waits, and waits for it; a close
+    of a backend the split asks waits) and :data:`pyggml.buffer.lifecycle`, and counted as a
+    change at its start and its end (``_cobject.changed``: a compute that checked its graph
+    before taking its locks checks again)."""
     @functools.wraps(fn)
     def placed(self: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
-        with _cobject.using(self, graph, getattr(graph, "_owner", None), *getattr(self, "_backends", ())), \
-                buffer.lifecycle:
+        with graph.holding(self, *getattr(self, "_backends", ())), buffer.lifecycle:
             _cobject.changed()
             try:
                 return fn(self, graph, *args, **kwargs)

@@ -376,10 +376,10 @@ class Backend(_cobject.CObject):
             key = self.ptr
             state = graph.checked.get(key)
             if state is None or state.backend is not self or not state.still_valid(graph, n_nodes, seen):
-                # checked holding the backend, the graph and its context (no close or reset
+                # checked holding the backend, the graph and its contexts (no close or reset
                 # meanwhile), then round again to take the locks of all computing uses
-                with _cobject.using(self, graph, graph._owner), calling():  # calling: supports_op
-                    if _cobject.changes == seen:                            # of a Python device
+                with graph.holding(self), calling():  # calling: supports_op of a Python device
+                    if _cobject.changes == seen:
                         state = graph.checked[key] = self._check_graph(graph, n_nodes)
                         state.backend = self
                 continue

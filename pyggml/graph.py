@@ -13,6 +13,7 @@ context is closed or reset.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Iterator
 
 from . import _cobject, _trial
@@ -141,8 +142,8 @@ class Graph(_cobject.CObject):
         something that is not a tensor, ClosedError for a tensor of a closed context; every
         output is checked first, so a call that raises adds none of them.
         """
-        # the graph, its context and the outputs' contexts: no reset or close meanwhile
-        with _cobject.using(self, self._owner, *(getattr(o, "_owner", None) for o in outputs)):
+        # the graph, its contexts and those the outputs read: no reset or close meanwhile
+        with self.holding(outputs=outputs):
             return self._build_forward(outputs)
 
     def _build_forward(self, outputs: tuple[Tensor, ...]) -> "Graph":
@@ -191,7 +192,7 @@ class Graph(_cobject.CObject):
         first in a forked child (:mod:`pyggml._trial`). The gradient nodes' ops become trial
         ops of ``ctx``: the backward graph's first CPU compute is tried in a forked child too.
         """
-        with _cobject.using(self, self._owner, ctx):  # no reset or close meanwhile
+        with self.holding(ctx):  # no reset or close meanwhile
             return self._build_backward(ctx)
 
     def _build_backward(self, ctx: "Context") -> "Graph":
@@ -341,6 +342,34 @@ class Graph(_cobject.CObject):
         if gen is None or self._gen < gen:
             out[owner] = self._gen
         return list(out.items())
+
+    @contextlib.contextmanager
+    def holding(self, *users: Any, outputs: "tuple[Any, ...]" = ()) -> Iterator[None]:
+        """Hold the locks (:class:`~pyggml._cobject.using`) of ``users``, the graph, every
+        context its tensors come from (:meth:`contexts`) and, for tensors about to be added
+        (``outputs``), their contexts and every context those read (``Context._deps``,
+        transitively), taken all at once: no close or reset of one of them while C walks the
+        tensor structs (building, checking, placing). The contexts are looked at again once they
+        are held (another thread may have made nodes that read another context meanwhile), and
+        the locks taken again if there are more."""
+        while True:
+            contexts = self._contexts_read(outputs)
+            with _cobject.using(*users, self, self._owner, *contexts):
+                if self._contexts_read(outputs) <= contexts:
+                    yield
+                    return
+
+    def _contexts_read(self, outputs: "tuple[Any, ...]") -> set[Any]:
+        """:meth:`holding`'s contexts."""
+        found = {c for c, _ in self.contexts()}
+        todo = [getattr(o, "_owner", None) for o in outputs]
+        seen: set[Any] = set()
+        while todo:
+            c = todo.pop()
+            if c is not None and c not in seen:
+                seen.add(c)
+                todo.extend(getattr(c, "_deps", ()))  # one C-level step: no thread adds meanwhile
+        return found | seen
 
     def check_contexts(self) -> list[tuple[Any, int]]:
         """:meth:`contexts`, after raising ClosedError if one of them was reset or closed since."""

@@ -3,7 +3,8 @@ no_alloc context that they all build graphs in, an allocating context, a graph a
 cache) and call them at random for SECONDS: build a graph, place it (the allocator, or the
 thread's own scheduler over the shared backend), set its inputs, compute, read the output; the
 same with a scheduler over the NumPy backend and the CPU backend; compute through the cache (also
-asynchronously, reading the result later); make tensors from NumPy and read them back; reset the
+asynchronously, reading the result later); build on weights made in the allocating context
+(which other threads reset); make tensors from NumPy and read them back; reset the
 contexts; close an object and make a new one in its place (the others holding it see it closed).
 
 pyggml promises (docs/concepts/errors.rst, "Threads"): no crash, no read of freed memory, and
@@ -147,6 +148,36 @@ def own_graph(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, An
 
 
 
+def dep_graph(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
+    """y = tanh(wt @ x) + b built in the shared context from weights made in the shared
+    allocating context, which other threads reset and renew meanwhile (the graph's context then
+    refuses nodes until it is reset: done here), placed with the shared allocator, computed."""
+    with w.lock:
+        ctx, data, galloc, backend = w.ctx, w.data, w.galloc, w.backend
+    n, m = int(r.choice([8, 16])), int(r.integers(1, 4))
+    wa = r.standard_normal((n, n)).astype(np.float32)
+    ba = r.standard_normal(n).astype(np.float32)
+    xa = r.standard_normal((m, n)).astype(np.float32)
+    wt, bt = data.from_numpy(wa), data.from_numpy(ba)
+    x = ctx.new_tensor("f32", [n, m]).set_input()
+    try:
+        y = ctx.add(ctx.tanh(ctx.mul_mat(wt, x)), bt)
+    except ClosedError as e:
+        if "reset this context too" in str(e):
+            try:
+                ctx.reset()
+            except ClosedError:
+                pass
+        raise
+    y.set_output()
+    graph = ctx.new_graph(16).build_forward(y)
+    galloc.alloc_graph(graph)
+    x.set(xa)
+    backend.graph_compute(graph)
+    count.add_calls(12)
+    return y.numpy(), np.tanh(xa @ wa.T) + ba
+
+
 def cache_compute(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
     with w.lock:
         cache = w.cache
@@ -213,8 +244,8 @@ def renew(w: World, r: np.random.Generator, count: Counter) -> None:
 
 
 ACTIONS: list[tuple[Callable[..., Any], float]] = [
-    (own_graph, 0.3), (numpy_graph, 0.1), (cache_compute, 0.15), (cache_async, 0.1), (data_roundtrip, 0.2),
-    (reset, 0.1), (renew, 0.05)]
+    (own_graph, 0.3), (dep_graph, 0.15), (numpy_graph, 0.1), (cache_compute, 0.15), (cache_async, 0.1),
+    (data_roundtrip, 0.2), (reset, 0.1), (renew, 0.05)]
 
 
 def worker(i: int, seed: int, w: World, deadline: float, count: Counter) -> None:

@@ -312,6 +312,27 @@ def test_a_reset_waits_for_op_constructors_of_contexts_that_read_its_tensors(how
             assert top.add(mid.add(w, w), w).ne == (4, 4, 1, 1)
 
 
+def test_building_a_graph_holds_the_contexts_its_nodes_read():
+    """ggml_build_forward_expand (and a check or placement) walks the tensor structs of every
+    context the graph's nodes read: a reset of one of them waits (before, the weights' context
+    was not held when the graph's own context made the nodes, and a reset that reused the
+    weights' memory meanwhile crashed ggml_visit_parents_graph: threads fuzzer, dep_graph)."""
+    with Context(1 << 12) as weights, Context.for_tensors(16, graph_size=8) as ctx:
+        w = weights.from_numpy(np.ones((4, 4), np.float32))
+        x = ctx.new_tensor("f32", [4, 2])
+        y = ctx.mul_mat(w, x)
+        graph = ctx.new_graph(8)
+        errors: list[BaseException] = []
+        with graph.holding(outputs=(y,)):  # what build_forward holds
+            resetting = _run(weights.reset, errors)
+            resetting.join(0.3)
+            assert resetting.is_alive() and not w.closed
+        resetting.join(20)
+        assert errors == [] and w.closed
+        with pytest.raises(ClosedError):
+            graph.build_forward(y)  # its nodes read memory that is gone
+
+
 def test_an_op_reading_two_other_contexts_lets_go_of_every_lock():
     """An op constructor whose inputs come from two other contexts takes all their locks at
     once; afterwards another thread can use the three contexts (before, the op kept its own
