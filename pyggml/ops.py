@@ -149,21 +149,22 @@ def _check_nelements(ne: Sequence[int], what: str) -> None:
 
 
 def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
-                type: Any, contig: bool | None, args: tuple[Any, ...], n_objects: int = 1) -> Tensor:
+                type: Any, contig: bool | None, args: tuple[Any, ...], need: int = _OVERHEAD) -> Tensor:
     """The new node ``fn(*args)`` (``args[0]`` is ``ctx._ptr``: a call with one whole tuple costs
     least), its ``ne`` and type as the caller computed them the way ggml.c does
     (``tests/test_ops.py`` compares them with C's for every op that passes them), or read from
     C when ``ne`` is None. ``contig`` True: the result is known to be contiguous (a new
     tensor, or a reshape), so later contiguity checks of it need no C call (``Tensor._contig``).
 
-    The context's free space is checked first. In a ``no_alloc`` context (the common case) that
-    is all. In an allocating context the node is made with allocation switched off, so its data
-    size is known before any data is taken from the arena; the context's space is checked again,
-    then data is given with ``ggml_new_buffer``. A context that made a node from another
-    context's tensors keeps that context alive and records its generation (``Context._deps``:
-    a reset or close of that context makes this one refuse new nodes until it is reset itself,
-    since its nodes point at memory that is gone). This is the hot path of
-    every op constructor: it reads only Python attributes besides the one C call."""
+    The context's free space (``need`` bytes: the tensor structs the call makes) is checked
+    first. In a ``no_alloc`` context (the common case) that is all. In an allocating context the
+    node is made with allocation switched off, so its data size is known before any data is
+    taken from the arena; the context's space is checked again, then data is given with
+    ``ggml_new_buffer``. A context that made a node from another context's tensors keeps that
+    context alive and records its generation (``Context._deps``: a reset or close of that
+    context makes this one refuse new nodes until it is reset itself, since its nodes point at
+    memory that is gone). This is the hot path of every op constructor: it reads only Python
+    attributes besides the one C call."""
     # threads take turns in a context's arena (ggml's is not thread-safe): its arena lock
     # (Context._arena_lock). The fast path: every input is open and lives in ``ctx`` or in a
     # context ``ctx`` recorded as a dependency (whose reset or close waits for this lock:
@@ -180,7 +181,7 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
             if owner._gen != t._gen or (owner is not ctx and owner not in deps):
                 break
         else:
-            room = ctx._room - _OVERHEAD * n_objects  # < 0: stale, closed, raw or running low
+            room = ctx._room - need  # < 0: stale, closed, raw or running low
             if room >= 0 and ctx._no_alloc:
                 ctx._room = room
                 p = fn(*args)  # args[0]: ctx._ptr, read before the lock (None once closed)
@@ -188,7 +189,7 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
     finally:
         lock.release()
     if p is None:
-        p, gen = _make_slow(ctx, fn, inputs, args, n_objects)
+        p, gen = _make_slow(ctx, fn, inputs, args, need // _OVERHEAD)
     if ne is None:
         t = Tensor(p, ctx)
         t._gen = gen  # a node of a reset context is closed, whatever its struct says now
@@ -316,7 +317,7 @@ def _make_inert(ctx: Any, ptr: Any, lo: int) -> None:
 
 def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:
     """:func:`_make_known` with the node's ne and type read from C."""
-    return _make_known(ctx, fn, inputs, None, None, None, (ctx._ptr, *args), n_objects)
+    return _make_known(ctx, fn, inputs, None, None, None, (ctx._ptr, *args), _OVERHEAD * n_objects)
 
 
 def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
@@ -672,9 +673,10 @@ class Ops(UncheckedOps):
             c = mask._contig
             if not (c if c is not None else is_contiguous(mask)):
                 raise ValueError("soft_max mask must be contiguous")
-            m, n = mask._ne, a._ne
-            if (m[0] != n[0] or m[1] < n[1] or not (m[2] > 0 and n[2] % m[2] == 0)
-                    or not (m[3] > 0 and n[3] % m[3] == 0)):  # _divides inlined
+            m0, m1, m2, m3 = m = mask._ne
+            n0, n1, n2, n3 = n = a._ne
+            if (m0 != n0 or m1 < n1 or not (m2 > 0 and n2 % m2 == 0)
+                    or not (m3 > 0 and n3 % m3 == 0)):  # _divides inlined
                 raise ValueError(f"mask ne={list(m)} does not fit a ne={list(n)}")
             inputs, m_ptr = (a, mask), mask._ptr
         elif max_bias > 0:
@@ -772,8 +774,9 @@ class Ops(UncheckedOps):
         """``ggml_view_{1..4}d``: a view of ``a`` with ``ne`` (ggml order), byte strides ``nb``
         for dims 1.. (default: a's row strides) starting ``offset`` bytes into a's data.
         Raises ValueError if the view reaches outside a."""
-        a = _t(a, "a")
-        ne = [int(n) for n in ne]
+        if a.__class__ is not Tensor or a._owner._gen != a._gen:  # _t inlined (hot path)
+            a = _t(a, "a")
+        ne = list(map(int, ne))
         n = len(ne)
         if not 1 <= n <= 4 or min(ne) < 0 or offset < 0:
             raise ValueError("view takes 1 to 4 non-negative sizes and offset >= 0")
@@ -782,19 +785,21 @@ class Ops(UncheckedOps):
         if ne[0] % blck:
             raise ValueError("view: ne[0] is not a multiple of the block size")
         if nb is None:
-            nb = row_strides(a)[1:n]
+            nb = a._nb
+            nb = (nb if nb is not None else row_strides(a))[1:n]
         else:
-            nb = [int(x) for x in nb]
-            if len(nb) != n - 1 or any(x < 0 for x in nb):
+            nb = list(map(int, nb))
+            if len(nb) != n - 1 or (nb and min(nb) < 0):
                 raise ValueError(f"view of {n} dims takes {n - 1} strides")
         # as ggml_new_tensor_impl: the view's contiguous size, whatever its strides (Python
         # integers: no size_t wrap-around)
         size = _TSIZE[t] * (ne[0] // blck) * _prod(ne[1:])
         if size:
             an = a._ne
+            c = a._contig
             # ggml_nbytes of a, in Python when a is contiguous (packed rows)
-            a_bytes = (_TSIZE[t] * (an[0] // blck) * an[1] * an[2] * an[3] if is_contiguous(a)
-                       else int(c_read(a, lib.ggml_nbytes)))
+            a_bytes = (_TSIZE[t] * (an[0] // blck) * an[1] * an[2] * an[3]
+                       if (c if c is not None else is_contiguous(a)) else int(c_read(a, lib.ggml_nbytes)))
             if offset + size > a_bytes:
                 raise ValueError(f"view of {size} bytes at offset {offset} reaches outside a "
                                  f"({a_bytes} bytes)")
