@@ -142,8 +142,9 @@ class Graph(_cobject.CObject):
         something that is not a tensor, ClosedError for a tensor of a closed context; every
         output is checked first, so a call that raises adds none of them.
         """
-        # the graph, its contexts and those the outputs read: no reset or close meanwhile
-        with self.holding(outputs=outputs):
+        # the graph, its context, and the arenas of the contexts the outputs read: no reset,
+        # close or new object there meanwhile (computes on other threads that use them go on)
+        with self.holding(outputs=outputs, arenas=True):
             return self._build_forward(outputs)
 
     def _build_forward(self, outputs: tuple[Tensor, ...]) -> "Graph":
@@ -242,17 +243,18 @@ class Graph(_cobject.CObject):
         need_size = len(nodes) + 10 * n_grad + 16
         if self.size < need_size:
             raise ValueError(f"graph size {self.size} is too small for the backward pass: use at least {need_size}")
-        ctx._reserve(0, n_objects=10 * n_grad + 16)
-        c, g = ctx._live_ptr(), self.ptr
-        # what ggml_compute_backward and the constructors it calls assert about the sources of
-        # each case (masks, freq_factors, labels, layouts of gradients...): tried in a forked
-        # child first, once per graph
-        failure = _trial.trial(lambda: lib.ggml_build_backward_expand(c, g, ffi.NULL))
-        if failure is not None:
-            raise ValueError(f"ggml cannot build the backward pass of this graph: {failure}")
-        n_before = lib.ggml_graph_n_nodes(g)
-        lib.ggml_build_backward_expand(c, g, ffi.NULL)
-        ctx._recount()  # the reservation above was an estimate of the nodes C made
+        with ctx._arena_lock:  # it makes the gradient nodes there: no op constructor meanwhile
+            ctx._reserve(0, n_objects=10 * n_grad + 16)
+            c, g = ctx._live_ptr(), self.ptr
+            # what ggml_compute_backward and the constructors it calls assert about the sources
+            # of each case (masks, freq_factors, labels, layouts of gradients...): tried in a
+            # forked child first, once per graph
+            failure = _trial.trial(lambda: lib.ggml_build_backward_expand(c, g, ffi.NULL))
+            if failure is not None:
+                raise ValueError(f"ggml cannot build the backward pass of this graph: {failure}")
+            n_before = lib.ggml_graph_n_nodes(g)
+            lib.ggml_build_backward_expand(c, g, ffi.NULL)
+            ctx._recount()  # the reservation above was an estimate of the nodes C made
         # the gradient nodes have no checks of their own: their first CPU compute is a forked
         # trial (CPUBackend._trial_compute, Scheduler), as for Context.op nodes
         ctx._trial_ops.update(int(lib.ggml_graph_node(g, i).op)
@@ -344,17 +346,26 @@ class Graph(_cobject.CObject):
         return list(out.items())
 
     @contextlib.contextmanager
-    def holding(self, *users: Any, outputs: "tuple[Any, ...]" = ()) -> Iterator[None]:
-        """Hold the locks (:class:`~pyggml._cobject.using`) of ``users``, the graph, every
-        context its tensors come from (:meth:`contexts`) and, for tensors about to be added
-        (``outputs``), their contexts and every context those read (``Context._deps``,
+    def holding(self, *users: Any, outputs: "tuple[Any, ...]" = (), arenas: bool = False) -> Iterator[None]:
+        """Hold the locks (:class:`~pyggml._cobject.using`) of ``users``, the graph, its context
+        and every context its tensors come from (:meth:`contexts`) and, for tensors about to be
+        added (``outputs``), their contexts and every context those read (``Context._deps``,
         transitively), taken all at once: no close or reset of one of them while C walks the
-        tensor structs (building, checking, placing). The contexts are looked at again once they
-        are held (another thread may have made nodes that read another context meanwhile), and
-        the locks taken again if there are more."""
+        tensor structs (checks, placements). With ``arenas`` those contexts' arena locks
+        instead (for a walk that calls no callback and waits for nothing else: building): no
+        reset, close or new object in them, while other threads' computes that use them go on.
+        The contexts are looked at again once they are held (another thread may have made
+        nodes that read another context meanwhile), and the locks taken again if there are more."""
         while True:
             contexts = self._contexts_read(outputs)
-            with _cobject.using(*users, self, self._owner, *contexts):
+            if arenas:
+                locks = {id(c._arena_lock): c._arena_lock for c in contexts if c._arena_lock is not None}
+                held = _cobject.using.of(tuple(locks.values()))
+                contexts_held = _cobject.using(*users, self, self._owner)
+            else:
+                held = _cobject.using(*users, self, self._owner, *contexts)
+                contexts_held = _cobject.using()
+            with contexts_held, held:
                 if self._contexts_read(outputs) <= contexts:
                     yield
                     return

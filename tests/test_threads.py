@@ -323,7 +323,7 @@ def test_building_a_graph_holds_the_contexts_its_nodes_read():
         y = ctx.mul_mat(w, x)
         graph = ctx.new_graph(8)
         errors: list[BaseException] = []
-        with graph.holding(outputs=(y,)):  # what build_forward holds
+        with graph.holding(outputs=(y,), arenas=True):  # what build_forward holds
             resetting = _run(weights.reset, errors)
             resetting.join(0.3)
             assert resetting.is_alive() and not w.closed
@@ -345,3 +345,31 @@ def test_an_op_reading_two_other_contexts_lets_go_of_every_lock():
             done = _run(fn, errors)
             done.join(20)
             assert not done.is_alive() and errors == []
+
+
+def test_building_a_graph_does_not_wait_for_a_compute_that_reads_the_same_weights():
+    """build_forward holds the arena locks of the contexts its nodes read, not their locks: a
+    thread builds the next graph on shared weights while another computes one (a reset of the
+    weights still waits for both)."""
+    be = CPUBackend(n_threads=1)
+    with Context(1 << 16) as weights, Context.for_tensors(8, graph_size=8) as c1, \
+            Context.for_tensors(8, graph_size=8) as c2, GraphAllocator(be) as galloc:
+        wa = rng.standard_normal((32, 32)).astype(np.float32)
+        w = weights.from_numpy(wa)
+        x1 = c1.new_tensor("f32", [32, 4]).set_input()
+        y1 = c1.tanh(c1.mul_mat(w, x1)).set_output()
+        g1 = c1.new_graph(8).build_forward(y1)
+        galloc.alloc_graph(g1)
+        xa = rng.standard_normal((4, 32)).astype(np.float32)
+        x1.set(xa)
+        blocked, errors = _Blocked(be), []
+        computing = _run(lambda: be.graph_compute(g1), errors)
+        assert blocked.started.wait(20)
+        x2 = c2.new_tensor("f32", [32, 2])
+        g2 = c2.new_graph(8).build_forward(c2.mul_mat(w, x2))  # while g1's compute holds the weights
+        assert g2.n_nodes == 1 and computing.is_alive()
+        blocked.release.set()
+        computing.join(20)
+        assert errors == []
+        np.testing.assert_allclose(y1.numpy(), np.tanh(xa @ wa.T), rtol=1e-4, atol=1e-5)
+    be.close()
