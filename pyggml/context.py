@@ -44,6 +44,7 @@ _MAX_BYTES = 2**62
 def _pad(n: int, align: int) -> int:
     return (n + align - 1) // align * align
 
+
 #: taken around every change and every listing of a context's ``_dependents`` (a WeakSet:
 #: another thread's add while one lists it raises); re-entrant for a finalizer's close
 _DEPENDENTS_LOCK = threading.RLock()
@@ -107,6 +108,7 @@ class Context(_cobject.CObject, Ops):
         # finalizer that runs while it is held. close() and reset() also hold ``_lock``, and the
         # arena locks of the contexts whose nodes read ours (_holding_dependents): op
         # constructors reading a recorded dependency's tensors hold only their own context's
+        # arena lock
         self._arena_lock = threading.RLock()
         _tensor_mod.register_arena(self, self._arena.ctypes.data, size)
 

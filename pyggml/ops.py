@@ -709,7 +709,8 @@ class Ops(UncheckedOps):
         if a1 > b0:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
             _check_nelements((a1, b1, b2, b3), "mul_mat")
-        return _make_known(self, _ggml_mul_mat, (a, b), (a1, b1, b2, b3), _F32, True, (self._ptr, a._ptr, b._ptr))
+        return _make_known(self, _ggml_mul_mat, (a, b), (a1, b1, b2, b3), _F32, True,
+                           (self._ptr, a._ptr, b._ptr))
 
     def out_prod(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_out_prod``: ne [M, K] x [N, K] -> [M, N] (Σ_k a[k, m]·b[k, n] in ggml order)."""
@@ -806,8 +807,10 @@ class Ops(UncheckedOps):
         if not size or size >= _VIEW_SAFE_BYTES:  # else fewer than _NE_SAFE elements
             _check_nelements(ne, "view")
         if n == 1:
-            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, None, (self._ptr, a._ptr, ne[0], offset))
-        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, None, (self._ptr, a._ptr, *ne, *nb, offset))
+            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, None,
+                               (self._ptr, a._ptr, ne[0], offset))
+        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, None,
+                           (self._ptr, a._ptr, *ne, *nb, offset))
 
     def permute(self, a: Tensor, *axes: int) -> Tensor:
         """``ggml_permute``: dim i of a becomes dim ``axes[i]`` (ggml order); 2 to 4 axes
@@ -837,7 +840,8 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements((n[1], n[0], n[2], n[3]), "transpose")
-        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, None, (self._ptr, a._ptr))
+        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, None,
+                           (self._ptr, a._ptr))
 
     def concat(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
         """``ggml_concat``: a and b joined along ggml dim ``dim``; other dims and types must match."""
