@@ -32,6 +32,8 @@ from .errors import ClosedError
 from .raw import ffi, lib, requires
 from .raw.boundary import calling
 
+_BF16 = GGMLType.BF16
+
 if TYPE_CHECKING:
     from .context import Context
 
@@ -668,6 +670,8 @@ class Tensor(_cobject.CBorrowed):
                 lib.ggml_backend_tensor_get(p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(ffi.from_buffer(raw), p.data, raw.nbytes)
+        if dtype is not None and self._type is not _BF16:  # types.to_numpy's plain case, its
+            return raw.view(dtype).reshape(self.shape)      # checks known true here
         return types.to_numpy(raw, self._type, self._ne[:self.n_dims])
 
     def _lenders(self, rec: "buffer.LiveBuffer | None", instead: str) -> list[Any]:

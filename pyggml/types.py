@@ -32,10 +32,13 @@ _USABLE = frozenset(t for t in GGMLType if lib.ggml_get_type_traits(t).blck_size
 TypeLike = Union["GGMLType", int, str]
 
 _BY_NAME = {m.name.lower(): m for m in _USABLE}
+_BF16 = GGMLType.BF16
 # the quantizers that search ggml_quantize_init's lattice tables; see quantize()
 _GRID_TYPES = frozenset({"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"})
 _PLAIN_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8,
                  "I16": np.int16, "I32": np.int32, "I64": np.int64, "BF16": np.uint16}
+#: numpy_dtype's table: GGMLType -> np.dtype (an enum's ``.name`` costs a call per read)
+_DTYPE_OF = {m: np.dtype(_PLAIN_DTYPES[m.name]) for m in _USABLE if m.name in _PLAIN_DTYPES}
 
 
 def ggml_type(t: TypeLike) -> GGMLType:
@@ -43,6 +46,8 @@ def ggml_type(t: TypeLike) -> GGMLType:
 
     Raises ValueError for an int or name ggml does not know (or a removed type), TypeError for
     anything else (bool included)."""
+    if t.__class__ is GGMLType and t in _USABLE:  # the common case, first
+        return t
     if isinstance(t, str):
         try:
             return _BY_NAME[t.lower()]
@@ -125,8 +130,7 @@ def numpy_dtype(t: TypeLike) -> np.dtype | None:
     """The NumPy dtype holding one element of a plain type: float32/float16/float64/int8/int16/
     int32/int64 for F32/F16/F64/I8/I16/I32/I64, ``uint16`` (the raw bits) for BF16, which NumPy
     lacks; None for block-quantized types."""
-    dt = _PLAIN_DTYPES.get(ggml_type(t).name)
-    return None if dt is None else np.dtype(dt)
+    return _DTYPE_OF.get(ggml_type(t))
 
 
 def type_of_dtype(dtype: object) -> GGMLType:
@@ -273,7 +277,7 @@ def from_numpy_bytes(arr: np.ndarray, t: TypeLike) -> np.ndarray:
     """
     t, a = ggml_type(t), np.asarray(arr)
     dt = numpy_dtype(t)
-    if dt is not None and t.name != "BF16":
+    if dt is not None and t is not _BF16:
         if not np.can_cast(a.dtype, dt, casting="same_kind"):
             raise TypeError(f"cannot store dtype {a.dtype} as {t.name} without changing its kind")
         return np.ascontiguousarray(a, dtype=dt).reshape(-1).view(np.uint8)
@@ -293,5 +297,5 @@ def to_numpy(raw: object, t: TypeLike, ne: Sequence[int]) -> np.ndarray:
     if data.size != size:
         raise ValueError(f"{t.name} tensor with ne={list(ne)} takes {size} bytes, got {data.size}")
     dt = numpy_dtype(t)
-    flat = data.view(dt) if dt is not None and t.name != "BF16" else to_float32(data, t)
+    flat = data.view(dt) if dt is not None and t is not _BF16 else to_float32(data, t)
     return flat.reshape(ne[::-1])
