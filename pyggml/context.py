@@ -275,14 +275,18 @@ class Context(_cobject.CObject, Ops):
         """Every tensor of the context, in creation order (``ggml_get_first/next_tensor``).
         ClosedError from the next step once the context is reset or closed."""
         gen = self._gen
+        # each wrapped under the lock: its ne and generation are read before a reset can put
+        # another tensor there
         with self._arena_lock:
             t = lib.ggml_get_first_tensor(self._live_ptr())
-        while t != ffi.NULL:
-            yield Tensor(t, self)
+            out = None if t == ffi.NULL else Tensor(t, self)
+        while out is not None:
+            yield out
             with self._arena_lock:
                 if self._gen != gen:
                     raise ClosedError("the context was reset or closed while its tensors were listed")
-                t = lib.ggml_get_next_tensor(self._live_ptr(), t)
+                t = lib.ggml_get_next_tensor(self._live_ptr(), out._ptr)
+                out = None if t == ffi.NULL else Tensor(t, self)
 
     def get_tensor(self, name: str) -> Tensor:
         """``ggml_get_tensor``: the context's tensor named ``name`` (see :attr:`Tensor.name
@@ -290,9 +294,10 @@ class Context(_cobject.CObject, Ops):
         raw = _tensor_mod.lookup_name_bytes(name)
         with self._arena_lock:
             t = lib.ggml_get_tensor(self._live_ptr(), raw) if raw is not None else ffi.NULL
-        if t == ffi.NULL:
+            out = None if t == ffi.NULL else Tensor(t, self)  # under the lock, as in tensors()
+        if out is None:
             raise KeyError(name)
-        return Tensor(t, self)
+        return out
 
     # ------------------------------------------------------------------ memory checks
     def _reserve(self, data_bytes: int = 0, n_objects: int = 1, extra: int = 0) -> None:
@@ -345,7 +350,9 @@ class Context(_cobject.CObject, Ops):
         with self._arena_lock:
             self._reserve(nbytes)
             p = lib.ggml_new_tensor(self._live_ptr(), t, len(ne), c_ne)
-        out = Tensor(p, self)
+            # wrapped under the lock: after it, another thread's reset and new tensor may lie
+            # there, and the wrapper would take that tensor's ne with the new generation
+            out = Tensor(p, self)
         out._contig = True  # ggml_new_tensor's strides are packed
         if name is not None:
             out.name = name
@@ -400,7 +407,7 @@ class Context(_cobject.CObject, Ops):
         with self._arena_lock:
             self._reserve(0, n_objects=0, extra=extra)
             p = lib.ggml_new_graph_custom(self._live_ptr(), size, grads)
-        return Graph(p, self, size, grads)
+            return Graph(p, self, size, grads)  # its generation read under the lock
 
     @_cobject.holding
     def alloc_tensors(self, where: "Backend | BufferType") -> Buffer:

@@ -373,3 +373,36 @@ def test_building_a_graph_does_not_wait_for_a_compute_that_reads_the_same_weight
         assert errors == []
         np.testing.assert_allclose(y1.numpy(), np.tanh(xa @ wa.T), rtol=1e-4, atol=1e-5)
     be.close()
+
+
+def test_new_objects_are_wrapped_under_the_arena_lock(monkeypatch):
+    """new_tensor, get_tensor, tensors() and new_graph read the new struct's ne and the context's
+    generation under the arena lock: after it, another thread's reset and new tensor may lie
+    there, and the wrapper would pair that tensor's ne with the new generation (threads fuzzer
+    seed 702: GGML_ASSERT(ggml_can_mul_mat) in an op whose checks had passed)."""
+    import pyggml.context
+    from pyggml.graph import Graph
+    from pyggml.tensor import Tensor
+
+    seen: list[bool] = []
+
+    class Watched(Tensor):
+        __slots__ = ()
+
+        def __init__(self, ptr, ctx):
+            seen.append(ctx._arena_lock._is_owned())
+            super().__init__(ptr, ctx)
+
+    class WatchedGraph(Graph):
+        def __init__(self, ptr, ctx, *args):
+            seen.append(ctx._arena_lock._is_owned())
+            super().__init__(ptr, ctx, *args)
+
+    monkeypatch.setattr(pyggml.context, "Tensor", Watched)
+    monkeypatch.setattr(pyggml.context, "Graph", WatchedGraph)
+    with Context.for_tensors(4, graph_size=4) as ctx:
+        ctx.new_tensor("f32", [4]).name = "t"
+        ctx.get_tensor("t")
+        list(ctx.tensors())
+        ctx.new_graph(4)
+    assert seen == [True] * 4
