@@ -31,7 +31,7 @@ import functools
 import sys
 import threading
 import weakref
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import ClosedError, GGMLError
 from .raw import ffi
@@ -260,6 +260,17 @@ class using:
         u = cls.__new__(cls)
         u.locks = locks
         return u
+
+    @classmethod
+    def arenas(cls, objs: Iterable[Any]) -> "using":
+        """A :class:`using` of the arena locks (``Context._arena_lock``) of ``objs``, each once;
+        objects without one (a borrow scope's is None) skipped."""
+        seen: dict[int, Any] = {}
+        for o in objs:
+            lock = getattr(o, "_arena_lock", None)
+            if lock is not None:
+                seen[id(lock)] = lock
+        return cls.of(tuple(seen.values()))
 
     def __enter__(self) -> None:
         locks = self.locks

@@ -84,7 +84,7 @@ def placing(fn: _F) -> _F:
     before taking its locks checks again)."""
     @functools.wraps(fn)
     def placed(self: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
-        with graph.holding(self, *getattr(self, "_backends", ())), buffer.lifecycle:
+        with graph._holding(self, *getattr(self, "_backends", ())), buffer.lifecycle:
             _cobject.changed()
             try:
                 return fn(self, graph, *args, **kwargs)

@@ -378,7 +378,7 @@ class Backend(_cobject.CObject):
             if state is None or state.backend is not self or not state.still_valid(graph, n_nodes, seen):
                 # checked holding the backend, the graph and its contexts (no close or reset
                 # meanwhile), then round again to take the locks of all computing uses
-                with graph.holding(self), calling():  # calling: supports_op of a Python device
+                with graph._holding(self), calling():  # calling: supports_op of a Python device
                     if _cobject.changes == seen:
                         state = graph.checked[key] = self._check_graph(graph, n_nodes)
                         state.backend = self

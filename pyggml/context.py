@@ -221,10 +221,7 @@ class Context(_cobject.CObject, Ops):
         locks are held, and taken again if it grew meanwhile."""
         while True:
             found = self._all_dependents()
-            locks = {id(self._arena_lock): self._arena_lock}
-            for d in found.values():
-                locks[id(d._arena_lock)] = d._arena_lock
-            held = _cobject.using.of(tuple(locks.values()))
+            held = _cobject.using.arenas((self, *found.values()))
             held.__enter__()
             if self._all_dependents().keys() <= found.keys():
                 break

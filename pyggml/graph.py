@@ -144,7 +144,7 @@ class Graph(_cobject.CObject):
         """
         # the graph, its context, and the arenas of the contexts the outputs read: no reset,
         # close or new object there meanwhile (computes on other threads that use them go on)
-        with self.holding(outputs=outputs, arenas=True):
+        with self._holding(outputs=outputs, arenas=True):
             return self._build_forward(outputs)
 
     def _build_forward(self, outputs: tuple[Tensor, ...]) -> "Graph":
@@ -193,7 +193,7 @@ class Graph(_cobject.CObject):
         first in a forked child (:mod:`pyggml._trial`). The gradient nodes' ops become trial
         ops of ``ctx``: the backward graph's first CPU compute is tried in a forked child too.
         """
-        with self.holding(ctx):  # no reset or close meanwhile
+        with self._holding(ctx):  # no reset or close meanwhile
             return self._build_backward(ctx)
 
     def _build_backward(self, ctx: "Context") -> "Graph":
@@ -346,7 +346,7 @@ class Graph(_cobject.CObject):
         return list(out.items())
 
     @contextlib.contextmanager
-    def holding(self, *users: Any, outputs: "tuple[Any, ...]" = (), arenas: bool = False) -> Iterator[None]:
+    def _holding(self, *users: Any, outputs: "tuple[Any, ...]" = (), arenas: bool = False) -> Iterator[None]:
         """Hold the locks (:class:`~pyggml._cobject.using`) of ``users``, the graph, its context
         and every context its tensors come from (:meth:`contexts`) and, for tensors about to be
         added (``outputs``), their contexts and every context those read (``Context._deps``,
@@ -358,20 +358,17 @@ class Graph(_cobject.CObject):
         nodes that read another context meanwhile), and the locks taken again if there are more."""
         while True:
             contexts = self._contexts_read(outputs)
-            if arenas:
-                locks = {id(c._arena_lock): c._arena_lock for c in contexts if c._arena_lock is not None}
-                held = _cobject.using.of(tuple(locks.values()))
-                contexts_held = _cobject.using(*users, self, self._owner)
+            if arenas:  # the objects' locks, then the contexts' arena locks
+                outer, inner = _cobject.using(*users, self, self._owner), _cobject.using.arenas(contexts)
             else:
-                held = _cobject.using(*users, self, self._owner, *contexts)
-                contexts_held = _cobject.using()
-            with contexts_held, held:
+                outer, inner = _cobject.using(*users, self, self._owner, *contexts), _cobject.using()
+            with outer, inner:
                 if self._contexts_read(outputs) <= contexts:
                     yield
                     return
 
     def _contexts_read(self, outputs: "tuple[Any, ...]") -> set[Any]:
-        """:meth:`holding`'s contexts."""
+        """:meth:`_holding`'s contexts."""
         found = {c for c, _ in self.contexts()}
         todo = [getattr(o, "_owner", None) for o in outputs]
         seen: set[Any] = set()
@@ -474,8 +471,7 @@ class Graph(_cobject.CObject):
             # once), and only while none was reset or closed (another thread's tensors may lie
             # there now)
             contexts = self.contexts()
-            locks = {id(c._arena_lock): c._arena_lock for c, _ in contexts}
-            with _cobject.using.of(tuple(locks.values())):
+            with _cobject.using.arenas(c for c, _ in contexts):
                 if not self.closed and all(c._gen == gen for c, gen in contexts):
                     saved.restore(self._ptr)
         if saved is self._sources:

@@ -211,9 +211,9 @@ def _make_slow(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: tuple[Any, ...
                n_objects: int) -> tuple[Any, int]:
     """The node ``fn(*args)`` (``args[0]``: the context's pointer) and ``ctx``'s generation,
     where :func:`_make_known`'s fast path does not go: with the arena locks of ``ctx`` and of
-    every input's context, taken all at once; ClosedError if one
-    of them is closed or reset (or a context whose tensors ``ctx``'s nodes read), MemoryError
-    when ``ctx`` is full; records the dependencies; gives data in an allocating context."""
+    every input's context, taken all at once; ClosedError if one of them is closed or reset (or
+    a context whose tensors ``ctx``'s nodes read), MemoryError when ``ctx`` is full; records the
+    dependencies; gives data in an allocating context."""
     held = _hold_all(ctx, inputs)
     try:
         room = ctx._room - _OVERHEAD * n_objects
@@ -229,17 +229,15 @@ def _make_slow(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: tuple[Any, ...
             return fn(ctx._ptr, *args[1:]), ctx._gen
         return _make_allocating(ctx, fn, inputs, args[1:]), ctx._gen
     finally:
-        for lock in held:
-            lock.release()
+        held.__exit__()
 
 
-def _hold_all(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
+def _hold_all(ctx: Any, inputs: Sequence[Tensor]) -> _cobject.using:
     """The arena locks of ``ctx`` and of the inputs' contexts, taken all at once
     (:class:`~pyggml._cobject.using`: a lock held elsewhere is waited for holding none), then
-    every input checked open (ClosedError, nothing held)."""
-    every = [ctx._arena_lock, *(getattr(t._owner, "_arena_lock", None) for t in inputs)]
-    locks = list({id(x): x for x in every if x is not None}.values())
-    _cobject.using.of(tuple(locks)).__enter__()
+    every input checked open (ClosedError, nothing held); the caller lets go (``__exit__``)."""
+    held = _cobject.using.arenas((ctx, *(t._owner for t in inputs)))
+    held.__enter__()
     try:
         if ctx._gen < 0:
             raise ClosedError("this context is closed")
@@ -247,10 +245,9 @@ def _hold_all(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
             if t._owner._gen != t._gen:
                 tensor_arg(t, "input")  # ClosedError
     except BaseException:
-        for held in locks:
-            held.release()
+        held.__exit__()
         raise
-    return locks
+    return held
 
 
 def _record_deps(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:

@@ -189,7 +189,7 @@ class Scheduler(_cobject.CObject, Placer):
         if state is not None and state.sched is self and state.still_valid(graph, n_nodes, seen):
             return g
         # holding the scheduler, its backends, the graph and its contexts: no close or reset
-        with graph.holding(self, *self._backends):
+        with graph._holding(self, *self._backends):
             return self._check_new_graph(graph)
 
     def _check_new_graph(self, graph: Graph) -> Any:

@@ -323,7 +323,7 @@ def test_building_a_graph_holds_the_contexts_its_nodes_read():
         y = ctx.mul_mat(w, x)
         graph = ctx.new_graph(8)
         errors: list[BaseException] = []
-        with graph.holding(outputs=(y,), arenas=True):  # what build_forward holds
+        with graph._holding(outputs=(y,), arenas=True):  # what build_forward holds
             resetting = _run(weights.reset, errors)
             resetting.join(0.3)
             assert resetting.is_alive() and not w.closed
