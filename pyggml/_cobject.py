@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import ClosedError, GGMLError
 from .raw import ffi
+from .raw.boundary import lent
 
 __all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap", "using", "guarded", "holding"]
 
@@ -178,7 +179,8 @@ def changed() -> None:
 class _closing:
     """``with _closing(obj):`` around a close or reset: waits (the object's lock) while another
     thread's C call uses ``obj``; RuntimeError, with nothing changed, when a call on this very
-    thread uses it (a callback of that call closing it: C would go on with freed memory).
+    thread uses it, or the call a callback on one of ggml's threads works for (a callback of
+    that call closing it: C would go on with freed memory; :class:`~pyggml.raw.boundary.on_behalf`).
 
     A call that uses ``obj`` holds its lock (:class:`using`, op constructors): the lock already
     held by this thread, outside a close of ``obj`` (``_closers``: a close may reset), is one."""
@@ -190,7 +192,7 @@ class _closing:
         self.obj = None
         if lock is None:
             return
-        if lock._is_owned() and not obj._closers:
+        if (lock._is_owned() or lock in lent()) and not obj._closers:
             raise RuntimeError(f"cannot close or reset this {obj._kind} from a callback of a "
                                "call that is using it (C would go on with freed memory)")
         lock.acquire()
@@ -231,8 +233,15 @@ def holding(fn: _Fn) -> _Fn:
     another thread waits for them instead of freeing the object under them."""
     @functools.wraps(fn)
     def holding(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
+        lock = self._lock
+        if not lock.acquire(False):
+            if lock in lent():  # held for this callback by the call it works for
+                return fn(self, *args, **kwargs)
+            lock.acquire()
+        try:
             return fn(self, *args, **kwargs)
+        finally:
+            lock.release()
     return holding  # type: ignore[return-value]
 
 
@@ -241,7 +250,9 @@ class using:
     ``_lock``; None and others skipped): holds their locks, so that another thread's call on
     them waits, and so does their :meth:`~CObject.close`. The locks are taken all or none (a
     lock held elsewhere: release, wait for it, try again), so two calls never wait on each
-    other; re-entrant on one thread (a callback may use them again)."""
+    other; re-entrant on one thread (a callback may use them again), and a callback on one of
+    ggml's threads neither waits for nor releases the locks its waiting caller holds for it
+    (:class:`~pyggml.raw.boundary.on_behalf`)."""
 
     __slots__ = ("locks",)
 
@@ -284,6 +295,12 @@ class using:
         for lock in locks[:n]:
             lock.release()
         wait = n
+        held = lent()
+        if held:  # a callback on ggml's thread: what its caller holds for it is not waited for
+            locks = tuple(lock for lock in locks if lock not in held)
+            if not locks:
+                return
+            wait = 0
         while True:
             locks[wait].acquire()
             got = [locks[wait]]
@@ -302,7 +319,11 @@ class using:
 
     def __exit__(self, *exc: object) -> None:
         for lock in self.locks:
-            lock.release()
+            try:
+                lock.release()
+            except RuntimeError:  # not taken: lent to this callback by its caller (on_behalf)
+                if lock not in lent():
+                    raise
 
 
 _WRAPPERS: dict[str, Callable[..., Any]] = {}

@@ -424,7 +424,7 @@ class Backend(_cobject.CObject):
         g, lock, state = self._prepare(graph)
         try:
             if state.owners:
-                with calling(*state.owners):
+                with calling(*state.owners, held=lock.locks):
                     check_status(fn(self._ptr, g), what)
             else:
                 call_status(what, fn, self._ptr, g)
@@ -438,7 +438,7 @@ class Backend(_cobject.CObject):
             raise ValueError(f"backend {self.name} does not support graph plans")
         g, lock, state = self._prepare(graph)
         try:
-            with calling(*state.owners):
+            with calling(*state.owners, held=lock.locks):
                 plan = lib.ggml_backend_graph_plan_create(self._ptr, g)
         finally:
             lock.__exit__()
@@ -482,7 +482,7 @@ class GraphPlan(_cobject.CObject):
         backend: Backend = self._owner
         _, lock, state = backend._prepare(self._graph)
         try:
-            with _cobject.using(self), calling(*state.owners):
+            with _cobject.using(self), calling(*state.owners, held=(self._lock, *lock.locks)):
                 status = lib.ggml_backend_graph_plan_compute(backend._ptr, self.ptr)
                 check_status(status, "ggml_backend_graph_plan_compute")
         finally:

@@ -29,6 +29,7 @@ from ._unchecked_ops import UncheckedOps
 from .buffer import host_array_owner
 from .enums import GGMLType, PoolOp, SortOrder
 from .raw import callbacks, ffi, lib, requires
+from .raw.boundary import on_behalf
 from .errors import ClosedError
 from .tensor import BorrowScope, Tensor, c_read, can_repeat, is_contiguous, row_strides, tensor_arg
 
@@ -1137,8 +1138,12 @@ class Ops(UncheckedOps):
         result has ``args[0]``'s type and ne.
 
         ggml calls ``fn`` from ``nth`` CPU worker threads at once (``n_tasks``, -1 = all;
-        the GIL serialises them): thread ``ith`` should do its share. An exception inside
-        ``fn`` is re-raised by the compute call (:mod:`pyggml.raw.boundary`). CPU backend only.
+        the GIL serialises them): thread ``ith`` should do its share. On every one of those
+        threads ``fn`` may use what the compute uses (read a tensor of the context, ask the
+        backend), as on the thread that called the compute: the locks that call holds count as
+        ``fn``'s (:class:`~pyggml.raw.boundary.on_behalf`); closing or resetting the context or
+        the backend from ``fn`` raises RuntimeError. An exception inside ``fn`` is re-raised by
+        the compute call (:mod:`pyggml.raw.boundary`). CPU backend only.
         """
         if not 1 <= len(args) <= 3:
             raise ValueError("map_custom takes 1 to 3 source tensors")
@@ -1150,7 +1155,8 @@ class Ops(UncheckedOps):
             *srcs, ith, nth, _ud = rest
             scope = BorrowScope("a custom op")
             try:
-                fn(Tensor(dst, scope), *(Tensor(s, scope) for s in srcs), ith, nth)
+                with on_behalf(self):  # on a CPU worker thread: the locks its compute holds
+                    fn(Tensor(dst, scope), *(Tensor(s, scope) for s in srcs), ith, nth)
             finally:
                 scope.close()
 

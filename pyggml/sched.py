@@ -468,7 +468,7 @@ class Scheduler(_cobject.CObject, Placer):
             self._stopped = False
             owners = _callback_owners(graph)
             if owners or self._eval is not None:
-                with calling(*owners, *((self,) if self._eval is not None else ())):
+                with calling(*owners, *((self,) if self._eval is not None else ()), held=lock.locks):
                     check_status(fn(self._ptr, g), "ggml_backend_sched_graph_compute")
             else:
                 call_status("ggml_backend_sched_graph_compute", fn, self._ptr, g)

@@ -106,6 +106,65 @@ def test_a_callback_that_closes_what_its_compute_uses_is_refused():
         np.testing.assert_allclose(y.numpy(), np.tanh(xa @ wa.T), rtol=1e-4, atol=1e-5)
 
 
+_WORKER_CALLBACK = """
+    import threading
+    import numpy as np
+    from pyggml import Context, CPUBackend, Scheduler
+    be = CPUBackend(n_threads=2)
+    ctx = Context(1 << 20)
+    wa = np.arange(64, dtype=np.float32)
+    w = ctx.from_numpy(wa)
+    main, seen = threading.get_ident(), {}
+
+    def op(dst, src, ith, nth):
+        # on the CPU worker thread (ith 1) too: what the compute holds is this callback's
+        seen[ith] = (threading.get_ident() != main, be.name)
+        if ACTION == "read":
+            dst.numpy(copy=False)[:] = src.numpy() + w.numpy()
+        elif ith == 1:
+            {"close": ctx.close, "reset": ctx.reset, "close backend": be.close}[ACTION]()
+
+    y = ctx.map_custom(op, w)
+    g = ctx.new_graph().build_forward(y)
+    def compute():
+        if PATH == "backend":
+            be.graph_compute(g)
+        elif PATH == "plan":
+            with be.graph_plan(g) as plan:
+                plan.compute()
+        else:
+            with Scheduler([be]) as sched:
+                sched.compute(g)
+    if ACTION == "read":
+        compute()
+        assert sorted(seen) == [0, 1] and seen[1][0] and not seen[0][0], seen
+        np.testing.assert_array_equal(y.numpy(), 2 * wa)
+    else:
+        try:
+            compute()
+        except RuntimeError as e:
+            assert "from a callback of a call that is using it" in str(e), e
+        else:
+            raise AssertionError("not refused")
+        assert not ctx.closed and not be.closed     # nothing was changed
+        np.testing.assert_array_equal(w.numpy(), wa)
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("path", ["backend", "plan", "scheduler"])
+@pytest.mark.parametrize("action", ["read", "close", "reset", "close backend"])
+def test_a_custom_op_on_a_cpu_worker_thread_uses_what_its_compute_holds(run_isolated, path, action):
+    """A custom op runs on ggml's CPU worker threads while the thread that called the compute
+    holds the locks of the context and backend and waits for them. A callback there that read
+    a tensor of the context or the backend's name waited for those locks forever (a hang), as
+    did one closing the context (a RuntimeError on the calling thread). Now the worker's
+    callback counts them as its own: it reads, and a close or reset is refused as on the
+    calling thread. In a child process: a regression hangs (the timeout fails the test)."""
+    r = run_isolated(f"\n    ACTION, PATH = {action!r}, {path!r}" + _WORKER_CALLBACK, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
 def test_threads_computing_on_one_backend_get_their_own_results():
     """Graphs of different sizes need CPU work buffers of different sizes: ggml's CPU backend
     grows its one work buffer between computes, so two computes at once would share it."""

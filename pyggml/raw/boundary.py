@@ -24,6 +24,15 @@ Which call an exception belongs to:
   Python caller to raise it to: it goes to :func:`sys.unraisablehook`, as exceptions in
   ``__del__`` do, and C still sees the failure value.
 
+**Locks of a waiting caller.** A thread that calls C holds the locks of what the call uses
+(:class:`pyggml._cobject.using`: the graph's contexts, buffers, backend) and, inside C, waits
+for the threads ggml started to finish their share. A callback on one of those threads that
+waited for those locks (reading a tensor of the graph's context, a backend's name, a close)
+would wait forever. So the block declares them (``calling(owner, held=locks)``) and a callback
+that may run on ggml's threads runs inside :class:`on_behalf`: there, pyggml treats those locks
+as held by this thread too, as on the calling thread itself (a close or reset of what they
+guard raises RuntimeError instead of freeing memory C is using).
+
 Raw-API users who want the same behaviour wrap their ``lib`` calls: ``with calling(): ...``.
 """
 from __future__ import annotations
@@ -36,12 +45,14 @@ from typing import Any
 from ..errors import GGMLError
 from . import ffi, lib
 
-__all__ = ["calling", "call_status", "record", "check_status", "status_name", "GGMLError"]
+__all__ = ["calling", "on_behalf", "lent", "call_status", "record", "check_status", "status_name", "GGMLError"]
 
 
 class _Local(threading.local):
     def __init__(self) -> None:
         self.frames: list[calling] = []
+        #: the locks a waiting caller holds for this thread's callback (:class:`on_behalf`)
+        self.lent: tuple[Any, ...] = ()
 
 
 _local = _Local()
@@ -54,13 +65,16 @@ class calling:
     docstring. ``owners`` are the objects whose callbacks may run on threads ggml starts (e.g. the
     context of a graph with custom ops). Usable as a decorator-free context manager only; cheap
     (a list push and pop) when no callback fails and no owner is declared. The open block is
-    its own frame: ``errors`` collects what callbacks raised during it."""
+    its own frame: ``errors`` collects what callbacks raised during it. ``held``: the locks this
+    thread holds for the call, lent to callbacks of the owners on ggml's threads
+    (:class:`on_behalf`)."""
 
-    __slots__ = ("errors", "owners")
+    __slots__ = ("errors", "owners", "held")
 
-    def __init__(self, *owners: Any):
+    def __init__(self, *owners: Any, held: tuple[Any, ...] = ()):
         self.errors: list[BaseException] | None = None  # a list from the first one on
         self.owners = owners
+        self.held = held
 
     def __enter__(self) -> "calling":
         _local.frames.append(self)
@@ -120,6 +134,44 @@ def call_status(what: str, fn: Any, *args: Any) -> None:
 
 _new_frame = object.__new__
 _SUCCESS = int(lib.GGML_STATUS_SUCCESS)
+
+
+class on_behalf:
+    """``with on_behalf(owner):`` around a Python callback of ``owner`` (e.g. a custom op of a
+    context) that may run on a thread ggml started while the thread that called C waits for it:
+    on such a thread (one without a :class:`calling` block of its own), the locks that the open
+    block declaring ``owner`` holds (``held``) count as this thread's for the callback's pyggml
+    calls (:func:`lent`): they neither wait for them nor release them. A no-op on the calling
+    thread, which holds them itself."""
+
+    __slots__ = ("prev",)
+
+    def __init__(self, owner: Any):
+        self.prev: tuple[Any, ...] | None = None
+        if _local.frames:
+            return
+        with _lock:
+            for frame in reversed(_owned):
+                if any(o is owner for o in frame.owners):
+                    held = frame.held
+                    break
+            else:
+                return
+        self.prev = _local.lent
+        _local.lent = held
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self.prev is not None:
+            _local.lent = self.prev
+
+
+def lent() -> tuple[Any, ...]:
+    """The locks lent to this thread by the caller its callback works for (:class:`on_behalf`),
+    else ``()``."""
+    return _local.lent
 
 
 def record(exc: BaseException, owner: Any = None) -> None:
