@@ -4,7 +4,8 @@ cache) and call them at random for SECONDS: build a graph, place it (the allocat
 thread's own scheduler over the shared backend), set its inputs, compute, read the output; the
 same with a scheduler over the NumPy backend and the CPU backend; compute through the cache (also
 asynchronously, reading the result later); build on weights made in the allocating context
-(which other threads reset); make tensors from NumPy and read them back; reset the
+(which other threads reset); compute a custom op on ggml's worker threads that reads the
+graph's context and tries to reset it; make tensors from NumPy and read them back; reset the
 contexts; close an object and make a new one in its place (the others holding it see it closed).
 
 pyggml promises (docs/concepts/errors.rst, "Threads"): no crash, no read of freed memory, and
@@ -35,6 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache, Scheduler, numpy_backend
+from pyggml.ops import host_array
 
 _REFUSALS = (ClosedError, MemoryError, ValueError)
 
@@ -178,6 +180,55 @@ def dep_graph(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, An
     return y.numpy(), np.tanh(xa @ wa.T) + ba
 
 
+def _own_cpu2() -> CPUBackend:
+    """This thread's own CPU backend on 2 threads (ggml's worker threads run custom ops)."""
+    be = getattr(_local, "cpu2", None)
+    if be is None:
+        be = _local.cpu2 = CPUBackend(n_threads=2)
+    return be
+
+
+def custom_graph(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
+    """y = 2 x + b by a custom op in the shared context, placed by this thread's own 2-thread
+    CPU backend's scheduler: its callback, on ggml's worker thread too, reads ``b`` through the
+    context's wrapper and asks the backend its name (the locks its compute holds are lent to
+    it), and sometimes resets the shared context, which must be refused (RuntimeError) on every
+    thread: another thread's reset meanwhile makes the read raise ClosedError."""
+    with w.lock:
+        ctx = w.ctx
+    be = _own_cpu2()
+    sched = _own_scheduler(be)
+    n, m = int(r.choice([4, 16])), int(r.integers(1, 4))
+    try_reset = r.random() < 0.3
+    x = ctx.new_tensor("f32", [n, m]).set_input()
+    b = ctx.new_tensor("f32", [n, m]).set_input()
+    not_refused: list[int] = []
+
+    def op(dst: Any, xs: Any, bs: Any, ith: int, nth: int) -> None:
+        be.name
+        if ith == 0:
+            host_array(dst)[...] = 2 * host_array(xs) + b.numpy()
+        if try_reset:
+            try:
+                ctx.reset()
+            except RuntimeError:
+                return
+            not_refused.append(ith)
+
+    y = ctx.map_custom(op, x, b).set_output()
+    graph = ctx.new_graph(8).build_forward(y)
+    sched.alloc_graph(graph)
+    xa = r.standard_normal((m, n)).astype(np.float32)
+    ba = r.standard_normal((m, n)).astype(np.float32)
+    x.set(xa)
+    b.set(ba)
+    sched.compute(graph)
+    if not_refused:
+        count.fail("NOT_REFUSED", "custom_graph", f"ctx.reset() from the custom op on ith {not_refused}")
+    count.add_calls(10)
+    return y.numpy(), 2 * xa + ba
+
+
 def cache_compute(w: World, r: np.random.Generator, count: Counter) -> tuple[Any, Any]:
     with w.lock:
         cache = w.cache
@@ -244,8 +295,8 @@ def renew(w: World, r: np.random.Generator, count: Counter) -> None:
 
 
 ACTIONS: list[tuple[Callable[..., Any], float]] = [
-    (own_graph, 0.3), (dep_graph, 0.15), (numpy_graph, 0.1), (cache_compute, 0.15), (cache_async, 0.1),
-    (data_roundtrip, 0.2), (reset, 0.1), (renew, 0.05)]
+    (own_graph, 0.3), (dep_graph, 0.15), (custom_graph, 0.1), (numpy_graph, 0.1), (cache_compute, 0.15),
+    (cache_async, 0.1), (data_roundtrip, 0.2), (reset, 0.1), (renew, 0.05)]
 
 
 def worker(i: int, seed: int, w: World, deadline: float, count: Counter) -> None:
