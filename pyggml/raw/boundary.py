@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from types import TracebackType
 from typing import Any
 
 from ..errors import GGMLError
@@ -187,24 +186,35 @@ def record(exc: BaseException, owner: Any = None) -> None:
                 if any(o is owner for o in frame.owners):
                     frame._add(exc)
                     return
-    sys.unraisablehook(_Unraisable(exc, "a pyggml callback raised outside any pyggml call into C"))
+    sys.unraisablehook(_unraisable(exc, "a pyggml callback raised outside any pyggml call into C"))
 
 
-class _Unraisable:
-    """The argument of :func:`sys.unraisablehook` (``UnraisableHookArgs``)."""
+def _hook_args_type() -> Any:
+    """CPython's ``UnraisableHookArgs`` (not exposed by name): the builtin hook,
+    ``sys.__unraisablehook__``, takes nothing else (TypeError). Found by catching the argument
+    of one unraisable exception (a ``__del__`` that raises) with a temporary hook."""
+    got: list[Any] = []
 
-    exc_type: type[BaseException]
-    exc_value: BaseException | None
-    exc_traceback: TracebackType | None
-    err_msg: str | None
-    object: Any
+    class _Raises:
+        def __del__(self) -> None:
+            raise RuntimeError("pyggml: finding UnraisableHookArgs")
 
-    def __init__(self, exc: BaseException, message: str):
-        self.exc_type = type(exc)
-        self.exc_value = exc
-        self.exc_traceback = exc.__traceback__
-        self.err_msg = message
-        self.object = None
+    old = sys.unraisablehook
+    sys.unraisablehook = got.append
+    try:
+        _Raises()
+    finally:
+        sys.unraisablehook = old
+    return type(got[0])
+
+
+_HookArgs = _hook_args_type()
+
+
+def _unraisable(exc: BaseException, message: str) -> Any:
+    """The argument of :func:`sys.unraisablehook` for ``exc``: an ``UnraisableHookArgs``
+    (exc_type, exc_value, exc_traceback, err_msg, object)."""
+    return _HookArgs((type(exc), exc, exc.__traceback__, message, None))
 
 
 def status_name(status: int) -> str:

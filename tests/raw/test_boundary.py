@@ -70,6 +70,23 @@ def test_without_a_caller_it_goes_to_the_unraisable_hook(monkeypatch):
     assert len(seen) == 1 and isinstance(seen[0].exc_value, Boom)
 
 
+def test_without_a_caller_pythons_own_hook_reports_it(run_isolated):
+    """Python's builtin hook (``sys.__unraisablehook__``, what a program gets that sets none)
+    takes only an ``UnraisableHookArgs``: pyggml handed it an object of its own, and the report
+    itself failed with TypeError (seen in a C program, upstream's test-backend-ops, running a
+    Python backend: pytest sets a hook of its own, so the tests did not see it)."""
+    r = run_isolated("""
+        import sys
+        from pyggml.raw import boundary
+        assert sys.unraisablehook is sys.__unraisablehook__
+        boundary.record(ValueError("raised by a callback"))
+        print("alive")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "alive", r.stderr
+    assert "a pyggml callback raised outside any pyggml call into C" in r.stderr
+    assert "ValueError: raised by a callback" in r.stderr and "TypeError" not in r.stderr, r.stderr
+
+
 def test_custom_op_exception_from_a_worker_thread_reaches_compute():
     import pyggml
 
