@@ -14,7 +14,7 @@ context is closed or reset.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import _cobject, _trial
 from . import tensor as _tensor
@@ -270,8 +270,9 @@ class Graph(_cobject.CObject):
         None if it has none. Raises ValueError before :meth:`build_backward`."""
         if not self._backward:
             raise ValueError("no backward pass: call build_backward first")
-        g = lib.ggml_graph_get_grad(self.ptr, tensor_arg(tensor, "tensor")._ptr)
-        return None if g == ffi.NULL else Tensor._of(g)
+        p = tensor_arg(tensor, "tensor")._ptr
+        found = self._wrapped(lambda: [g for g in [lib.ggml_graph_get_grad(self.ptr, p)] if g != ffi.NULL])
+        return found[0] if found else None
 
     @_cobject.guarded
     def reset(self) -> None:
@@ -430,15 +431,27 @@ class Graph(_cobject.CObject):
         owner = self._owner
         return Tensor(p, context_of(p) or (owner if isinstance(owner, BorrowScope) else GGML_INTERNAL))
 
+    def _wrapped(self, structs: Callable[[], list[Any]]) -> list[Tensor]:
+        """``structs()`` (read from the graph) wrapped, holding the arena locks of the graph's
+        context and of every context its tensors come from, after :meth:`check_contexts`: a
+        wrapper takes its context's generation *now*, so one made for a struct of a context
+        reset since (or meanwhile, on another thread) would call whatever is there now an open
+        tensor (ggml's objects made there since: garbage read as a tensor)."""
+        with self._holding(arenas=True):
+            self.check_contexts()
+            return [self._wrap(p) for p in structs()]
+
     @property
     def nodes(self) -> list[Tensor]:
-        """The nodes in execution order (``ggml_graph_node``)."""
-        return [self._wrap(p) for p in self.raw_nodes()]
+        """The nodes in execution order (``ggml_graph_node``). ClosedError if a context holding
+        tensors of the graph was reset or closed since they were added."""
+        return self._wrapped(self.raw_nodes)
 
     @property
     def leafs(self) -> list[Tensor]:
-        """The tensors the nodes read that are not nodes themselves (inputs, weights)."""
-        return [self._wrap(p) for p in self._raw_leafs(self.raw_nodes())]
+        """The tensors the nodes read that are not nodes themselves (inputs, weights).
+        ClosedError as :attr:`nodes`."""
+        return self._wrapped(lambda: self._raw_leafs(self.raw_nodes()))
 
     def __iter__(self) -> Iterator[Tensor]:
         return iter(self.nodes)
@@ -447,10 +460,11 @@ class Graph(_cobject.CObject):
         """``ggml_graph_get_tensor``: the node or leaf named ``name`` (see :attr:`Tensor.name
         <pyggml.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
         raw = _tensor.lookup_name_bytes(name)
-        t = lib.ggml_graph_get_tensor(self.ptr, raw) if raw is not None else ffi.NULL
-        if t == ffi.NULL:
+        found = self._wrapped(lambda: [] if raw is None else [
+            t for t in [lib.ggml_graph_get_tensor(self.ptr, raw)] if t != ffi.NULL])
+        if not found:
             raise KeyError(name)
-        return self._wrap(t)
+        return found[0]
 
     # ------------------------------------------------------------------ schedulers
     def _save_sources(self, split_by: Any) -> "_Sources":

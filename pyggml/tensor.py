@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
@@ -238,7 +239,7 @@ def arena_lock(t: "Tensor") -> Any:
     """The arena lock of ``t``'s context (``Context._arena_lock``; a no-op for tensors ggml
     lends): held around a check of ``t``'s struct and the C call that relies on it, so that
     no reset puts another tensor's struct there in between."""
-    return getattr(t._owner, "_arena_lock", _NO_LOCK)
+    return getattr(t._owner, "_arena_lock", None) or _NO_LOCK
 
 
 def c_read(t: "Tensor", fn: Callable[[Any], _R]) -> _R:
@@ -441,21 +442,30 @@ class Tensor(_cobject.CBorrowed):
         owner = self._owner
         return Tensor(p, context_of(p) or (owner if isinstance(owner, BorrowScope) else GGML_INTERNAL))
 
+    def _others(self, read: Callable[[Any], list[Any]]) -> list["Tensor"]:
+        """The structs ``read(struct)`` finds (sources, view source) wrapped, under this tensor's
+        arena lock, after checking it open and no context its context reads reset since
+        (ClosedError): a source in a context reset since would be wrapped with that context's
+        generation *now*, calling whatever ggml made there since an open tensor. (A reset of a
+        context this one reads holds this one's arena lock: none can happen meanwhile.)"""
+        owner = self._owner
+        with arena_lock(self):
+            p = self.ptr
+            if not isinstance(owner, BorrowScope) and owner._stale:
+                owner._check_deps()
+            return [self._wrap_other(s) for s in read(p)]
+
     @property
     def src(self) -> list["Tensor"]:
-        """The source tensors of the op, in order (NULL entries end the list)."""
-        out = []
-        for s in self.ptr.src:
-            if s == ffi.NULL:
-                break
-            out.append(self._wrap_other(s))
-        return out
+        """The source tensors of the op, in order (NULL entries end the list). ClosedError if
+        this tensor's context, or one its nodes read, was reset or closed since."""
+        return self._others(lambda p: list(itertools.takewhile(lambda s: s != ffi.NULL, p.src)))
 
     @property
     def view_src(self) -> "Tensor | None":
-        """The tensor whose data this view shares, or None."""
-        v = self.ptr.view_src
-        return None if v == ffi.NULL else self._wrap_other(v)
+        """The tensor whose data this view shares, or None. ClosedError as :attr:`src`."""
+        found = self._others(lambda p: [] if p.view_src == ffi.NULL else [p.view_src])
+        return found[0] if found else None
 
     @property
     def flags(self) -> TensorFlag:

@@ -74,3 +74,24 @@ def test_build_forward_checks_every_output_before_adding_any():
         assert g.n_nodes == 3 and len(g.leafs) == 1
         with pytest.raises(ValueError, match="too small"):
             ctx.new_graph(2).build_forward(y)
+
+
+def test_wrappers_of_a_graphs_tensors_are_refused_once_a_context_they_come_from_was_reset():
+    """A wrapper takes its context's generation when it is made: graph.leafs after a reset of
+    the weights' context wrapped the weight's old struct as an open tensor of the new
+    generation, and read what ggml had made there since as a tensor (a graph: KeyError on its
+    "type", or a wrong tensor). Now the graph's tensors are wrapped only while every context
+    they come from is as it was (ClosedError otherwise), under their arena locks."""
+    with Context(1 << 20) as ctx, Context(1 << 20) as weights:
+        w = weights.from_numpy(np.ones((4, 4), np.float32))
+        x = ctx.from_numpy(np.ones(4, np.float32))
+        y = ctx.mul_mat(w, x)
+        y.name = "y"
+        g = ctx.new_graph().build_forward(y)
+        assert [t.ne for t in g.leafs] == [w.ne, x.ne] and g.nodes == [y]
+        weights.reset()
+        weights.new_graph()                                 # ggml objects where w's struct was
+        weights.from_numpy(np.arange(7, dtype=np.float32))
+        for read in (lambda: g.leafs, lambda: g.nodes, lambda: g.get_tensor("y")):
+            with pytest.raises(pyggml.ClosedError, match="closed or reset since"):
+                read()

@@ -151,3 +151,21 @@ def test_nodes_made_by_checked_op_constructors_have_every_slot_set():
         for t in (ctx.add(a, a), ctx.reshape(a, 8), ctx.mul_mat(a, a)):
             for slot in Tensor.__slots__:
                 getattr(t, slot)
+
+
+def test_sources_in_a_context_reset_since_are_refused():
+    """Tensor.src wrapped a source struct with its context's generation *now*: after a reset of
+    that context it handed out an "open" tensor over whatever ggml had made there since. Now
+    ClosedError (the node's context is stale: one it reads was reset)."""
+    with Context(1 << 20) as ctx, Context(1 << 20) as weights:
+        w = weights.from_numpy(np.ones((4, 4), np.float32))
+        x = ctx.from_numpy(np.ones(4, np.float32))
+        y = ctx.mul_mat(w, x)
+        v = ctx.view(w, [4], [])
+        assert [s.ne for s in y.src] == [w.ne, x.ne] and v.view_src == w
+        weights.reset()
+        weights.new_graph()
+        weights.from_numpy(np.arange(7, dtype=np.float32))
+        for read in (lambda: y.src, lambda: v.view_src):
+            with pytest.raises(ClosedError, match="reset or closed since"):
+                read()
