@@ -271,7 +271,7 @@ class Graph(_cobject.CObject):
         if not self._backward:
             raise ValueError("no backward pass: call build_backward first")
         p = tensor_arg(tensor, "tensor")._ptr
-        found = self._wrapped(lambda: [g for g in [lib.ggml_graph_get_grad(self.ptr, p)] if g != ffi.NULL])
+        found = self._wrapped(lambda: [lib.ggml_graph_get_grad(self.ptr, p)])
         return found[0] if found else None
 
     @_cobject.guarded
@@ -432,14 +432,15 @@ class Graph(_cobject.CObject):
         return Tensor(p, context_of(p) or (owner if isinstance(owner, BorrowScope) else GGML_INTERNAL))
 
     def _wrapped(self, structs: Callable[[], list[Any]]) -> list[Tensor]:
-        """``structs()`` (read from the graph) wrapped, holding the arena locks of the graph's
-        context and of every context its tensors come from, after :meth:`check_contexts`: a
-        wrapper takes its context's generation *now*, so one made for a struct of a context
-        reset since (or meanwhile, on another thread) would call whatever is there now an open
-        tensor (ggml's objects made there since: garbage read as a tensor)."""
+        """``structs()`` (read from the graph; NULLs skipped) wrapped, holding the arena locks
+        of the graph's context and of every context its tensors come from, after
+        :meth:`check_contexts`: a wrapper takes its context's generation *now*, so one made for
+        a struct of a context reset since (or meanwhile, on another thread) would call whatever
+        is there now an open tensor (ggml's objects made there since: garbage read as a
+        tensor)."""
         with self._holding(arenas=True):
             self.check_contexts()
-            return [self._wrap(p) for p in structs()]
+            return [self._wrap(p) for p in structs() if p != ffi.NULL]
 
     @property
     def nodes(self) -> list[Tensor]:
@@ -460,8 +461,7 @@ class Graph(_cobject.CObject):
         """``ggml_graph_get_tensor``: the node or leaf named ``name`` (see :attr:`Tensor.name
         <pyggml.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
         raw = _tensor.lookup_name_bytes(name)
-        found = self._wrapped(lambda: [] if raw is None else [
-            t for t in [lib.ggml_graph_get_tensor(self.ptr, raw)] if t != ffi.NULL])
+        found = self._wrapped(lambda: [] if raw is None else [lib.ggml_graph_get_tensor(self.ptr, raw)])
         if not found:
             raise KeyError(name)
         return found[0]

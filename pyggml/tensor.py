@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import itertools
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
@@ -442,8 +441,9 @@ class Tensor(_cobject.CBorrowed):
         owner = self._owner
         return Tensor(p, context_of(p) or (owner if isinstance(owner, BorrowScope) else GGML_INTERNAL))
 
-    def _others(self, read: Callable[[Any], list[Any]]) -> list["Tensor"]:
-        """The structs ``read(struct)`` finds (sources, view source) wrapped, under this tensor's
+    def _others(self, read: Callable[[Any], Any]) -> list["Tensor"]:
+        """The structs ``read(struct)`` lists (sources, view source; the first NULL ends them)
+        wrapped, under this tensor's
         arena lock, after checking it open and no context its context reads reset since
         (ClosedError): a source in a context reset since would be wrapped with that context's
         generation *now*, calling whatever ggml made there since an open tensor. (A reset of a
@@ -453,18 +453,23 @@ class Tensor(_cobject.CBorrowed):
             p = self.ptr
             if not isinstance(owner, BorrowScope) and owner._stale:
                 owner._check_deps()
-            return [self._wrap_other(s) for s in read(p)]
+            out = []
+            for s in read(p):
+                if s == ffi.NULL:
+                    break
+                out.append(self._wrap_other(s))
+            return out
 
     @property
     def src(self) -> list["Tensor"]:
         """The source tensors of the op, in order (NULL entries end the list). ClosedError if
         this tensor's context, or one its nodes read, was reset or closed since."""
-        return self._others(lambda p: list(itertools.takewhile(lambda s: s != ffi.NULL, p.src)))
+        return self._others(lambda p: p.src)
 
     @property
     def view_src(self) -> "Tensor | None":
         """The tensor whose data this view shares, or None. ClosedError as :attr:`src`."""
-        found = self._others(lambda p: [] if p.view_src == ffi.NULL else [p.view_src])
+        found = self._others(lambda p: [p.view_src])
         return found[0] if found else None
 
     @property

@@ -149,15 +149,10 @@ class on_behalf:
         self.prev: tuple[Any, ...] | None = None
         if _local.frames:
             return
-        with _lock:
-            for frame in reversed(_owned):
-                if any(o is owner for o in frame.owners):
-                    held = frame.held
-                    break
-            else:
-                return
-        self.prev = _local.lent
-        _local.lent = held
+        frame = _owner_frame(owner)
+        if frame is not None:
+            self.prev = _local.lent
+            _local.lent = frame.held
 
     def __enter__(self) -> None:
         pass
@@ -165,6 +160,15 @@ class on_behalf:
     def __exit__(self, *exc: object) -> None:
         if self.prev is not None:
             _local.lent = self.prev
+
+
+def _owner_frame(owner: Any) -> "calling | None":
+    """The innermost open :class:`calling` block, on any thread, that declared ``owner``."""
+    with _lock:
+        for frame in reversed(_owned):
+            if any(o is owner for o in frame.owners):
+                return frame
+    return None
 
 
 def lent() -> tuple[Any, ...]:
@@ -180,12 +184,11 @@ def record(exc: BaseException, owner: Any = None) -> None:
     if frames:
         frames[-1]._add(exc)
         return
-    if owner is not None:
-        with _lock:
-            for frame in reversed(_owned):
-                if any(o is owner for o in frame.owners):
-                    frame._add(exc)
-                    return
+    frame = _owner_frame(owner) if owner is not None else None
+    if frame is not None:
+        with _lock:  # worker threads of one call may record at once
+            frame._add(exc)
+        return
     sys.unraisablehook(_unraisable(exc, "a pyggml callback raised outside any pyggml call into C"))
 
 
