@@ -3,11 +3,15 @@
 
     python scripts/numpy_backend_conformance.py              # the whole suite (~21,000 cases)
     python scripts/numpy_backend_conformance.py -o ADD,MUL_MAT --mode support
+    python scripts/numpy_backend_conformance.py --module other.so --expect-refused -o ADD
 
 Builds (once, into build/conformance/) test-backend-ops from the vendored ggml source against
 pyggml's own libraries and the NumPy backend as a loadable module, then runs
 ``GGML_BACKEND_PATH=libggml-numpy.so test-backend-ops <mode> -b NUMPY``. Prints passed / failed /
 not supported per op and in total; exits 1 if any case failed.
+
+``--module`` runs another backend module instead (one of a pyggml built for another ggml), and
+``--expect-refused`` checks that this ggml refuses it with a clear message instead of crashing.
 """
 from __future__ import annotations
 
@@ -58,19 +62,35 @@ def count(output: str) -> dict[str, collections.Counter]:
     return per_op
 
 
+def count_backends(output: str) -> set[str]:
+    """The backends test-backend-ops tested ("Backend NAME: OK/FAIL" lines)."""
+    return set(re.findall(r"Backend (\w+): ", re.sub(r"\x1b\[[0-9;]*m", "", output)))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--ops", help="comma-separated ops (test-backend-ops -o)")
     p.add_argument("--mode", default="test", choices=["test", "support"])
     p.add_argument("-j", "--jobs", type=int, default=1)
+    p.add_argument("--module", type=Path, help="a backend module to load instead of this pyggml's NumPy backend")
+    p.add_argument("--expect-refused", action="store_true",
+                   help="the module must be refused with a message (it was built for another ggml)")
     a = p.parse_args()
     exe = build_test_backend_ops()
-    module = build_module("pyggml.numpy_backend:make_registry", OUT / "libggml-numpy.so")
+    module = a.module or build_module("pyggml.impl.numpy:make_registry", OUT / "libggml-numpy.so")
     cmd = [str(exe), a.mode, "-b", "NUMPY"] + (["-o", a.ops] if a.ops else [])
     if a.jobs > 1:
         cmd += ["-j", str(a.jobs)]
     env = dict(os.environ, GGML_BACKEND_PATH=str(module))
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if a.expect_refused:
+        said = [line for line in r.stderr.splitlines()
+                if "pyggml was generated from the headers" in line or "incompatible API version" in line]
+        print("\n".join(said) or r.stderr[-2000:])
+        ok = r.returncode >= 0 and said and "NUMPY" not in count_backends(r.stdout)
+        print(f"test-backend-ops exited with {r.returncode}: the module was "
+              + ("refused with a message" if ok else "NOT refused cleanly"))
+        return 0 if ok else 1
     per_op = count(r.stdout)
     total: collections.Counter = collections.Counter()
     for op in sorted(per_op):

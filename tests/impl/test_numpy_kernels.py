@@ -261,7 +261,7 @@ def test_clamp_leaky_scale():
 
 GLU_OPS = {"reglu": lib.GGML_GLU_OP_REGLU, "geglu": lib.GGML_GLU_OP_GEGLU,
            "swiglu": lib.GGML_GLU_OP_SWIGLU, "geglu_erf": lib.GGML_GLU_OP_GEGLU_ERF,
-           "geglu_quick": lib.GGML_GLU_OP_GEGLU_QUICK}
+           "geglu_quick": lib.GGML_GLU_OP_GEGLU_QUICK, "swiglu_clamp": lib.GGML_GLU_OP_SWIGLU_CLAMP}
 
 
 @pytest.mark.parametrize("name", sorted(GLU_OPS))
@@ -280,6 +280,47 @@ def test_glu(name, t, variant):
 def test_swiglu_oai():
     check(lambda c, a, b: wrap(c, lib.ggml_swiglu_oai(c.ptr, a.ptr, b.ptr, 1.702, 7.0), a, b),
           [(rand([32, 5, 3], -9, 9, seed=9), F32), (rand([32, 5, 3], -9, 9, seed=10), F32)])
+
+
+@pytest.mark.parametrize("t", [F32, F16], ids=TN.get)
+def test_swiglu_clamp_limit(t):
+    """The clamp of SWIGLU_CLAMP bites: inputs well beyond the limit on both sides."""
+    check(lambda c, a, b: wrap(c, lib.ggml_swiglu_clamp(c.ptr, a.ptr, b.ptr, 2.5), a, b),
+          [(rand([32, 5, 3], -9, 9, seed=11), t), (rand([32, 5, 3], -9, 9, seed=12), t)])
+
+
+def _with_variant(node, index: int, value: int):
+    """``node`` with op_params[index] set to ``value`` (the sub-op of UNARY, GLU, ARGSORT...)."""
+    ffi.cast("int32_t *", node.ptr.op_params)[index] = value
+    return node
+
+
+def test_sub_op_claims_are_explicit():
+    """UNARY, GLU, ARGSORT, TRI and ROPE claim exactly the sub-ops (modes) their kernels
+    compute: every GLU op of this ggml is claimed (and checked against the CPU in test_glu), and a
+    sub-op a newer ggml would add (the enum's COUNT) is not supported, whatever the rest of the
+    node says."""
+    glu = numpy_ops.OPS[lib.GGML_OP_GLU]
+    tested = set(GLU_OPS.values()) | {lib.GGML_GLU_OP_SWIGLU_OAI}  # test_glu, test_swiglu_oai
+    assert glu.variants == frozenset(range(lib.GGML_GLU_OP_COUNT)) == tested
+    assert numpy_ops.OPS[lib.GGML_OP_UNARY].variants == frozenset(range(lib.GGML_UNARY_OP_COUNT))
+    with pyggml.Context(MEM) as c:
+        a = c.from_numpy(rand([16, 4, 6]))
+        pos = c.from_numpy(np.arange(6, dtype=np.int32))
+        nodes = {
+            "unary": (c.unary("silu", a), 0, lib.GGML_UNARY_OP_COUNT),
+            "glu": (wrap(c, lib.ggml_glu(c.ptr, a.ptr, lib.GGML_GLU_OP_SWIGLU, False), a), 0,
+                    lib.GGML_GLU_OP_COUNT),
+            "argsort": (wrap(c, lib.ggml_argsort(c.ptr, a.ptr, lib.GGML_SORT_ORDER_ASC), a), 0, 2),
+            "tri": (wrap(c, lib.ggml_tri(c.ptr, c.from_numpy(rand([6, 6])).ptr, lib.GGML_TRI_TYPE_LOWER)),
+                    0, 4),
+            "rope": (c.rope(a, pos, 16, mode=0), 2, 1),
+        }
+        for what, (node, index, new) in nodes.items():
+            assert numpy_ops.supports(node), what
+            assert not numpy_ops.supports(_with_variant(node, index, new)), what
+            with pytest.raises(ValueError, match="cannot compute"):
+                numpy_ops.compute(node)
 
 
 # ------------------------------------------------------------------------------------ reductions

@@ -194,10 +194,7 @@ def _sup_unary(p: Any) -> bool:
     a = _src(p, 0)
     if a is None or not _same_shape(a, p):
         return False
-    op = int(lib.ggml_get_unary_op(p))
-    if op not in _UNARY_FNS:
-        return False
-    if op in _UNARY_SAME_TYPE:
+    if int(lib.ggml_get_unary_op(p)) in _UNARY_SAME_TYPE:
         return a.type == p.type and a.type in (_F32, _F16)
     return a.type in _FLT and p.type in _FLT
 
@@ -210,42 +207,50 @@ def _comp_unary(p: Any) -> None:
 
 _add("UNARY", _sup_unary, _comp_unary,
      "all 22 ggml_unary_op; GELU/GELU_QUICK/GELU_ERF/SILU: F32->F32 or F16->F16 "
-     "(GELU, GELU_QUICK through ggml's F16 tables); the others F32/F16/BF16 -> F32/F16/BF16")
+     "(GELU, GELU_QUICK through ggml's F16 tables); the others F32/F16/BF16 -> F32/F16/BF16",
+     variant=lib.ggml_get_unary_op, variants=_UNARY_FNS)
 
 
 # --- GLU -----------------------------------------------------------------------------------
 
-def _glu_fn(op: int, x: np.ndarray, g: np.ndarray, t: int, fp: np.ndarray) -> np.ndarray:
-    if op == lib.GGML_GLU_OP_REGLU:
-        return np.where(x > 0, x * g, np.float32(0))
-    if op == lib.GGML_GLU_OP_GEGLU:
-        y = _f16_table(_gelu_tanh, x)
-        if t == _F32:   # ggml_vec_geglu_f32 cut-offs
-            return np.where(x <= -10.0, np.float32(0), np.where(x >= 10.0, x * g, y * g))
-        return y * g
-    if op == lib.GGML_GLU_OP_SWIGLU:
-        return _silu(x) * g
-    if op == lib.GGML_GLU_OP_SWIGLU_OAI:
-        alpha, limit = np.float32(fp[2]), np.float32(fp[3])
-        xc = np.minimum(x, limit)
-        yc = np.clip(g, -limit, limit)
-        out_glu = xc / (_ONE + _fn64(np.exp, alpha * (-xc)))
-        return out_glu * (yc + _ONE)
-    if op == lib.GGML_GLU_OP_GEGLU_ERF:
-        return _gelu_erf(x) * g
-    if op == lib.GGML_GLU_OP_GEGLU_QUICK:
-        return _f16_table(_gelu_quick_formula, x) * g
-    raise ValueError(f"unknown glu op {op}")
+def _swiglu_oai(x: np.ndarray, g: np.ndarray, t: int, fp: np.ndarray) -> np.ndarray:
+    alpha, limit = np.float32(fp[2]), np.float32(fp[3])
+    xc = np.minimum(x, limit)
+    yc = np.clip(g, -limit, limit)
+    return xc / (_ONE + _fn64(np.exp, alpha * (-xc))) * (yc + _ONE)
+
+
+def _swiglu_clamp(x: np.ndarray, g: np.ndarray, t: int, fp: np.ndarray) -> np.ndarray:
+    """ggml_compute_forward_swiglu_clamp: silu(min(x, limit)) * clamp(g, -limit, limit)."""
+    limit = np.float32(fp[3])
+    return _silu(np.minimum(x, limit)) * np.clip(g, -limit, limit)
+
+
+def _geglu(x: np.ndarray, g: np.ndarray, t: int, fp: np.ndarray) -> np.ndarray:
+    y = _f16_table(_gelu_tanh, x)
+    if t == _F32:   # ggml_vec_geglu_f32 cut-offs
+        return np.where(x <= -10.0, np.float32(0), np.where(x >= 10.0, x * g, y * g))
+    return y * g
+
+
+#: GGML_GLU_OP_* -> f(x float32, g float32, src type, float op_params) -> float32: the GLU ops
+#: this backend computes (an op a newer ggml adds is not claimed until it is here)
+_GLU_FNS: dict[int, Callable[[np.ndarray, np.ndarray, int, np.ndarray], np.ndarray]] = {
+    lib.GGML_GLU_OP_REGLU: lambda x, g, t, fp: np.where(x > 0, x * g, np.float32(0)),
+    lib.GGML_GLU_OP_GEGLU: _geglu,
+    lib.GGML_GLU_OP_SWIGLU: lambda x, g, t, fp: _silu(x) * g,
+    lib.GGML_GLU_OP_SWIGLU_OAI: _swiglu_oai,
+    lib.GGML_GLU_OP_GEGLU_ERF: lambda x, g, t, fp: _gelu_erf(x) * g,
+    lib.GGML_GLU_OP_GEGLU_QUICK: lambda x, g, t, fp: _f16_table(_gelu_quick_formula, x) * g,
+    lib.GGML_GLU_OP_SWIGLU_CLAMP: _swiglu_clamp,
+}
 
 
 def _sup_glu(p: Any) -> bool:
     a, b = _src(p, 0), _src(p, 1)
     if a is None or a.type not in (_F32, _F16) or p.type != a.type:
         return False
-    op = int(lib.ggml_get_glu_op(p))
-    if not 0 <= op < lib.GGML_GLU_OP_COUNT:
-        return False
-    if op == lib.GGML_GLU_OP_SWIGLU_OAI and a.type != _F32:
+    if int(lib.ggml_get_glu_op(p)) == lib.GGML_GLU_OP_SWIGLU_OAI and a.type != _F32:
         return False
     na, nd = _ne(a), _ne(p)
     if b is None:
@@ -264,9 +269,10 @@ def _comp_glu(p: Any) -> None:
             x, g = g, x
     else:
         x, g = xa, _read_f32(b)
-    _write(p, _glu_fn(int(ip[0]), _f32(x), _f32(g), a.type, fp))
+    _write(p, _GLU_FNS[int(ip[0])](_f32(x), _f32(g), a.type, fp))
 
 
 _add("GLU", _sup_glu, _comp_glu,
-     "REGLU, GEGLU, SWIGLU, SWIGLU_OAI (F32), GEGLU_ERF, GEGLU_QUICK; F32 or F16 (one type); "
-     "fused (halves of src0, swapped flag) or split (src1)")
+     "REGLU, GEGLU, SWIGLU, SWIGLU_OAI (F32), GEGLU_ERF, GEGLU_QUICK, SWIGLU_CLAMP; F32 or F16 "
+     "(one type); fused (halves of src0, swapped flag) or split (src1)",
+     variant=lib.ggml_get_glu_op, variants=_GLU_FNS)

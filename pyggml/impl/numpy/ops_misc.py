@@ -103,10 +103,14 @@ def _comp_timestep(p: Any) -> None:
 _add("TIMESTEP_EMBEDDING", _sup_timestep, _comp_timestep, "F32 timesteps -> F32 [dim, n]; op_params [dim, max_period]")
 
 
+def _op_param0(p: Any) -> int:
+    """The sub-op of ARGSORT (ggml_sort_order) and TRI (ggml_tri_type): op_params[0]."""
+    return int(_iparams(p)[0])
+
+
 def _sup_argsort(p: Any) -> bool:
     a = _src(p, 0)
-    return (a is not None and a.type == _F32 and p.type == _I32 and _same_shape(a, p)
-            and int(_iparams(p)[0]) in (lib.GGML_SORT_ORDER_ASC, lib.GGML_SORT_ORDER_DESC))
+    return a is not None and a.type == _F32 and p.type == _I32 and _same_shape(a, p)
 
 
 def _comp_argsort(p: Any) -> None:
@@ -116,7 +120,8 @@ def _comp_argsort(p: Any) -> None:
     _view(p)[...] = idx.astype(np.int32)
 
 
-_add("ARGSORT", _sup_argsort, _comp_argsort, "F32 -> I32 per row; op_params [order] (ties: stable)")
+_add("ARGSORT", _sup_argsort, _comp_argsort, "F32 -> I32 per row; op_params [order] (ties: stable)",
+     variant=_op_param0, variants=(lib.GGML_SORT_ORDER_ASC, lib.GGML_SORT_ORDER_DESC))
 
 
 def _sup_top_k(p: Any) -> bool:
@@ -152,12 +157,6 @@ def _comp_fill(p: Any) -> None:
 _add("FILL", _sup_fill, _comp_fill, "F32 or F16; op_params [c]")
 
 
-def _sup_tri(p: Any) -> bool:
-    return _sup_f32_same_shape(p) and int(_iparams(p)[0]) in (
-        lib.GGML_TRI_TYPE_LOWER, lib.GGML_TRI_TYPE_LOWER_DIAG,
-        lib.GGML_TRI_TYPE_UPPER, lib.GGML_TRI_TYPE_UPPER_DIAG)
-
-
 def _comp_tri(p: Any) -> None:
     ttype = int(_iparams(p)[0])
     x = _read_f32(_src(p, 0))
@@ -168,4 +167,7 @@ def _comp_tri(p: Any) -> None:
     _write(p, np.where(keep, x, np.float32(0)))
 
 
-_add("TRI", _sup_tri, _comp_tri, "F32; op_params [ggml_tri_type]; keeps a triangle of each ne0 x ne1 matrix")
+_add("TRI", _sup_f32_same_shape, _comp_tri,
+     "F32; op_params [ggml_tri_type]; keeps a triangle of each ne0 x ne1 matrix",
+     variant=_op_param0, variants=(lib.GGML_TRI_TYPE_LOWER, lib.GGML_TRI_TYPE_LOWER_DIAG,
+                                   lib.GGML_TRI_TYPE_UPPER, lib.GGML_TRI_TYPE_UPPER_DIAG))

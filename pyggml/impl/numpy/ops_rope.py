@@ -30,6 +30,11 @@ from .table import _add
 _ROPE_MODES = (0, lib.GGML_ROPE_TYPE_NEOX)
 
 
+def _rope_mode(p: Any) -> int:
+    """The rope mode (op_params[2]): normal (0) and NEOX are computed."""
+    return int(_iparams(p)[2])
+
+
 def _sup_rope(p: Any) -> bool:
     a, pos, ff = _src(p, 0), _src(p, 1), _src(p, 2)
     if a is None or pos is None or a.type not in (_F32, _F16) or p.type != a.type:
@@ -37,9 +42,9 @@ def _sup_rope(p: Any) -> bool:
     if not _same_shape(a, p) or pos.type != _I32:
         return False
     ip = _iparams(p)
-    n_dims, mode, n_offs = int(ip[1]), int(ip[2]), int(ip[15])
+    n_dims, n_offs = int(ip[1]), int(ip[15])
     na = _ne(a)
-    if mode not in _ROPE_MODES or n_dims <= 0 or n_dims % 2 or n_offs < 0 or n_offs % 2 or n_offs + n_dims > na[0]:
+    if n_dims <= 0 or n_dims % 2 or n_offs < 0 or n_offs % 2 or n_offs + n_dims > na[0]:
         return False
     if _nel(pos) < na[2]:
         return False
@@ -110,5 +115,6 @@ def _rope(sin_sign: float) -> Callable[[Any], None]:
 _ROPE_NOTES = ("F32 or F16 (same type in and out); modes 0 (normal) and 2 (NeoX) only, no "
                "mrope/vision; I32 positions [ne2]; optional F32 freq_factors; YaRN ext_factor; "
                "the rotated dims' offset (op_params[15], ggml_rope_set_offset)")
-_add("ROPE", _sup_rope, _rope(1.0), _ROPE_NOTES)
-_add("ROPE_BACK", _sup_rope, _rope(-1.0), _ROPE_NOTES + " (inverse rotation)")
+_add("ROPE", _sup_rope, _rope(1.0), _ROPE_NOTES, variant=_rope_mode, variants=_ROPE_MODES)
+_add("ROPE_BACK", _sup_rope, _rope(-1.0), _ROPE_NOTES + " (inverse rotation)",
+     variant=_rope_mode, variants=_ROPE_MODES)

@@ -36,7 +36,7 @@ written to a quantized destination; TypeError for something that is not a tensor
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -52,22 +52,28 @@ from .memory import _raw
 class OpImpl(NamedTuple):
     """One entry of :data:`OPS`: ``supports(ptr) -> bool`` and ``compute(ptr) -> None`` take the
     raw ``struct ggml_tensor *`` of the node; ``notes`` states the types/params handled.
-    ``compute`` assumes ``supports`` is true: call the module's :func:`compute`, which checks."""
+    ``compute`` assumes ``supports`` is true: call the module's :func:`compute`, which checks.
+
+    An op with sub-ops or modes (UNARY, GLU, ROPE, ARGSORT, TRI) names them explicitly:
+    ``variant(ptr)`` reads the node's sub-op and ``variants`` is the set its kernel computes,
+    checked before ``supports``. A sub-op that a newer ggml adds is therefore not claimed until
+    a kernel for it is written."""
     name: str
     supports: Callable[[Any], bool]
     compute: Callable[[Any], None]
     notes: str
+    variant: Callable[[Any], int] | None = None
+    variants: frozenset[int] = frozenset()
 
 
 #: GGML_OP_* -> :class:`OpImpl`
 OPS: dict[int, OpImpl] = {}
 
 
-def _add(op_name: str, sup: Callable[[Any], bool], comp: Callable[[Any], None], notes: str) -> None:
+def _add(op_name: str, sup: Callable[[Any], bool], comp: Callable[[Any], None], notes: str, *,
+         variant: Callable[[Any], int] | None = None, variants: Iterable[int] = ()) -> None:
     op = getattr(lib, f"GGML_OP_{op_name}")
-    OPS[op] = OpImpl(op_name, sup, comp, notes)
-
-
+    OPS[op] = OpImpl(op_name, sup, comp, notes, variant, frozenset(int(v) for v in variants))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,6 +93,8 @@ def supports(node: Any) -> bool:
     if impl is None:
         return False
     try:
+        if impl.variant is not None and impl.variant(p) not in impl.variants:
+            return False
         return bool(impl.supports(p))
     except (ValueError, KeyError, IndexError, ZeroDivisionError, OverflowError):
         return False
