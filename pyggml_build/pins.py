@@ -12,7 +12,8 @@ backend), ``examples/simple`` (ported to Python; the test compiles the C origina
 that the tree lacks (``ggml.pc.in``, the pkg-config template). They are unpacked into the same
 ``vendor/ggml-<version>/`` tree, at those paths. llama.cpp's copy of ggml has no ``tests/`` or
 ``examples/``: its ``test-backend-ops.cpp`` is llama.cpp's own (the same file, kept in sync by
-upstream), and the examples come from the ggml 0.20.2 archive, whose C API they use is unchanged.
+upstream), and the examples come from ggml 0.20.2's archive (the ggml repository's own tree, no
+longer a pin), whose C API they use is unchanged.
 """
 from __future__ import annotations
 
@@ -45,12 +46,16 @@ class Pin:
     undefined_functions: dict[str, str] = field(default_factory=dict)
 
 
-#: ggml v0.20.2, the upstream ggml repository's tree as packaged by ggml-python's sdist.
+#: ggml v0.20.2, the upstream ggml repository's tree as packaged by ggml-python's sdist: no longer
+#: built, the source of the upstream examples and ggml.pc.in that llama.cpp's ggml folder lacks.
 _LIBGGML_0_20_2 = Archive("libggml-python", "libggml_python-0.20.2.post1.tar.gz",
                           "e47ff53506342959ffb3ce15380b82828fea10ec5f208f9ef6915895f1a7a176")
 #: ggml 0.25.3, the ggml folder of the llama.cpp that llama-cpp-python 0.3.36 vendors.
 _LLAMA_CPP_PYTHON_0_3_36 = Archive("llama-cpp-python", "llama_cpp_python-0.3.36.tar.gz",
                                    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
+#: ggml 0.26.0, the ggml folder of the llama.cpp that xllamacpp 2026.10.11549 vendors.
+_XLLAMACPP_2026_10_11549 = Archive("xllamacpp", "xllamacpp-2026.10.11549.tar.gz",
+                                   "c17ee1163006f70726abb9f72137830818f3d8cb60bfc34cb232d08428eaa22b")
 
 _THREADPOOL_N_THREADS = "declared in ggml-cpu.h but defined in no ggml library"
 _CUDA_ALLREDUCE = ("declared in ggml-cuda.h but defined in no ggml library (the CUDA module offers "
@@ -66,9 +71,6 @@ _EXAMPLES = {f"examples/{p}": (_LIBGGML_0_20_2, f"ggml/examples/{p}") for p in (
 
 #: Every ggml version pyggml builds: version -> its :class:`Pin`.
 PINS: dict[str, Pin] = {
-    "0.20.2": Pin("0.20.2", _LIBGGML_0_20_2, "ggml",
-                  extras={},  # the ggml repository's tree has tests/ and examples/ itself
-                  undefined_functions=_UNDEFINED),
     "0.25.3": Pin("0.25.3", _LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/ggml",
                   # llama.cpp keeps upstream's test-backend-ops.cpp in its own tests/ folder;
                   # its ggml folder lacks ggml.pc.in, which a standalone CMake build configures
@@ -79,10 +81,17 @@ PINS: dict[str, Pin] = {
                           "LICENSE": (_LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/LICENSE"),
                           **_EXAMPLES},
                   undefined_functions=_UNDEFINED),
+    "0.26.0": Pin("0.26.0", _XLLAMACPP_2026_10_11549, "thirdparty/llama.cpp/ggml",
+                  extras={"tests/test-backend-ops.cpp": (_XLLAMACPP_2026_10_11549,
+                                                         "thirdparty/llama.cpp/tests/test-backend-ops.cpp"),
+                          "ggml.pc.in": (_LIBGGML_0_20_2, "ggml/ggml.pc.in"),
+                          "LICENSE": (_XLLAMACPP_2026_10_11549, "thirdparty/llama.cpp/LICENSE"),
+                          **_EXAMPLES},
+                  undefined_functions=_UNDEFINED),
 }
 
 #: The version a plain build gets; ``PYGGML_GGML_VERSION`` picks another row of :data:`PINS`.
-DEFAULT_VERSION = "0.25.3"
+DEFAULT_VERSION = "0.26.0"
 
 #: Headers the bindings are generated from (paths in the ggml tree). The last one is internal:
 #: upstream's CMake does not install it, but Python backends need its vtables.

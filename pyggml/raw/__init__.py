@@ -79,6 +79,16 @@ else:
 #: The upstream ggml release the bindings were generated from (``ggml_version()``).
 GGML_VERSION: str = ffi.string(lib.ggml_version()).decode()
 
+if BUILD_INFO.get("ggml_version") and GGML_VERSION != BUILD_INFO["ggml_version"]:
+    # the extension is bound to another process's ggml (a program that loaded its own ggml
+    # first, e.g. one loading a module of `python -m pyggml.module`): its structs and backend
+    # vtables (GGML_BACKEND_API_VERSION) are not the ones pyggml was generated from
+    raise ImportError(f"pyggml was generated from the headers of ggml {BUILD_INFO['ggml_version']}, "
+                      f"but the ggml library this process runs is {GGML_VERSION}: their structs and "
+                      "backend interfaces differ. Use a pyggml built for that ggml "
+                      "(PYGGML_GGML_VERSION), or a program linked against pyggml's own libraries "
+                      f"({LIB_DIR})")
+
 
 def requires(function: str) -> Any:
     """``lib.<function>``, or AttributeError naming the ggml this pyggml was built with when its
@@ -88,5 +98,5 @@ def requires(function: str) -> Any:
     fn = getattr(lib, function, None)
     if fn is None:
         raise AttributeError(f"{function} is not in ggml {GGML_VERSION}, which this pyggml was built "
-                             "with: it came with a later ggml (rebuild with PYGGML_GGML_VERSION=0.25.3)")
+                             "with: it came with a later ggml (rebuild pyggml with it: PYGGML_GGML_VERSION)")
     return fn

@@ -13,7 +13,7 @@ from pyggml_build.pins import Archive, Pin
 
 
 def test_wrong_hash_is_a_hard_error(tmp_path):
-    archive = pins.PINS["0.20.2"].archive
+    archive = pins.PINS["0.25.3"].archive
     fake = tmp_path / archive.filename
     fake.write_bytes(b"not the pinned sdist")
     with pytest.raises(BuildError, match="sha256 mismatch"):
@@ -21,7 +21,7 @@ def test_wrong_hash_is_a_hard_error(tmp_path):
     assert not fake.exists(), "an unverified download must not stay in the cache"
 
 
-def _tree(root: Path, version=(0, 20, 2)) -> Path:
+def _tree(root: Path, version=(0, 25, 3)) -> Path:
     for h in pins.HEADERS:
         (root / h).parent.mkdir(parents=True, exist_ok=True)
         (root / h).write_text("")
@@ -32,12 +32,12 @@ def _tree(root: Path, version=(0, 20, 2)) -> Path:
 
 def test_a_users_source_must_be_a_pinned_version(tmp_path):
     src, pin = source.check_source(_tree(tmp_path / "ok"))
-    assert src == (tmp_path / "ok").resolve() and pin.version == "0.20.2"
-    assert source.check_source(_tree(tmp_path / "new", (0, 25, 3)))[1].version == "0.25.3"
+    assert src == (tmp_path / "ok").resolve() and pin.version == "0.25.3"
+    assert source.check_source(_tree(tmp_path / "new", (0, 26, 0)))[1].version == "0.26.0"
     with pytest.raises(BuildError, match="does not pin"):
-        source.check_source(_tree(tmp_path / "other", (0, 21, 0)))
-    with pytest.raises(BuildError, match="but ggml 0.25.3 was asked for"):
-        source.check_source(_tree(tmp_path / "ok2"), pins.PINS["0.25.3"])
+        source.check_source(_tree(tmp_path / "other", (0, 20, 2)))
+    with pytest.raises(BuildError, match="but ggml 0.26.0 was asked for"):
+        source.check_source(_tree(tmp_path / "ok2"), pins.PINS["0.26.0"])
     with pytest.raises(BuildError, match="not a ggml source tree"):
         source.check_source(tmp_path)
 

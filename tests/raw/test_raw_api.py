@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import pyggml
 from pyggml import ffi, lib
 
 
@@ -61,6 +62,9 @@ def test_constants_and_enums_have_their_c_names():
     assert lib.GGML_MAX_DIMS == 4 and lib.GGML_MAX_SRC == 10
     assert ffi.string(lib.GGUF_MAGIC) == b"GGUF"
     assert lib.GGML_TENSOR_SIZE == ffi.sizeof("struct ggml_tensor")
-    assert lib.GGML_BACKEND_API_VERSION == 2
+    # the vtables' version: 3 since ggml 0.26 (buffer types gained alloc_buffer_n, get_alloc_size_n)
+    impl_h = (pyggml.INCLUDE_DIR / "ggml-backend-impl.h").read_text()
+    assert f"#define GGML_BACKEND_API_VERSION {lib.GGML_BACKEND_API_VERSION}" in impl_h
+    assert lib.GGML_BACKEND_API_VERSION == (3 if hasattr(lib, "ggml_backend_buft_alloc_buffer_n") else 2)
     assert lib.GGML_TYPE_COUNT == 43 and lib.GGML_OP_COUNT == 101
     assert len(ffi.typeof("struct ggml_tensor").fields) > 10
