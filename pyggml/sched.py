@@ -22,17 +22,20 @@ from .buffer_type import BufferType
 from .cpu import CPUBackend, graph_trial_ops
 from .enums import DeviceType
 from .graph import Graph
-from .raw import callbacks, ffi, lib
+from .raw import callbacks, ffi, lib, requires
 from .raw.boundary import call_status, calling, check_status
 from .tensor import EMPTY_OPS, BorrowScope, Tensor, tensor_arg
 
-__all__ = ["Scheduler", "MAX_BACKENDS", "EvalCallback"]
+__all__ = ["Scheduler", "MAX_BACKENDS", "EvalCallback", "CopyCallback"]
 
 #: GGML_SCHED_MAX_BACKENDS of ggml-backend.cpp
 MAX_BACKENDS = 16
 
 #: ``f(tensor, ask) -> bool``, see :attr:`Scheduler.eval_callback`
 EvalCallback = Callable[[Tensor, bool], bool]
+
+#: ``f(backend, src, dst, graph) -> bool``, see :attr:`Scheduler.copy_callback`
+CopyCallback = Callable[[Backend, Tensor, Tensor, Graph], bool]
 
 _VIEW_OPS = frozenset(int(o) for o in EMPTY_OPS if o != lib.GGML_OP_NONE)
 
@@ -116,6 +119,8 @@ class Scheduler(_cobject.CObject, Placer):
         self._is_alloc = False
         self._eval: callbacks.Callback | None = None
         self._eval_func: EvalCallback | None = None
+        self._copy: callbacks.Callback | None = None
+        self._copy_func: CopyCallback | None = None
         self._stopped = False
         # set_tensor_backend's pins for the next split, kept here: ggml keeps them in the hash
         # set that a reset empties, and pyggml resets before every split (see alloc_graph)
@@ -467,8 +472,9 @@ class Scheduler(_cobject.CObject, Placer):
                 state.trialed = True
             self._stopped = False
             owners = _callback_owners(graph)
-            if owners or self._eval is not None:
-                with calling(*owners, *((self,) if self._eval is not None else ()), held=lock.locks):
+            if owners or self._eval is not None or self._copy is not None:
+                mine = (self,) if self._eval is not None or self._copy is not None else ()
+                with calling(*owners, *mine, held=lock.locks):
                     check_status(fn(self._ptr, g), "ggml_backend_sched_graph_compute")
             else:
                 call_status("ggml_backend_sched_graph_compute", fn, self._ptr, g)
@@ -593,3 +599,40 @@ class Scheduler(_cobject.CObject, Placer):
 
         self._eval = callbacks.Callback("ggml_backend_sched_eval_callback", trampoline, owner=self)
         lib.ggml_backend_sched_set_eval_callback(self.ptr, self._eval.fn, self._eval.user_data)
+
+    # ------------------------------------------------------------------ copy callback
+    @property
+    def copy_callback(self) -> CopyCallback | None:
+        """``ggml_backend_sched_set_copy_callback`` (ggml >= 0.26): ``func(backend, src, dst,
+        graph)`` is called when a split copies a weight (a tensor of a host buffer whose usage is
+        ``WEIGHTS``) to the split's backend, after the split's other inputs were copied:
+        ``backend`` is the split's backend, ``src`` the weight, ``dst`` its copy in the split and
+        ``graph`` the split's graph (all lent for the call). Return True if ``func`` filled what
+        the split needs of ``dst`` itself (e.g. the rows of the experts a MUL_MAT_ID uses), False
+        to let the scheduler copy the whole weight. An exception makes the scheduler copy the
+        whole weight and is re-raised by :meth:`compute`. None removes the callback.
+
+        Raises AttributeError (on setting) with a ggml older than 0.26."""
+        return self._copy_func
+
+    @copy_callback.setter
+    def copy_callback(self, func: CopyCallback | None) -> None:
+        set_copy_callback = requires("ggml_backend_sched_set_copy_callback")
+        s = self.ptr
+        self._copy_func = func
+        if func is None:
+            set_copy_callback(s, ffi.NULL, ffi.NULL)
+            self._copy = None
+            return
+        backends = {b._ptr: b for b in self._backends}
+
+        def trampoline(backend: Any, src: Any, dst: Any, cgraph: Any, user_data: Any) -> bool:
+            scope = BorrowScope("a copy callback")
+            try:
+                graph = Graph(cgraph, scope, int(lib.ggml_graph_n_nodes(cgraph)))
+                return bool(func(backends[backend], Tensor(src, scope), Tensor(dst, scope), graph))
+            finally:
+                scope.close()
+
+        self._copy = callbacks.Callback("ggml_backend_sched_copy_callback", trampoline, owner=self)
+        set_copy_callback(s, self._copy.fn, self._copy.user_data)

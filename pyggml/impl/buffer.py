@@ -167,7 +167,12 @@ class PyBufferType(Impl):
     Optional: ``get_max_size() -> int``, ``get_alloc_size(tensor) -> int`` (at least
     ``ggml_nbytes``, and more only for quantized tensors, views and the ops of
     ``ggml_op_alloc_size_may_expand``, as ggml asserts; otherwise the pyggml call raises
-    ValueError and ggml gets ``ggml_nbytes``), ``is_host() -> bool`` (True lets the CPU backend read these buffers in place).
+    ValueError and ggml gets ``ggml_nbytes``), ``is_host() -> bool`` (True lets the CPU backend
+    read these buffers in place), and ``layout_n(tensors) -> offsets`` (see :meth:`_layout`):
+    where a set of tensors goes in one buffer, which fills the ``alloc_buffer_n`` and
+    ``get_alloc_size_n`` slots (ggml >= 0.26: ``ggml_backend_alloc_ctx_tensors_from_buft`` and
+    its ``_size`` twin call them for a context's tensors). Without it ggml's default applies
+    (the tensors one after another, split at ``get_max_size``).
     """
 
     _iface = "ggml_backend_buffer_type_i"
@@ -247,3 +252,81 @@ class PyBufferType(Impl):
 
     def _c_is_host(self, buft: Any) -> bool:
         return bool(self.is_host())  # type: ignore[attr-defined]
+
+    # --- a set of tensors in one buffer (GGML_BACKEND_API_VERSION 3)
+    def _implements(self, member: str) -> bool:
+        if member in ("alloc_buffer_n", "get_alloc_size_n"):
+            return callable(getattr(self, "layout_n", None))
+        return super()._implements(member)
+
+    def _layout(self, buft: Any, tensors: Any, n: int, scope: Any) -> tuple[list[Tensor], list[int | None], int]:
+        """The tensors of the C array ``tensors[n]`` (lent to ``scope``), their offsets from
+        ``layout_n`` (a sequence of ``n`` entries, an ``int`` byte offset for each tensor that
+        needs memory here, i.e. has no data and no ``view_src``, and ``None`` for the others),
+        checked, and the buffer size they need (the end of the furthest tensor).
+        Raises ValueError for a wrong length, an offset that is missing, not an int, negative,
+        not a multiple of :meth:`get_alignment` or over ``get_max_size``, given to a tensor that
+        needs none, or two tensors that overlap."""
+        ts = [Tensor(tensors[i], scope) for i in range(n)]
+        offsets = list(self.layout_n(ts))  # type: ignore[attr-defined]
+        if len(offsets) != n:
+            raise ValueError(f"layout_n returned {len(offsets)} offsets for {n} tensors")
+        align = self._c_get_alignment(buft)
+        spans = []
+        for t, off in zip(ts, offsets):
+            p = t.ptr
+            needs = p.data == ffi.NULL and p.view_src == ffi.NULL
+            if not needs:
+                if off is not None:
+                    raise ValueError(f"layout_n gave an offset to {t._label()}, which has data "
+                                     "or is a view: give it None")
+                continue
+            if not isinstance(off, int) or isinstance(off, bool) or off < 0 or off % align:
+                raise ValueError(f"layout_n gave {t._label()} the offset {off!r}: tensors need a "
+                                 f"non-negative int, a multiple of the alignment {align}")
+            size = int(lib.ggml_backend_buft_get_alloc_size(buft, p))
+            spans.append((off, off + size, t))
+        spans.sort(key=lambda s: (s[0], s[1]))
+        for (a0, a1, ta), (b0, _, tb) in zip(spans, spans[1:]):
+            if b0 < a1:
+                raise ValueError(f"layout_n placed {ta._label()} [{a0}, {a1}) and {tb._label()} "
+                                 f"at {b0}: tensors overlap")
+        total = max([end for _, end, _ in spans], default=0)
+        max_size = self._c_get_max_size(buft) if callable(getattr(self, "get_max_size", None)) else SIZE_MAX
+        if total > max_size:
+            raise ValueError(f"layout_n needs {total} bytes, over get_max_size {max_size}")
+        return ts, offsets, total
+
+    def _c_get_alloc_size_n(self, buft: Any, tensors: Any, n: int) -> int:
+        with lent("get_alloc_size_n") as scope:
+            return self._layout(buft, tensors, n, scope)[2]
+
+    def _c_alloc_buffer_n(self, buft: Any, tensors: Any, n: int) -> Any:
+        """alloc_buffer(size) and each tensor placed at its offset (``ggml_backend_tensor_alloc``),
+        views initialised (``ggml_backend_view_init``), as ggml's default does. A failure frees
+        the buffer and returns NULL (ggml's callers return NULL too); so does a layout of 0 bytes,
+        as ggml's default (no buffer, nothing placed)."""
+        with lent("alloc_buffer_n") as scope:
+            ts, offsets, size = self._layout(buft, tensors, n, scope)
+            if size == 0:
+                return ffi.NULL
+            ptr = self._c_alloc_buffer(buft, size)
+            try:
+                base = int(ffi.cast("uintptr_t", lib.ggml_backend_buffer_get_base(ptr)))
+                for t, off in zip(ts, offsets):
+                    p = t.ptr
+                    if off is not None:
+                        status = lib.ggml_backend_tensor_alloc(ptr, p, ffi.cast("void *", base + off))
+                    elif p.view_src != ffi.NULL and p.buffer == ffi.NULL:
+                        if p.view_src.buffer == ffi.NULL:
+                            raise ValueError(f"{t._label()} is a view of a tensor that is placed "
+                                             "nowhere")
+                        status = lib.ggml_backend_view_init(p)
+                    else:
+                        continue
+                    if status != lib.GGML_STATUS_SUCCESS:
+                        raise RuntimeError(f"placing {t._label()} failed (ggml_status {status})")
+            except BaseException:
+                lib.ggml_backend_buffer_free(ptr)
+                raise
+            return ptr

@@ -573,3 +573,145 @@ def test_a_python_devices_failures_surface_from_the_call_not_later():
                 be.synchronize()
     finally:
         unregister(reg2)
+
+
+@pytest.fixture
+def host_weight_split(copying):
+    """A graph whose node ``w + h`` runs on NUMPY_COPY (``w`` is there) and reads ``h``, a weight
+    in a CPU buffer the device cannot use: each compute copies ``h`` into the split."""
+    be, cpu, weights = copying
+    w = weights(np.ones((2, 4), np.float32))
+    hv = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with Context.for_tensors(4) as hctx, Context.for_tensors(16, graph_size=32) as ctx, \
+            Scheduler([be, cpu], graph_size=64) as sched:
+        h = hctx.from_numpy(hv, name="h")
+        hbuf = hctx.alloc_tensors(cpu)
+        hbuf.usage = "weights"
+        h.set(hv)
+        a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+        out = ((w + h) * a).set_output()
+        g = ctx.new_graph(32).build_forward(out)
+        sched.alloc_graph(g)
+        yield sched, be, g, a, out, hv
+        hbuf.close()
+
+
+@pytest.mark.skipif(not hasattr(pyggml.lib, "ggml_backend_sched_set_copy_callback"), reason="ggml < 0.26")
+def test_copy_callback_observes_the_weights_a_split_copies(host_weight_split):
+    sched, be, g, a, out, hv = host_weight_split
+    seen = []
+
+    def observe(backend, src, dst, graph):
+        seen.append((backend, src.name, src.buffer_ptr != dst.buffer_ptr, dst.ne, graph.n_nodes))
+        return False                          # the scheduler copies the whole weight
+
+    sched.copy_callback = observe
+    assert sched.copy_callback is observe
+    a.set(np.full((2, 4), 2, np.float32))
+    sched.compute(g)
+    np.testing.assert_array_equal(out.numpy(), (1 + hv) * 2)
+    assert seen == [(be, "h", True, (4, 2, 1, 1), seen[0][4])] and seen[0][4] >= 1
+    sched.copy_callback = None                # removed: no more calls
+    sched.compute(g)
+    assert len(seen) == 1
+
+
+@pytest.mark.skipif(not hasattr(pyggml.lib, "ggml_backend_sched_set_copy_callback"), reason="ggml < 0.26")
+def test_copy_callback_that_fills_the_copy_itself_declines_the_schedulers_copy(host_weight_split):
+    """Returning True tells ggml the callback made the copy: the split computes with what the
+    callback wrote (here the weight times 10), not with the weight."""
+    sched, be, g, a, out, hv = host_weight_split
+
+    def fill(backend, src, dst, graph):
+        dst.set(src.numpy() * 10)
+        return True
+
+    sched.copy_callback = fill
+    a.set(np.full((2, 4), 2, np.float32))
+    sched.compute(g)
+    np.testing.assert_array_equal(out.numpy(), (1 + 10 * hv) * 2)
+
+
+@pytest.mark.skipif(not hasattr(pyggml.lib, "ggml_backend_sched_set_copy_callback"), reason="ggml < 0.26")
+def test_copy_callback_exception_is_raised_by_compute_after_a_whole_copy(host_weight_split):
+    sched, be, g, a, out, hv = host_weight_split
+
+    def broken(backend, src, dst, graph):
+        raise KeyError("no such expert")
+
+    sched.copy_callback = broken
+    a.set(np.full((2, 4), 3, np.float32))
+    with pytest.raises(KeyError, match="no such expert"):
+        sched.compute(g)
+    sched.copy_callback = None
+    sched.compute(g)
+    np.testing.assert_array_equal(out.numpy(), (1 + hv) * 3)
+
+
+class LayoutBufferType(HostBufferType):
+    """Places a context's tensors last to first, 128 bytes apart (or as ``bad`` says)."""
+
+    def __init__(self, bad=None):
+        self.bad = bad
+        super().__init__()
+
+    def get_alignment(self):
+        return 64
+
+    def layout_n(self, tensors):
+        if self.bad == "raise":
+            raise RuntimeError("no room")
+        need = [t.ptr.data == pyggml.ffi.NULL and t.ptr.view_src == pyggml.ffi.NULL for t in tensors]
+        offsets, at = [None] * len(tensors), 0
+        for i in reversed(range(len(tensors))):
+            if need[i]:
+                offsets[i] = at
+                at += -(-tensors[i].nbytes // 128) * 128
+        if self.bad == "overlap":
+            offsets[0] = offsets[1]
+        elif self.bad == "misaligned":
+            offsets[0] += 8
+        elif self.bad == "short":
+            offsets.pop()
+        elif self.bad == "view":
+            offsets[-1] = 0
+        return offsets
+
+
+@pytest.mark.skipif(not hasattr(pyggml.lib, "ggml_backend_buft_alloc_buffer_n"), reason="ggml < 0.26")
+def test_layout_n_places_a_contexts_tensors_in_one_buffer():
+    """ggml_backend_alloc_ctx_tensors_from_buft (Context.alloc_tensors) and its _size twin ask
+    a Python buffer type's layout_n (the alloc_buffer_n and get_alloc_size_n slots)."""
+    buft = LayoutBufferType()
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with Context.for_tensors(8) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [4, 3])      # 48 bytes
+        b = ctx.new_tensor(GGMLType.F32, [40])        # 160 bytes
+        v = ctx.view(a, [4, 2], offset=16)            # a view: placed in a's buffer
+        size = pyggml.lib.ggml_backend_alloc_ctx_tensors_from_buft_size(ctx.ptr, buft.ptr)
+        assert size == 256 + 48                       # b at 0 (160 -> 256 bytes), a at 256
+        buf = ctx.alloc_tensors(buft.as_buffer_type())
+        base = int(pyggml.ffi.cast("uintptr_t", buf.base))
+        addr = lambda t: int(pyggml.ffi.cast("uintptr_t", t.ptr.data)) - base  # noqa: E731
+        assert (addr(b), addr(a), addr(v)) == (0, 256, 256 + 16) and buf.size == size
+        a.set(x)
+        b.set(np.ones(40, np.float32))
+        np.testing.assert_array_equal(v.numpy(), x[1:3])
+        np.testing.assert_array_equal(b.numpy(), np.ones(40, np.float32))
+
+
+@pytest.mark.skipif(not hasattr(pyggml.lib, "ggml_backend_buft_alloc_buffer_n"), reason="ggml < 0.26")
+@pytest.mark.parametrize("bad, match", [("overlap", "overlap"), ("misaligned", "multiple of the alignment 64"),
+                                        ("short", "2 offsets for 3 tensors"), ("view", "which has data or is a view"),
+                                        ("raise", "no room")])
+def test_a_bad_layout_n_is_raised_by_alloc_tensors(bad, match):
+    buft = LayoutBufferType(bad)
+    with Context.for_tensors(8) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [4, 3])
+        ctx.new_tensor(GGMLType.F32, [40])
+        ctx.view(a, [4, 2], offset=16)
+        with pytest.raises((ValueError, RuntimeError), match=match):
+            ctx.alloc_tensors(buft.as_buffer_type())
+        assert a.ptr.data == pyggml.ffi.NULL and a.ptr.buffer == pyggml.ffi.NULL  # nothing placed
+        buf = ctx.alloc_tensors(LayoutBufferType().as_buffer_type())
+        assert buf.size == 304

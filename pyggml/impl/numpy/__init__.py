@@ -5,7 +5,8 @@ Its device ``NUMPY`` (type ``accel``) computes the ops of the kernel table
 in ``ops_*`` modules by op family, over :mod:`.memory` and :mod:`.math`) and claims an (op,
 types, params) combination only when it computes it correctly. It works on host memory: its
 buffer type is ggml's CPU buffer type, and it accepts any host buffer, so beside the CPU backend
-in a :class:`~pyggml.sched.Scheduler` no tensor is copied::
+in a :class:`~pyggml.sched.Scheduler` no tensor is copied (its own buffer type,
+:class:`NumpyBufferType`, is host memory owned by NumPy, which the CPU backend reads in place)::
 
     from pyggml.impl import numpy as numpy_backend
     numpy_backend.register()                        # once per process
@@ -24,13 +25,12 @@ from typing import Any
 
 from ...backend import Backend
 from ...buffer_type import BufferType
-from ...cpu import cpu_buffer_type
 from ...device import device_by_name
 from ...enums import TensorFlag
 from ...graph import Graph
 from ...raw import ffi
 from ...tensor import EMPTY_OPS, Tensor
-from .. import PyBackend, PyDevice, PyRegistry
+from .. import HostBuffer, PyBackend, PyBufferType, PyDevice, PyRegistry
 from .. import register as _register
 
 # the kernel table, filled by the op families as they are imported
@@ -47,7 +47,7 @@ from . import (  # noqa: F401
 )
 from .table import OPS, OpImpl, compute, supported_op_names, supports
 
-__all__ = ["NAME", "NumpyBackend", "NumpyDevice", "make_registry", "register", "init",
+__all__ = ["NAME", "NumpyBackend", "NumpyBufferType", "NumpyDevice", "make_registry", "register", "init",
            "supports", "compute", "OPS", "OpImpl", "supported_op_names"]
 
 NAME = "NUMPY"
@@ -64,6 +64,36 @@ class NumpyBackend(PyBackend):
             compute(p)
 
 
+class NumpyBufferType(PyBufferType):
+    """Host memory owned by NumPy (:class:`~pyggml.impl.HostBuffer`), 64-byte aligned. Its
+    ``layout_n`` is the reference for that slot: a context's tensors one after another in one
+    buffer, each at the next multiple of the alignment (``ggml_backend_alloc_ctx_tensors``)."""
+
+    def get_name(self) -> str:
+        return NAME
+
+    def get_alignment(self) -> int:
+        return 64
+
+    def is_host(self) -> bool:
+        return True
+
+    def alloc_buffer(self, size: int) -> HostBuffer:
+        return HostBuffer(size)
+
+    def layout_n(self, tensors: list[Tensor]) -> list[int | None]:
+        offsets: list[int | None] = []
+        end = 0
+        for t in tensors:
+            p = t.ptr
+            if p.data != ffi.NULL or p.view_src != ffi.NULL:
+                offsets.append(None)
+                continue
+            offsets.append(end)
+            end += -(-t.nbytes // 64) * 64
+        return offsets
+
+
 def _support_key(p: Any) -> tuple[Any, ...]:
     srcs = tuple((s.type, tuple(s.ne), tuple(s.nb), s.view_src != ffi.NULL)
                  for s in p.src if s != ffi.NULL)
@@ -75,6 +105,7 @@ class NumpyDevice(PyDevice):
 
     def __init__(self) -> None:
         self._cache: dict[tuple[Any, ...], bool] = {}
+        self._own_buft = NumpyBufferType()
         super().__init__()
 
     def get_name(self) -> str:
@@ -86,8 +117,8 @@ class NumpyDevice(PyDevice):
     def init_backend(self, params: str | None) -> NumpyBackend:
         return NumpyBackend(self)
 
-    def get_buffer_type(self) -> BufferType:
-        return cpu_buffer_type()
+    def get_buffer_type(self) -> PyBufferType | BufferType:
+        return self._own_buft
 
     def supports_op(self, op: Tensor) -> bool:
         p = op.ptr
