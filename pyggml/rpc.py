@@ -27,10 +27,16 @@ connect") if the server has gone since :func:`add_server`. pyggml cannot
 check for this before the call (the server may go away at any moment) and cannot catch an abort:
 this is the one place where pyggml's no-crash guarantee does not hold. Run the client where losing
 the process is acceptable (a worker process), or keep the server's lifetime tied to the client's
-(:class:`Server` as a context manager). Connecting (:func:`add_server`) is checked first: an
-endpoint where nothing accepts a TCP connection is a ConnectionError, not an abort (ggml 0.25's
-``ggml_backend_rpc_add_server`` aborts with "Failed to connect"); something that accepts but is
-not a ggml RPC server still aborts ggml's handshake.
+(:class:`Server` as a context manager). Connecting (:func:`add_server`) is checked first: pyggml
+makes ggml's HELLO handshake itself before ggml's client does, so an endpoint where nothing
+accepts a TCP connection, something that is not a ggml RPC server, or a server of another
+protocol version is a ConnectionError, not an abort (ggml's client aborts on each: "Failed to
+connect", "RPC handshake failed").
+
+**Client and server must speak the same protocol version** (``RPC_PROTO_MAJOR_VERSION``): ggml
+0.26 speaks version 8, ggml 0.25 version 7, so a client of one cannot use a server of the other
+(:func:`add_server` says which version the server speaks). Start servers with the same pyggml
+(or a ggml of the same protocol version) as the clients.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ import ipaddress
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -48,11 +55,11 @@ from typing import Sequence
 
 from .device import Device, device_by_name, devices as all_devices
 from .errors import BackendNotAvailableError
-from .raw import PACKAGE_DIR, dl, ffi, lib
+from .raw import GGML_VERSION, PACKAGE_DIR, dl, ffi, lib
 from .raw.boundary import calling
 from .registry import Registry
 
-__all__ = ["DEFAULT_PORT", "add_server", "start_server", "Server", "main"]
+__all__ = ["DEFAULT_PORT", "add_server", "server_version", "start_server", "Server", "main"]
 
 DEFAULT_PORT = 50052  # upstream rpc-server's default
 
@@ -81,6 +88,51 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+#: ggml-rpc.cpp: the HELLO command (always 14), its request (connection capabilities, 24 bytes:
+#: none asked for here) and response (major, minor, patch, padding, capabilities)
+_RPC_CMD_HELLO = 14
+_HELLO_REQ_SIZE = 24
+_HELLO_RSP_SIZE = 4 + 24
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def server_version(endpoint: str, timeout: float = 10.0) -> tuple[int, int, int]:
+    """The RPC protocol version (major, minor, patch) of the server at ``endpoint``
+    (``"host:port"``), asked with ggml's HELLO command on a connection of its own.
+
+    Raises ValueError for a malformed endpoint, ConnectionError if nothing accepts a connection
+    there, what answers is not a ggml RPC server (it closes the connection, or answers the HELLO
+    with something of the wrong size) or does not answer within ``timeout`` seconds (a server
+    serves one client at a time)."""
+    _endpoint(endpoint)
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            sock.sendall(struct.pack("<BQ", _RPC_CMD_HELLO, _HELLO_REQ_SIZE) + bytes(_HELLO_REQ_SIZE))
+            size = _recv_exactly(sock, 8)
+            rsp = _recv_exactly(sock, _HELLO_RSP_SIZE) if len(size) == 8 else b""
+    except socket.timeout:
+        raise ConnectionError(f"the server at {endpoint} accepted a connection but did not answer "
+                              f"ggml's HELLO handshake within {timeout:g} s: a ggml RPC server serves "
+                              "one client at a time, and it may be serving another") from None
+    except OSError as e:
+        raise ConnectionError(f"no ggml RPC server answered at {endpoint} ({e})") from None
+    if len(size) != 8 or struct.unpack("<Q", size)[0] != _HELLO_RSP_SIZE or len(rsp) != _HELLO_RSP_SIZE:
+        raise ConnectionError(f"what answers at {endpoint} is not a ggml RPC server (its reply to "
+                              "ggml's HELLO handshake is not one)")
+    major, minor, patch = rsp[:3]
+    return major, minor, patch
+
+
 def add_server(endpoint: str) -> Registry:
     """Connect to the RPC server at ``endpoint`` (``"host:port"``) and register its devices
     (``ggml_backend_rpc_add_server`` + ``ggml_backend_register``): they appear in
@@ -88,7 +140,9 @@ def add_server(endpoint: str) -> Registry:
     same endpoint again returns the same registry.
 
     Raises ValueError for a malformed endpoint, ConnectionError if nothing accepts a connection
-    there (or the server offers no device), BackendNotAvailableError if this build has no RPC backend. Once connected,
+    there, what answers is not a ggml RPC server, it speaks another protocol version than this
+    build's ggml (:func:`server_version`) or offers no device, BackendNotAvailableError if this
+    build has no RPC backend. Once connected,
     a server that dies aborts the process on the next call that reaches it (see the module
     docstring: ggml's RPC client asserts, which pyggml cannot prevent).
     """
@@ -96,11 +150,14 @@ def add_server(endpoint: str) -> Registry:
     _endpoint(endpoint)
     if endpoint in _added:
         return _added[endpoint]
-    host, _, port = endpoint.rpartition(":")
-    try:  # ggml's client aborts when it cannot connect: find out first
-        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
-    except OSError as e:
-        raise ConnectionError(f"no ggml RPC server answered at {endpoint} ({e})") from None
+    # ggml's client aborts when it cannot connect or the handshake fails: find out first
+    major, minor, patch = server_version(endpoint)
+    ours = int(getattr(lib, "RPC_PROTO_MAJOR_VERSION"))
+    if major != ours or minor > int(getattr(lib, "RPC_PROTO_MINOR_VERSION")):
+        raise ConnectionError(f"the RPC server at {endpoint} speaks protocol {major}.{minor}.{patch}; "
+                              f"this build (ggml {GGML_VERSION}) speaks {ours}.x: client and server "
+                              "must come from ggml versions of the same RPC protocol (ggml 0.25: 7, "
+                              "0.26: 8)")
     with calling():
         # ggml-rpc.h's functions are in lib (and its stub) only in builds with the RPC backend
         reg = getattr(lib, "ggml_backend_rpc_add_server")(endpoint.encode())

@@ -9,7 +9,10 @@ scheduler on [device, CPU] against the sentence-transformers reference.
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -187,6 +190,32 @@ def test_rpc_graph_matches_cpu_node_by_node(rpc_server):
     free, total = dev.memory
     assert total > 0
     _compare_with_cpu(dev.name, max_nmse=1e-12)  # the same CPU code on the other side
+
+
+def _fake_rpc_server(reply: bytes) -> str:
+    """An endpoint on 127.0.0.1 that reads ggml's HELLO (33 bytes), answers ``reply`` and closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        with listener, listener.accept()[0] as conn:
+            conn.recv(64)
+            conn.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_rpc_server_of_another_protocol_version_is_a_clear_error():
+    """A ggml 0.25 server answers HELLO with protocol 7.0.0 (the same message layout as 0.26's):
+    ggml 0.26's client would abort ("RPC handshake failed"); pyggml asks first."""
+    _need("rpc")
+    ours = int(getattr(pyggml.lib, "RPC_PROTO_MAJOR_VERSION"))
+    old = _fake_rpc_server(struct.pack("<Q", 28) + bytes([ours - 1, 0, 0, 0]) + bytes(24))
+    with pytest.raises(ConnectionError, match=rf"speaks protocol {ours - 1}\.0\.0; this build .* speaks {ours}\.x"):
+        rpc.add_server(old)
+    http = _fake_rpc_server(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    with pytest.raises(ConnectionError, match="not a ggml RPC server"):
+        rpc.add_server(http)
 
 
 def test_rpc_server_refuses_open_networks_unless_asked():
