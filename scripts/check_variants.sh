@@ -12,8 +12,11 @@
 #                                          # (or the pytest arguments TESTS: .ci/run's subset)
 #   scripts/check_variants.sh all-variants # PYGGML_BACKENDS=cpu-all-variants: ggml's 14 x86 CPU
 #                                          # modules, best chosen at run time; the whole suite
-#   scripts/check_variants.sh ggml-0.20.2  # PYGGML_GGML_VERSION=0.20.2: the previous pinned ggml,
-#                                          # built and tested like the default one
+#   scripts/check_variants.sh ggml-0.25.3  # PYGGML_GGML_VERSION=0.25.3: the previous pinned ggml,
+#                                          # built and tested like the default one, upstream's
+#                                          # test-backend-ops of 0.25.3 on the NumPy backend, and a
+#                                          # backend module of this pyggml loaded by the default
+#                                          # build's ggml (refused with a clear error)
 #   scripts/check_variants.sh all          # all of them
 #
 # Each variant is built from its own copy of the checkout, build/stage-<name>/ (the files git
@@ -110,9 +113,16 @@ all_variants() {
     run_tests all-variants
 }
 
-ggml_0_20_2() {
-    PYGGML_GGML_VERSION=0.20.2 install_variant ggml-0.20.2 cpu
-    run_tests ggml-0.20.2
+ggml_0_25_3() {
+    PYGGML_GGML_VERSION=0.25.3 install_variant ggml-0.25.3 cpu
+    run_tests ggml-0.25.3
+    local bin="$root/build/venv-ggml-0.25.3/bin" stage="$root/build/stage-ggml-0.25.3"
+    step "upstream's test-backend-ops of ggml 0.25.3 on the NumPy backend"
+    (cd "$stage" && "$bin/python" scripts/numpy_backend_conformance.py)
+    step "a ggml 0.25.3 backend module loaded by a ggml 0.26 program: refused, not a crash"
+    "$bin/python" -m pyggml.module build pyggml.impl.numpy:make_registry -o "$stage/build/libggml-numpy-0.25.3.so"
+    (cd "$root" && "${PYTHON:-python3}" scripts/numpy_backend_conformance.py --module "$stage/build/libggml-numpy-0.25.3.so" \
+        --expect-refused -o ADD)
 }
 
 case "${1:-all}" in
@@ -120,7 +130,7 @@ case "${1:-all}" in
     cuda) cuda ;;
     blas) shift; blas "$@" ;;
     all-variants) all_variants ;;
-    ggml-0.20.2) ggml_0_20_2 ;;
-    all) vulkan_rpc; cuda; blas; all_variants; ggml_0_20_2 ;;
-    *) echo "usage: $0 [vulkan-rpc|cuda|blas|all-variants|ggml-0.20.2|all]" >&2; exit 2 ;;
+    ggml-0.25.3) ggml_0_25_3 ;;
+    all) vulkan_rpc; cuda; blas; all_variants; ggml_0_25_3 ;;
+    *) echo "usage: $0 [vulkan-rpc|cuda|blas|all-variants|ggml-0.25.3|all]" >&2; exit 2 ;;
 esac
