@@ -97,7 +97,13 @@ def _cuda_args(cache_dir: Path, user_args: list[str]) -> tuple[list[str], list[s
     """(CMake arguments, extra rpath entries) for ``GGML_CUDA``."""
     nvcc, toolkit = _find_cuda_toolkit()
     log(f"CUDA toolkit: {toolkit} (nvcc: {nvcc})")
+    # CUDA graphs (captured once, replayed while a graph is unchanged): ggml leaves them off
+    # unless the project is llama.cpp, which turns them on (GGML_CUDA_GRAPHS_DEFAULT); without
+    # them every decode step launches each kernel again. GGML_CUDA_DISABLE_GRAPHS=1 turns them off
+    # at run time.
     args = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={toolkit / 'bin' / 'nvcc'}"]
+    if "GGML_CUDA_GRAPHS" not in cmake_bools(user_args):
+        args.append("-DGGML_CUDA_GRAPHS=ON")
     rpath = [str(toolkit / d) for d in ("lib64", "targets/x86_64-linux/lib") if (toolkit / d).is_dir()]
     arch = os.environ.get("PYGGML_CUDA_ARCHITECTURES") or cmake_value(user_args, "CMAKE_CUDA_ARCHITECTURES")
     if not arch and _gpus_present():

@@ -92,3 +92,15 @@ def test_blas_args_refuse_a_wheel_without_cblas(tmp_path, monkeypatch):
     monkeypatch.setattr(toolchains, "fetch_pinned", lambda *a: wheel)
     with pytest.raises(BuildError, match="scipy_cblas_sgemm"):
         toolchains._blas_args(tmp_path, [])
+
+
+def test_cuda_builds_have_cuda_graphs_unless_the_user_turns_them_off(tmp_path, monkeypatch):
+    """ggml compiles CUDA graphs in only for llama.cpp (GGML_CUDA_GRAPHS_DEFAULT): pyggml asks for
+    them, so that an unchanged decode graph is replayed instead of launched kernel by kernel."""
+    monkeypatch.setattr(toolchains, "_find_cuda_toolkit", lambda: (tmp_path / "bin" / "nvcc", tmp_path))
+    monkeypatch.setattr(toolchains, "_find_cublas", lambda toolkit, cache: None)
+    monkeypatch.setenv("PYGGML_CUDA_ARCHITECTURES", "90")
+    args, _ = toolchains._cuda_args(tmp_path, [])
+    assert "-DGGML_CUDA_GRAPHS=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=90" in args
+    args, _ = toolchains._cuda_args(tmp_path, ["-DGGML_CUDA_GRAPHS=OFF"])
+    assert not any("GGML_CUDA_GRAPHS" in a for a in args)   # the user's own argument comes later
