@@ -293,6 +293,15 @@ class Graph(_cobject.CObject):
         """``ggml_graph_n_nodes``."""
         return int(lib.ggml_graph_n_nodes(self.ptr))
 
+    @property
+    def uid(self) -> int:
+        """ggml's identifier of this graph (``ggml_cgraph.uid``; 0: not set). The scheduler gives
+        each split a new one whenever it splits a graph; ggml-cuda replays its captured CUDA
+        graph of a split without comparing the nodes while the uid stays the same. Read in a
+        Python backend's ``graph_compute`` (the split's graph) to see whether a graph was split
+        again."""
+        return int(lib.pyggml_graph_uid(self.ptr))
+
     def raw_nodes(self) -> list[Any]:
         """The nodes in execution order as raw ``struct ggml_tensor *`` (no wrappers, no checks:
         for code ggml calls while it owns the graph, e.g. a Python backend's ``graph_compute``)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .common import BuildError, log, run
 from .config import Config
-from .pins import BACKEND_HEADERS, HEADERS, Pin
+from .pins import BACKEND_HEADERS, HEADERS, INTERNAL_HEADERS, Pin
 from .source import ROOT
 
 __all__ = ["cmake_args", "build_libraries", "modules", "headers_for", "copy_outputs", "write_build_info"]
@@ -106,7 +106,7 @@ def copy_outputs(src: Path, stage: Path, build_dir: Path, config: Config, pkg_di
         for name in config.backends:
             if not any(p.name == f"libggml-{name}.so" or p.name.startswith(f"libggml-{name}-") for p in out):
                 raise BuildError(f"the {name} backend module (libggml-{name}*.so) was not built")
-    for h in headers_for(config.backends):
+    for h in headers_for(config.backends) + INTERNAL_HEADERS:
         out.append(Path(shutil.copy2(src / h, inc_dir / Path(h).name)))
     out += write_licenses(src, pkg_dir / "licenses")
     for f in out:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["Archive", "Pin", "PINS", "DEFAULT_VERSION", "HEADERS", "BACKEND_HEADERS",
+__all__ = ["Archive", "Pin", "PINS", "DEFAULT_VERSION", "HEADERS", "INTERNAL_HEADERS", "BACKEND_HEADERS",
            "OTHER_BACKENDS", "selected_version"]
 
 
@@ -97,6 +97,10 @@ DEFAULT_VERSION = "0.26.0"
 #: upstream's CMake does not install it, but Python backends need its vtables.
 HEADERS = ["include/ggml.h", "include/ggml-alloc.h", "include/ggml-backend.h", "include/ggml-cpu.h",
            "include/gguf.h", "include/ggml-opt.h", "src/ggml-backend-impl.h"]
+
+#: Internal headers copied into ``pyggml/include`` but not bound: pyggml's own C
+#: (``pyggml_build/csrc``) reads ``struct ggml_cgraph`` there (a graph's uid).
+INTERNAL_HEADERS = ["src/ggml-impl.h"]
 
 #: ``PYGGML_BACKENDS`` names pyggml builds, checks and binds, with each one's public header.
 BACKEND_HEADERS = {"cpu": "include/ggml-cpu.h", "cuda": "include/ggml-cuda.h",
