@@ -46,6 +46,21 @@ def init_backend(name: str) -> pyggml.Backend:
     return device_by_name(name).init()
 
 
+class _Input:
+    """An input tensor of a graph and the NumPy array (its dtype, NumPy shape) that holds its next
+    value: a step fills the array in place and :meth:`send` copies its bytes to the tensor with
+    ``ggml_backend_tensor_set`` alone (``Tensor.set`` converts and checks on every call; the
+    layout of these inputs is fixed when the graph is built)."""
+
+    def __init__(self, tensor: Tensor, dtype: type, shape: tuple[int, ...]):
+        self.tensor = tensor
+        self.array: np.ndarray = np.zeros(shape, dtype)
+        self._ptr, self._data, self._nbytes = tensor.ptr, ffi.from_buffer(self.array), self.array.nbytes
+
+    def send(self) -> None:
+        lib.ggml_backend_tensor_set(self._ptr, self._data, 0, self._nbytes)
+
+
 @dataclass
 class _Step:
     """One graph of a given shape, allocated by its own scheduler. ``logits`` is F32 ne [V, n_out]."""
@@ -55,25 +70,16 @@ class _Step:
     ctx: Context
     graph: pyggml.Graph
     sched: Scheduler
-    tokens: Tensor        # I32 [T]
-    pos: Tensor           # I32 [T]
-    kq_mask: Tensor       # F32 (F16 with flash attention) [K, T]: 0 or -inf
-    k_idx: Tensor         # I64 [T]: KV cell of each token
-    v_idx: Tensor | None  # I64 [Hkv*D*T]: element index into the transposed V cache (no flash attention)
+    tokens: _Input        # I32 [T]
+    pos: _Input           # I32 [T]
+    kq_mask: _Input       # F32 (F16 with flash attention) [K, T]: 0 or -inf
+    k_idx: _Input         # I64 [T]: KV cell of each token
+    v_idx: _Input | None  # I64 [Hkv*D*T]: element index into the transposed V cache (no flash attention)
     logits: Tensor
 
     def close(self) -> None:
         self.sched.close()
         self.ctx.close()
-
-
-def _set(t: Tensor, a: np.ndarray) -> None:
-    """Copy the C-contiguous ``a`` (dtype and size already those of ``t``) into ``t``.
-
-    ``Tensor.set`` converts and checks on every call; a decode step sets five inputs whose
-    layout is fixed when the graph is built, so this copies the bytes with
-    ``ggml_backend_tensor_set`` alone."""
-    lib.ggml_backend_tensor_set(t.ptr, ffi.from_buffer(a), 0, a.nbytes)
 
 
 class LlamaModel:
@@ -142,6 +148,7 @@ class LlamaModel:
             self.close()
             raise
         self._steps: OrderedDict[tuple[int, int, bool], _Step] = OrderedDict()
+        self._v_rows = np.arange(self.hp.n_embd_kv, dtype=np.int64) * n_ctx  # j*C: row j of the V cache
         self.n_past = 0
         self.graphs_built = 0
         self.t_compute = 0.0   # seconds inside Scheduler.compute (ggml and pyggml's cached checks), summed
@@ -281,8 +288,12 @@ class LlamaModel:
             ctx.close()
             raise
         self.graphs_built += 1
-        return _Step(T, K, ctx, graph, sched, inp["tokens"], inp["pos"], inp["kq_mask"], inp["k_idx"],
-                     inp.get("v_idx"), logits)
+        mask_dtype = np.float16 if self.flash_attn else np.float32
+        return _Step(T, K, ctx, graph, sched, _Input(inp["tokens"], np.int32, (T,)),
+                     _Input(inp["pos"], np.int32, (T,)), _Input(inp["kq_mask"], mask_dtype, (T, K)),
+                     _Input(inp["k_idx"], np.int64, (T,)),
+                     _Input(inp["v_idx"], np.int64, (T, hp.n_embd_kv)) if "v_idx" in inp else None,
+                     logits)
 
     def _step(self, T: int, K: int, all_logits: bool) -> _Step:
         key = (T, K, all_logits)
@@ -341,7 +352,8 @@ class LlamaModel:
         a = np.asarray(ids, dtype=np.int64).reshape(-1)
         if a.size == 0:
             raise ValueError("no tokens to evaluate")
-        if a.min() < 0 or a.max() >= self.hp.n_vocab:
+        if not (0 <= int(a[0]) < self.hp.n_vocab if a.size == 1 else
+                (a.min() >= 0 and a.max() < self.hp.n_vocab)):
             raise ValueError(f"token ids must be in 0..{self.hp.n_vocab - 1}")
         if self.n_past + a.size > self.n_ctx:
             raise ValueError(f"{self.n_past} + {a.size} tokens do not fit the context of {self.n_ctx} "
@@ -356,16 +368,24 @@ class LlamaModel:
         p0 = self.n_past
         K = self.n_kv_for(p0 + T)
         step = self._step(T, K, all_logits)
-        pos = np.arange(p0, p0 + T, dtype=np.int32)
-        _set(step.tokens, ids.astype(np.int32))
-        _set(step.pos, pos)
-        _set(step.k_idx, pos.astype(np.int64))
-        # causal mask, NumPy (T, K): query i (position p0+i) sees cells 0..p0+i
-        mask = np.where(np.arange(K)[None, :] <= pos[:, None], 0.0, -np.inf)
-        _set(step.kq_mask, mask.astype(np.float16 if self.flash_attn else np.float32))
-        if step.v_idx is not None:
-            j = np.arange(self.hp.n_embd_kv, dtype=np.int64) * self.n_ctx
-            _set(step.v_idx, (pos[:, None].astype(np.int64) + j[None, :]).reshape(-1))
+        # the inputs' arrays are filled in place: a decode step (T = 1) costs a few
+        # microseconds of NumPy whatever the context, the mask's K cells included
+        step.tokens.array[:] = ids
+        pos = step.pos.array
+        if T == 1:
+            pos[0] = p0
+            step.kq_mask.array[0, :p0 + 1] = 0.0                # causal: cells 0..p0 ...
+            step.kq_mask.array[0, p0 + 1:] = -np.inf            # ... and no later one
+        else:
+            pos[:] = np.arange(p0, p0 + T, dtype=np.int32)
+            # query i (position p0+i) sees cells 0..p0+i
+            step.kq_mask.array[:] = np.where(np.arange(K)[None, :] <= pos[:, None], 0.0, -np.inf)
+        step.k_idx.array[:] = pos
+        if step.v_idx is not None:  # element (j, token t) of the transposed V cache: j*C + cell(t)
+            np.add(self._v_rows[None, :], step.k_idx.array[:, None], out=step.v_idx.array)
+        for inp in (step.tokens, step.pos, step.kq_mask, step.k_idx, step.v_idx):
+            if inp is not None:
+                inp.send()
         self._compute(step)
         self.n_past += T
         n_out = T if all_logits else 1
