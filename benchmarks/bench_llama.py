@@ -5,6 +5,7 @@ file and thread count, side by side.
     scripts/build_llama_bench.sh                      # once: build/llama.cpp/build/bin/llama-bench
     python benchmarks/bench_llama.py [--threads 2] [--repeat 5] [--rounds 3] [--model X.gguf]
     python benchmarks/bench_llama.py --pyggml-only    # without llama-bench, even where it is built
+    python benchmarks/bench_llama.py --backend CUDA0 --context 8 1000   # a GPU; decode at two contexts
 
 Tests, as llama-bench names them: ``pp64`` processes a 64-token prompt in one batch (tokens/s);
 ``tg64`` generates 64 tokens one at a time from an empty cache, without sampling (tokens/s).
@@ -15,11 +16,15 @@ the table shows the median of the rounds for each, and the median of the per-rou
 busy machine the rounds move a lot, and a ratio of two runs made one after the other moves less:
 still, run it when nothing else runs).
 
-Also printed: the Python time per decode step, i.e. the step's wall time minus the time spent
-inside :meth:`pyggml.Scheduler.compute` (``ggml_backend_sched_graph_compute`` and pyggml's
-checks of a graph it holds, cached: a C check of the graph's memory) -- setting the five inputs,
-reading the logits, the bookkeeping, and the cost of pyggml's Ctrl-C check in the CPU backend (``interruptible=True``, a C throttle that asks Python at most every 10 ms),
-which the example switches off by default. Nothing here is asserted.
+Also printed, for decode steps after a prompt of each ``--context`` length (1 token generated
+at a time, in the KV bucket of that context): the step's time and its Python time, i.e. the
+step's wall time minus the time inside ggml's ``ggml_backend_sched_graph_compute`` call itself
+(timed around the C call: setting the five inputs, reading the logits, the example's bookkeeping
+and pyggml's own work in :meth:`pyggml.Scheduler.compute`); and the cost of pyggml's Ctrl-C
+check in the CPU backend (``interruptible=True``, a C throttle that asks Python at most every
+10 ms). ``--backend`` names the device that holds the weights (CUDA0...: then llama-bench is asked
+for ``-ngl 99``); set ``GGML_CUDA_DISABLE_GRAPHS=1`` to see ggml-cuda without its CUDA graphs.
+Nothing here is asserted.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from _timing import median_seconds
+from bench_minilm import _ComputeTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -46,45 +52,67 @@ DEFAULT_LLAMA_BENCH = ROOT / "build" / "llama.cpp" / "build" / "bin" / "llama-be
 N = 64
 
 
-def bench_pyggml(model: Path, threads: int, repeat: int, flash_attn: bool) -> dict[str, float]:
-    """pp64 and tg64 tokens/s, and the per-step times (seconds) of the tg64 runs."""
-    rng = np.random.default_rng(0)
-    out: dict[str, float] = {}
-    for interruptible in (False, True):
-        with Llama(model, n_threads=threads, n_ctx=256, flash_attn=flash_attn, interruptible=interruptible) as llm:
-            m = llm.model
-            tokens = rng.integers(0, m.hp.n_vocab, N).tolist()
-
-            def pp() -> None:
-                m.reset()
-                m.eval(tokens)
-
-            steps: list[tuple[float, float]] = []
-
-            def tg() -> None:
-                m.reset()
-                c0, t0 = m.t_compute, time.perf_counter()
-                for t in tokens:
-                    m.eval([t])
-                steps.append(((time.perf_counter() - t0) / N, (m.t_compute - c0) / N))
-
-            tg_s = median_seconds(tg, repeat)
-            steps = steps[1:]  # not the warm-up
-            step = statistics.median(s for s, _ in steps)
-            if interruptible:
-                out["step_interruptible"] = step
-                continue
-            out["pp"] = N / median_seconds(pp, repeat)
-            out["tg"] = N / tg_s
-            out["step"] = step
-            out["python"] = statistics.median(s - c for s, c in steps)
+def decode_steps(m: object, n: int, timer: _ComputeTimer) -> list[tuple[float, float]]:
+    """(wall seconds, seconds inside ggml's compute call) of ``n`` single-token evals."""
+    out = []
+    for i in range(n):
+        c0, t0 = timer.total, time.perf_counter()
+        m.eval([i + 1])  # type: ignore[attr-defined]
+        out.append((time.perf_counter() - t0, timer.total - c0))
     return out
 
 
-def bench_llama_cpp(exe: Path, model: Path, threads: int, repeat: int, flash_attn: bool) -> dict[str, float]:
+def bench_pyggml(model: Path, threads: int, repeat: int, flash_attn: bool, backend: str,
+                 contexts: list[int]) -> dict[str, float]:
+    """pp64 and tg64 tokens/s; per context c of ``contexts``: the median decode step after a
+    c-token prompt (``step@c``) and its Python time (``python@c``), seconds."""
+    import pyggml.sched
+
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {}
+    n_ctx = max(256, max(contexts) + 2 * N)
+    timer = _ComputeTimer(pyggml.sched.lib)
+    pyggml.sched.lib = timer
+    try:
+        for interruptible in (False, True):
+            with Llama(model, backend=backend, n_threads=threads, n_ctx=n_ctx, flash_attn=flash_attn,
+                       interruptible=interruptible) as llm:
+                m = llm.model
+                tokens = rng.integers(0, m.hp.n_vocab, N).tolist()
+
+                def pp() -> None:
+                    m.reset()
+                    m.eval(tokens)
+
+                def tg() -> None:
+                    m.reset()
+                    for t in tokens:
+                        m.eval([t])
+
+                if interruptible:
+                    out["tg_interruptible"] = N / median_seconds(tg, repeat)
+                    continue
+                out["pp"] = N / median_seconds(pp, repeat)
+                out["tg"] = N / median_seconds(tg, repeat)
+                for c in contexts:
+                    m.reset()
+                    m.eval(rng.integers(0, m.hp.n_vocab, c).tolist())
+                    steps = decode_steps(m, 8, timer)[2:]   # the first ones build and capture
+                    for _ in range(repeat - 1):
+                        m.n_past -= 8
+                        steps += decode_steps(m, 8, timer)[2:]
+                    out[f"step@{c}"] = statistics.median(s for s, _ in steps)
+                    out[f"python@{c}"] = statistics.median(s - g for s, g in steps)
+    finally:
+        pyggml.sched.lib = timer._lib
+    return out
+
+
+def bench_llama_cpp(exe: Path, model: Path, threads: int, repeat: int, flash_attn: bool,
+                    gpu: bool) -> dict[str, float]:
     """pp64 and tg64 tokens/s from ``llama-bench -o json`` (median of its samples)."""
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", str(N), "-n", str(N), "-r", str(repeat),
-           "-fa", "on" if flash_attn else "off", "-o", "json"]
+           "-fa", "on" if flash_attn else "off", "-ngl", "99" if gpu else "0", "-o", "json"]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     out = {}
     for entry in json.loads(r.stdout):
@@ -103,6 +131,9 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
     p.add_argument("--pyggml-only", action="store_true", help="do not run llama-bench")
+    p.add_argument("--backend", default="cpu", help="cpu (default) or the device holding the weights, e.g. CUDA0")
+    p.add_argument("--context", type=int, nargs="+", default=[8, 1000],
+                   help="prompt lengths after which decode steps are timed (default 8 1000)")
     a = p.parse_args()
     model = a.model or default_model_path()
     found = shutil.which("llama-bench")
@@ -113,15 +144,16 @@ def main() -> None:
     elif not have_cpp:
         print(f"no llama-bench at {a.llama_bench} (scripts/build_llama_bench.sh builds it): pyggml only\n")
 
-    print(f"{model.name}, {a.threads} threads, median of {a.repeat} runs, median of {a.rounds} rounds\n")
+    print(f"{model.name} on {a.backend}, {a.threads} CPU threads, median of {a.repeat} runs, "
+          f"median of {a.rounds} rounds\n")
     print("| attention | test | pyggml t/s | llama-bench t/s | ratio | median ratio of the rounds |")
     print("|---|---|---|---|---|---|")
     notes = []
     for fa in (False, True):
         rounds = []
         for _ in range(a.rounds):
-            ours = bench_pyggml(model, a.threads, a.repeat, fa)
-            cpp = bench_llama_cpp(exe, model, a.threads, a.repeat, fa) if have_cpp else {}
+            ours = bench_pyggml(model, a.threads, a.repeat, fa, a.backend, a.context)
+            cpp = bench_llama_cpp(exe, model, a.threads, a.repeat, fa, a.backend.lower() != "cpu") if have_cpp else {}
             rounds.append((ours, cpp))
         ours = {k: statistics.median(r[0][k] for r in rounds) for k in rounds[0][0]}
         cpp = {k: statistics.median(r[1][k] for r in rounds) for k in ("pp", "tg")} if have_cpp else {}
@@ -131,16 +163,18 @@ def main() -> None:
             ratio = f"{ours[test] / cpp[test]:.2f}x" if cpp else "-"
             per_round = f"{statistics.median(o[test] / c[test] for o, c in rounds):.2f}x" if cpp else "-"
             print(f"| {name} | {test}{N} | {ours[test]:.1f} | {theirs} | {ratio} | {per_round} |")
-        notes.append(f"{name}: decode step {ours['step'] * 1e3:.2f} ms, of which Python outside ggml compute "
-                     f"{ours['python'] * 1e3:.3f} ms ({100 * ours['python'] / ours['step']:.1f} %); with pyggml's "
-                     f"Ctrl-C check (interruptible=True, throttled) the step takes "
-                     f"{ours['step_interruptible'] * 1e3:.2f} ms "
-                     f"({100 * (ours['step_interruptible'] / ours['step'] - 1):+.1f} %)")
+        for c in a.context:
+            step, py = ours[f"step@{c}"], ours[f"python@{c}"]
+            notes.append(f"{name}, decode after {c} tokens: step {step * 1e3:.3f} ms ({1 / step:.0f} tok/s), "
+                         f"Python outside ggml's compute call {py * 1e3:.3f} ms ({100 * py / step:.1f} %)")
+        notes.append(f"{name}: tg{N} with pyggml's Ctrl-C check (interruptible=True, throttled): "
+                     f"{ours['tg_interruptible']:.1f} t/s ({100 * (ours['tg'] / ours['tg_interruptible'] - 1):+.1f} % "
+                     "time per token)")
     print()
     for n in notes:
         print(n)
     if have_cpp:
-        print(f"\nllama-bench: {exe} (llama.cpp of llama_cpp_python 0.3.36, build {rounds[0][1].get('build')})")
+        print(f"\nllama-bench: {exe} (build {rounds[0][1].get('build')})")
 
 
 if __name__ == "__main__":

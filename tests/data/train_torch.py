@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split-seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda...")
     p.add_argument("--lr", type=float, default=None, help="default: as examples/train.py")
     p.add_argument("--save-npz", type=Path, default=None)
     p.add_argument("--init", choices=["ggml", "glorot"], default=None, help="default: as examples/train.py")
@@ -121,10 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     order = rng.permutation(len(x_train))  # one shuffle of everything, then a fixed hold-out
     n_logical = len(x_train) // nbatch
     n_train = int(np.float32(1 - np.float32(val_split)) * np.float32(n_logical)) * nbatch  # as ggml_opt_fit
-    xt, yt = torch.from_numpy(x_train[order[:n_train]]), torch.from_numpy(y_train[order[:n_train]])
-    xv, yv = torch.from_numpy(x_train[order[n_train:]]), torch.from_numpy(y_train[order[n_train:]])
+    dev = torch.device(a.device)
+    xt, yt = (torch.from_numpy(x_train[order[:n_train]]).to(dev), torch.from_numpy(y_train[order[:n_train]]).to(dev))
+    xv, yv = torch.from_numpy(x_train[order[n_train:]]).to(dev), torch.from_numpy(y_train[order[n_train:]]).to(dev)
 
-    model = FC(hw * hw) if a.model == "mlp" else CNN(hw, **cfg)
+    model = (FC(hw * hw) if a.model == "mlp" else CNN(hw, **cfg)).to(dev)
     with torch.no_grad():
         for t in model.parameters():
             if init == "ggml":
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 t.zero_()
     optim = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8)
     loss_fn = nn.CrossEntropyLoss()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {a.dataset} {a.model}: "
+    print(f"torch {torch.__version__} on {dev}, {torch.get_num_threads()} threads; {a.dataset} {a.model}: "
           f"{n_train} training, {len(xv)} validation, {len(x_test)} test images", flush=True)
     times = []
     for epoch in range(1, a.epochs + 1):
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 group["lr"] = lr * (0.01 + 0.99 * (1 + math.cos(math.pi * (epoch - 1) / max(a.epochs, 1))) / 2)
         t0 = time.perf_counter()
         model.train()
-        perm = torch.randperm(n_train)
+        perm = torch.randperm(n_train, device=dev)
         losses, correct = [], 0
         for i in range(0, n_train, nbatch):
             idx = perm[i:i + nbatch]
@@ -155,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             optim.step()
             losses.append(loss.item())
             correct += int((out.argmax(1) == yt[idx]).sum())
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         model.eval()
         with torch.no_grad():
@@ -163,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
               f"| val acc {100 * val:.2f}% ({times[-1]:.2f} s)", flush=True)
     model.eval()
     with torch.no_grad():
-        acc = float((model(torch.from_numpy(x_test)).argmax(1) == torch.from_numpy(y_test)).float().mean())
+        acc = float((model(torch.from_numpy(x_test).to(dev)).argmax(1).cpu() == torch.from_numpy(y_test)).float().mean())
     if a.save_npz is not None:
-        np.savez(a.save_npz, **{k: v.detach().numpy() for k, v in model.ggml_names().items()})
+        np.savez(a.save_npz, **{k: v.detach().cpu().numpy() for k, v in model.ggml_names().items()})
         print(f"saved {a.save_npz}")
     print(f"time per epoch: {np.median(times):.3f} s (median of {len(times)})")
     print(f"test accuracy: {acc:.4f}")

