@@ -15,7 +15,8 @@ installed (``pip install torch sentence-transformers``), on the CPU or, with ``-
 on torch's ``cuda`` device. The "outside ggml" column is the share of pyggml's wall time not spent
 inside ggml's graph compute call (``ggml_backend_graph_compute`` or
 ``ggml_backend_sched_graph_compute``, timed around the C call itself): tokenizing, padding, setting
-inputs and reading outputs, and pyggml's own checks. Nothing here is asserted.
+inputs and reading outputs, and pyggml's own checks; "per call" is that time per call of the batch
+size in milliseconds. Nothing here is asserted.
 """
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ def _runner(embed: Callable[[list[str], int], object], bs: int) -> Callable[[], 
     return run
 
 
-def outside_share(m: Any, bs: int) -> float:
-    """Share of one run's wall time spent outside ggml's graph compute call."""
+def outside_share(m: Any, bs: int) -> tuple[float, float]:
+    """(share of one run's wall time spent outside ggml's graph compute call, those seconds per
+    call of ``bs`` sentences)."""
     import pyggml.backend
     import pyggml.sched
 
@@ -85,7 +87,8 @@ def outside_share(m: Any, bs: int) -> float:
         run()
         timer.total, t0 = 0.0, time.perf_counter()
         run()
-        return 1 - timer.total / (time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        return 1 - timer.total / wall, (wall - timer.total) / -(-len(SENTENCES) // bs)
     finally:
         pyggml.backend.lib = pyggml.sched.lib = timer._lib
 
@@ -113,11 +116,11 @@ def bench(model_dir: Path, threads: int, repeat: int, backend: str, batches: lis
     out: dict[int, dict[str, float | None]] = {}
     with minilm.MiniLM(model_dir, n_threads=threads, backend=backend) as m:
         for bs in batches:
-            outside = outside_share(m, bs)
+            outside, outside_s = outside_share(m, bs)
             ours = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
             if ref is None:
                 out[bs] = {"ours": len(SENTENCES) / median_seconds(ours, repeat), "ref": None,
-                           "ratio": None, "outside": outside}
+                           "ratio": None, "outside": outside, "outside_s": outside_s}
                 continue
             import torch
 
@@ -126,7 +129,7 @@ def bench(model_dir: Path, threads: int, repeat: int, backend: str, batches: lis
                 rounds = paired_seconds([ours, theirs], repeat)
             out[bs] = {"ours": len(SENTENCES) / statistics.median(t[0] for t in rounds),
                        "ref": len(SENTENCES) / statistics.median(t[1] for t in rounds),
-                       "ratio": median_ratio(rounds, 1, 0), "outside": outside}
+                       "ratio": median_ratio(rounds, 1, 0), "outside": outside, "outside_s": outside_s}
     return out
 
 
@@ -151,11 +154,12 @@ def main() -> None:
     print(f"all-MiniLM-L6-v2, {len(SENTENCES)} sentences, pyggml on {a.backend} vs torch "
           f"{'cuda' if gpu else 'cpu'}, {a.threads} CPU threads, {a.repeat} rounds in turns "
           "(medians; ratio: median of the rounds' ratios)")
-    print(f"{'batch':>5} {'pyggml sent/s':>14} {'torch sent/s':>13} {'ratio':>7} {'outside ggml':>13}")
+    print(f"{'batch':>5} {'pyggml sent/s':>14} {'torch sent/s':>13} {'ratio':>7} {'outside ggml':>13} "
+          f"{'per call':>9}")
     for bs, r in res.items():
         ref, ratio = r["ref"], r["ratio"]
         print(f"{bs:>5} {r['ours']:>14.1f} {f'{ref:.1f}' if ref else '-':>13} "
-              f"{f'{ratio:.2f}x' if ratio else '-':>7} {r['outside']:>12.1%}")
+              f"{f'{ratio:.2f}x' if ratio else '-':>7} {r['outside']:>12.1%} {r['outside_s'] * 1e3:>6.2f} ms")
 
 
 if __name__ == "__main__":

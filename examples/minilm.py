@@ -118,13 +118,12 @@ class MiniLM:
         self.wbuf.usage = "weights"
         for name, arr in weights.items():
             self.w[name].set(arr)
-        # one graph per (padded length, batch size), built once and computed again with new inputs
-        if self.extra is None:
-            self.sched = None
-            self.graphs = pyggml.GraphCache(self._build, backend=self.backend, graph_size=GRAPH_SIZE)
-        else:
-            self.sched = pyggml.Scheduler([self.extra, self.backend], graph_size=GRAPH_SIZE)
-            self.graphs = pyggml.GraphCache(self._build, scheduler=self.sched, graph_size=GRAPH_SIZE)
+        # one graph per (padded length, batch size), built once and computed again with new
+        # inputs, each placed once by a scheduler of its own: batches of other shapes in between
+        # place nothing again, and a GPU gets the same splits every time (ggml-cuda then replays
+        # its CUDA graphs)
+        backends = [self.backend] if self.extra is None else [self.extra, self.backend]
+        self.graphs = pyggml.GraphCache(self._build, backends=backends, graph_size=GRAPH_SIZE)
         self.n_splits = 0
         self._positions = np.arange(MAX_SEQ_LENGTH, dtype=np.int32)
 
@@ -141,7 +140,7 @@ class MiniLM:
             return backend.supports_op(ctx.flash_attn(q, k, v, mask, scale=1.0))
 
     def close(self) -> None:
-        for obj in (self.graphs, self.sched, self.wctx, self.extra, self.backend):
+        for obj in (self.graphs, self.wctx, self.extra, self.backend):
             if obj is not None:
                 obj.close()
 
@@ -240,8 +239,9 @@ class MiniLM:
                                       kq_mask=np.broadcast_to(bias, (1, 1, T, T)))["out"]
         else:
             out = self._forward_packed(ids, mask, T)
-        if self.sched is not None:
-            self.n_splits = self.sched.n_splits
+        latest = self.graphs.latest
+        if latest is not None and latest.scheduler is not None:
+            self.n_splits = latest.scheduler.n_splits  # 1 on the CPU alone
         return out.reshape(B, self.hidden)
 
     def _forward_packed(self, ids: np.ndarray, mask: np.ndarray, T: int) -> np.ndarray:
@@ -274,7 +274,8 @@ class MiniLM:
         Sentences are sorted by token count and run in batches of ``batch_size`` so that
         padding stays small; the result is put back in input order.
         """
-        encodings = self.tokenizer.encode_batch(list(sentences))
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # no offsets
+        encodings = encode(list(sentences))
         order = sorted(range(len(encodings)), key=lambda i: -len(encodings[i].ids))
         out = np.empty((len(encodings), self.hidden), dtype=np.float32)
         for start in range(0, len(order), batch_size):
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         p.exit(1, f"{p.prog}: error: {e}\n")
     with model:
         emb = model.embed(sentences, batch_size=a.batch_size)
-        if model.sched is not None:
+        if model.extra is not None:
             print(f"scheduler: {a.backend} + CPU, {model.n_splits} split(s) in the last graph")
     if a.out:
         np.save(a.out, emb)

@@ -11,11 +11,15 @@ reading its outputs: the graph is not rebuilt, and its checks are not repeated (
         ...
         return {"tokens": tokens}, {"embeddings": out}
 
-    cache = GraphCache(build, backend=cpu)     # or scheduler=Scheduler([...])
+    cache = GraphCache(build, backend=cpu)     # or backends=[gpu, cpu], or scheduler=...
     out = cache.compute((T, B), tokens=ids)    # {"embeddings": ndarray}, NumPy order
 
-All the graphs share one graph allocator (or the scheduler): computing another key places that
-graph's tensors in the memory again (a C walk of the graph, no Python one). With
+With ``backend`` the graphs share one graph allocator, and with ``scheduler`` one scheduler:
+computing another key places that graph's tensors in the memory again (a C walk of the graph,
+no Python one). With ``backends`` each graph has a scheduler of its own over those backends,
+placed once: keys can alternate without placing anything again, and the splits a GPU backend
+gets stay the same from one compute to the next (ggml-cuda replays its captured CUDA graph of
+a split only then), at the cost of one compute buffer per cached graph. With
 :meth:`GraphCache.compute_async` a backend that computes asynchronously (a GPU) gets the next
 graph while Python prepares the following inputs.
 """
@@ -24,7 +28,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Mapping
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -49,15 +53,19 @@ class CachedGraph:
     output tensors. Closed (with its context) when the cache drops it."""
 
     def __init__(self, key: Hashable, ctx: Context, graph: Graph, inputs: Mapping[str, Tensor],
-                 outputs: Mapping[str, Tensor]):
+                 outputs: Mapping[str, Tensor], scheduler: Scheduler | None = None):
         self.key = key
         self.ctx = ctx
         self.graph = graph
         self.inputs = dict(inputs)
         self.outputs = dict(outputs)
+        #: the graph's own scheduler (a cache made with ``backends``), else None
+        self.scheduler = scheduler
         self.computes = 0  # computations started: a pending result knows whether it is the last
 
     def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
         self.ctx.close()
 
 
@@ -72,7 +80,9 @@ def _one_at_a_time(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 class GraphCache:
     """Graphs built by ``build`` once per key, computed on ``backend`` (through one
-    :class:`~pyggml.alloc.GraphAllocator`) or by ``scheduler``.
+    :class:`~pyggml.alloc.GraphAllocator`), by ``scheduler``, or each by a
+    :class:`~pyggml.sched.Scheduler` of its own over ``backends`` (in priority order, the CPU
+    last; the graph's ``graph_size`` is the scheduler's too).
 
     ``build(ctx, *key)`` makes the graph's tensors in ``ctx`` (a ``no_alloc`` context of
     ``n_tensors`` tensors) and returns ``(inputs, outputs)``, two ``{name: Tensor}`` mappings:
@@ -84,15 +94,16 @@ class GraphCache:
     """
 
     def __init__(self, build: BuildFn, *, backend: Backend | None = None,
-                 scheduler: Scheduler | None = None, graph_size: int = 2048,
-                 n_tensors: int | None = None, max_graphs: int = 8):
-        if (backend is None) == (scheduler is None):
-            raise ValueError("give a backend or a scheduler (one of them)")
+                 scheduler: Scheduler | None = None, backends: Sequence[Backend] | None = None,
+                 graph_size: int = 2048, n_tensors: int | None = None, max_graphs: int = 8):
+        if sum(x is not None for x in (backend, scheduler, backends)) != 1:
+            raise ValueError("give a backend, a scheduler or backends (one of them)")
         if max_graphs < 1 or graph_size < 1:
             raise ValueError("max_graphs and graph_size must be >= 1")
         self._build = build
         self.backend = backend
         self.scheduler = scheduler
+        self.backends = list(backends) if backends is not None else None
         self.graph_size = graph_size
         self.n_tensors = n_tensors or graph_size * 2
         self.max_graphs = max_graphs
@@ -126,10 +137,12 @@ class GraphCache:
             for t in outputs.values():
                 t.set_output()
             graph = ctx.new_graph(self.graph_size).build_forward(*outputs.values())
+            sched = (Scheduler(self.backends, graph_size=2 * self.graph_size + 64)
+                     if self.backends is not None else None)
         except BaseException:
             ctx.close()
             raise
-        entry = self._graphs[key] = CachedGraph(key, ctx, graph, inputs, outputs)
+        entry = self._graphs[key] = CachedGraph(key, ctx, graph, inputs, outputs, sched)
         self.builds += 1
         while len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)[1].close()
@@ -137,8 +150,8 @@ class GraphCache:
 
     def _place(self, entry: CachedGraph) -> None:
         graph = entry.graph
-        if self.scheduler is not None:
-            s = self.scheduler
+        s = entry.scheduler or self.scheduler
+        if s is not None:
             if not (s._graph is graph and s._is_alloc and graph.split_by is s):
                 s.alloc_graph(graph)
         else:
@@ -172,8 +185,9 @@ class GraphCache:
             self._place(entry)
             self._set_inputs(entry, inputs)
             entry.computes += 1
-            if self.scheduler is not None:
-                self.scheduler.compute(entry.graph)
+            sched = entry.scheduler or self.scheduler
+            if sched is not None:
+                sched.compute(entry.graph)
             else:
                 assert self.backend is not None
                 self.backend.graph_compute(entry.graph)
@@ -192,10 +206,11 @@ class GraphCache:
         entry = self.get(key)
         self._place(entry)
         entry.computes += 1
-        if self.scheduler is not None:
+        sched = entry.scheduler or self.scheduler
+        if sched is not None:
             self._set_inputs(entry, inputs)
-            self.scheduler.compute_async(entry.graph)
-            return PendingCompute(self, entry, self.scheduler.synchronize)
+            sched.compute_async(entry.graph)
+            return PendingCompute(self, entry, sched.synchronize)
         backend = self.backend
         assert backend is not None
         self._check_names(entry, inputs)
@@ -229,6 +244,11 @@ class GraphCache:
 
     def __len__(self) -> int:
         return len(self._graphs)
+
+    @property
+    def latest(self) -> CachedGraph | None:
+        """The graph used most recently (None before the first)."""
+        return next(reversed(self._graphs.values()), None)
 
 
 class PendingCompute:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyggml import ClosedError, CPUBackend, GraphCache, Scheduler
+from pyggml import ClosedError, CPUBackend, GGMLType, GraphCache, Scheduler
 
 rng = np.random.default_rng(5)
 
@@ -136,3 +136,23 @@ def test_keys_with_zero_rows(run_isolated, use_sched):
     assert r.stdout.split("\n")[:5] == [
         "0 (0, 3) True True", "2 (2, 3) True True", "0 (0, 3) True True", "5 (5, 3) True True",
         "0 (0, 3) True True"], r.stdout
+
+
+def test_backends_give_each_graph_a_scheduler_of_its_own():
+    """``backends``: each key's graph is placed once by its own scheduler, so alternating keys
+    places nothing again (the shared scheduler splits and places at every change of key)."""
+    def build(ctx, n):
+        x = ctx.new_tensor(GGMLType.F32, [n])
+        return {"x": x}, {"y": ctx.sqr(x) + x}
+
+    with CPUBackend(n_threads=1) as cpu, GraphCache(build, backends=[cpu]) as cache:
+        for _ in range(3):
+            for n in (3, 5):
+                x = np.arange(n, dtype=np.float32)
+                np.testing.assert_array_equal(cache.compute(n, x=x)["y"], x * x + x)
+        a, b = cache.get(3), cache.get(5)
+        assert a.scheduler is not None and b.scheduler is not None and a.scheduler is not b.scheduler
+        assert cache.latest is b and a.graph.split_by is a.scheduler and b.graph.split_by is b.scheduler
+    assert a.scheduler.closed and b.scheduler.closed                    # closed with the cache
+    with pytest.raises(ValueError, match="one of them"):
+        GraphCache(build, backend=cpu, backends=[cpu])
