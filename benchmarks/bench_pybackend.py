@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cost of a ggml backend written in Python (pyggml.numpy_backend), printed side by side.
+"""Cost of a ggml backend written in Python (pyggml.impl.numpy), printed side by side.
 
     python benchmarks/bench_pybackend.py [--repeat 5]
 
@@ -15,7 +15,8 @@ import argparse
 
 import numpy as np
 
-from pyggml import Context, CPUBackend, GGMLType, GraphAllocator, numpy_backend
+from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
+from pyggml.impl import numpy as numpy_backend
 
 from _timing import median_seconds
 

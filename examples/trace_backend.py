@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A complete ggml backend in Python, in a few lines: it records every op ggml offers it,
-computes the ones NumPy can (pyggml.numpy_ops) and leaves the rest to the CPU backend.
+computes the ones NumPy can (pyggml.impl.numpy) and leaves the rest to the CPU backend.
 
     python examples/trace_backend.py
 """
@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 
 import pyggml
-from pyggml import numpy_ops
+from pyggml.impl import numpy as numpy_ops
 from pyggml.buffer_type import BufferType
 from pyggml.cpu import cpu_buffer_type
 from pyggml.impl import PyBackend, PyDevice, PyRegistry, register

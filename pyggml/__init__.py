@@ -6,8 +6,8 @@ Three layers, each a folder or a set of modules (ARCHITECTURE.md draws them):
   integer/string constant of the pinned headers (ggml.h, ggml-alloc.h, ggml-backend.h,
   ggml-cpu.h, gguf.h, ggml-opt.h, the internal ggml-backend-impl.h, and each built backend's
   header) under its C name, exactly as in C (and as unchecked: a failed ``GGML_ASSERT`` aborts
-  the process). C callbacks in Python: :mod:`pyggml.callbacks`; the rule for their exceptions:
-  :mod:`pyggml.raw.boundary`; backend modules: :mod:`pyggml.dl`.
+  the process). C callbacks in Python: :mod:`pyggml.raw.callbacks`; the rule for their exceptions:
+  :mod:`pyggml.raw.boundary`; backend modules: :mod:`pyggml.raw.dl`.
 * **Pythonic** — one module per ggml concept: :class:`Context`, :class:`Tensor` (and the op
   constructors of :mod:`pyggml.ops`), :class:`Graph`, :class:`GraphAllocator`,
   :class:`BufferType`, :class:`Buffer`, :class:`Backend` (compute), :class:`Event`,
@@ -24,7 +24,7 @@ Three layers, each a folder or a set of modules (ARCHITECTURE.md draws them):
 reversed (NumPy ``(rows, cols)`` = ggml ``ne [cols, rows]``).
 
 Builds with several backends (``PYGGML_BACKENDS=cpu,cuda,vulkan,rpc``) load them as modules at
-import; :mod:`pyggml.dl` and ``python -m pyggml info`` say what loaded and why not, and
+import; :mod:`pyggml.raw.dl` and ``python -m pyggml info`` say what loaded and why not, and
 :class:`BackendNotAvailableError` is raised for a backend that is missing.
 
 Importing pyggml sets ``GGML_NO_BACKTRACE=1`` (unless already set), so a failed ``GGML_ASSERT``
@@ -57,10 +57,6 @@ from . import utils
 from .utils import from_dlpack
 
 __version__ = "0.1.0"
-
-# the raw layer's public modules under their short names (``import pyggml.dl`` too)
-sys.modules[__name__ + ".callbacks"] = callbacks
-sys.modules[__name__ + ".dl"] = dl
 
 _log.install()
 dl.load_modules()  # GGML_BACKEND_DL builds: load pyggml/lib's backend modules, report failures

@@ -390,8 +390,7 @@ class GraphAllocator(_cobject.CObject, Placer):
         leafs. ggml plans no place for a leaf that had data when it planned, and does not plan
         again for a graph of as many nodes and leafs whose nodes fit: a leaf without data there
         is placed through buffer -1 (a crash), and a tensor marked ``set_output`` since would
-        keep a place the plan gave to a node too (a NEG in place over a leaf read once: fuzz
-        seed 2535)."""
+        keep a place the plan gave to a node too (a NEG in place over a leaf read once)."""
         nodata = frozenset(p for p in graph.root_leafs() if p.data == ffi.NULL)
         plan = self._leaf_plan
         holds = (plan is not None and plan[0] is graph and plan[1] == graph.version and nodata <= plan[2]

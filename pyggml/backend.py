@@ -100,8 +100,8 @@ class _Checked:
             return True
         if self.placer is not graph.placed_by or self.unplaced != buffer.unplaced:
             # a placer placing another graph forgot where some tensors were (data NULL), maybe
-            # this graph's: computing would run kernels on NULL (a crash found while shrinking
-            # fuzz seed 2535: GraphAllocator.reserve of another graph of the same tensors)
+            # this graph's: computing would run kernels on NULL (a crash: GraphAllocator.reserve
+            # of another graph of the same tensors)
             return False
         if not _memory_current(self.records, self.contexts):
             return False

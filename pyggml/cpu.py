@@ -304,7 +304,7 @@ class CPUBackend(Backend):
     ``abort_callback`` (a callable without arguments, true to stop) adds a condition of yours,
     asked after the first node of each compute and then at most once per interval.
 
-    Raises :class:`~pyggml.dl.BackendNotAvailableError` in a ``GGML_BACKEND_DL`` build whose CPU
+    Raises :class:`~pyggml.errors.BackendNotAvailableError` in a ``GGML_BACKEND_DL`` build whose CPU
     module did not load (no variant fits the processor), GGMLError if ggml cannot create it.
     """
 

@@ -326,8 +326,8 @@ class Graph(_cobject.CObject):
         (``Context._deps``, transitively) as contexts the graph's tensors come from, each with
         the oldest generation seen. Taken when tensors are added: nodes a context makes later
         from other contexts' tensors are not in this graph, and a reset of those contexts does
-        not concern it (fuzz seed 16027: an allocator refused such a graph as closed while
-        the backend computed it)."""
+        not concern it (an allocator refused such a graph as closed while the backend computed
+        it)."""
         deps = self._deps
         visited: set[Any] = set()
         todo = [(ctx, gen)]

@@ -652,7 +652,7 @@ class Model:
     MNIST example, ``min(ncores, (ncores + 4) // 2)``). ``max_params``: capacity of the
     parameter context, in tensors.
 
-    Raises :class:`~pyggml.dl.BackendNotAvailableError` for an unknown device name.
+    Raises :class:`~pyggml.errors.BackendNotAvailableError` for an unknown device name.
     """
 
     def __init__(self, backend: Any = None, *, n_threads: int | None = None,

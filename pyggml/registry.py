@@ -79,7 +79,7 @@ def registry_by_name(name: str) -> Registry:
 
 
 def _unlock_cffi_embedding() -> None:
-    """Let a cffi-embedding module (e.g. from ``python -m pyggml.module``) start in this process.
+    """Let a cffi-embedding module (e.g. from ``python -m pyggml.impl.module``) start in this process.
 
     On Python < 3.12 cffi's embedding start-up spins until ``PyCapsule_Type.tp_version_tag`` is
     0 (it uses it as a lock), but any attribute lookup on a capsule object gives the type a
@@ -97,7 +97,7 @@ def load_backend(path: str | Path) -> Registry:
     ``ggml_backend_init``) and register it. Raises FileNotFoundError or GGMLError.
 
     The library is marked ``RTLD_NODELETE``: :func:`unload_backend` unregisters it, but its code
-    stays mapped. A module implemented in Python (``python -m pyggml.module``) leaves objects in
+    stays mapped. A module implemented in Python (``python -m pyggml.impl.module``) leaves objects in
     this interpreter (``sys.modules`` entries, types) that point into it; unmapping it would make
     the next walk over ``sys.modules`` crash the process."""
     path = Path(path)

@@ -346,7 +346,7 @@ class Scheduler(_cobject.CObject, Placer):
         elif old is not None and old != io and tuple(map(len, old)) == tuple(map(len, io)):
             # ggml keeps its plan for a graph of as many nodes and leafs that fit, whatever
             # their input/output flags: a tensor marked set_output since the plan would keep a
-            # place the plan gave to a node too (a NEG in place over a leaf: fuzz seed 2535).
+            # place the plan gave to a node too (a NEG in place over a leaf).
             # Plan again (other counts: ggml plans again itself)
             self.reserve(graph)
         zero = self._place_zero_byte(graph)

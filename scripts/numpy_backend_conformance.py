@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import pyggml
-from pyggml.module import build_module
+from pyggml.impl.module import build_module
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "conformance"

@@ -35,7 +35,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache, Scheduler, numpy_backend
+from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache, Scheduler
+from pyggml.impl import numpy as numpy_backend
 from pyggml.ops import host_array
 
 _REFUSALS = (ClosedError, MemoryError, ValueError)

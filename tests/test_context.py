@@ -277,7 +277,7 @@ def test_raw_calls_on_ctx_ptr_leave_the_pythonic_checks_exact(run_isolated):
     # docs/raw.rst: raw calls mix in through .ptr. Nodes and tensors a raw call makes in a
     # Pythonic context use its memory too: the op constructors and new_tensor must see that
     # (MemoryError), not trust their own count and let ggml abort (ggml_new_object's assert;
-    # found by bench work, stop 26). Also when raw code switches the context to allocating.
+    # found by benchmark work). Also when raw code switches the context to allocating.
     r = run_isolated("""
         import pytest
         from pyggml import Context, GGMLType, lib

@@ -397,7 +397,7 @@ def test_set_n_threads_goes_through_the_registry():
     """Backend.set_n_threads calls the registry's ggml_backend_set_n_threads when it has one
     (CPU, BLAS) and says False when not (a Python backend's registry); CPUBackend keeps its own
     n_threads (and threadpool clamp) in step."""
-    from pyggml import numpy_backend
+    from pyggml.impl import numpy as numpy_backend
     from pyggml.backend import Backend
     from pyggml.device import device_by_name
 

@@ -1,7 +1,7 @@
 """Turn a Python backend into a ggml backend module that any ggml program can load.
 
-    python -m pyggml.module build my_backend.py -o libggml-mine.so
-    python -m pyggml.module build pyggml.impl.numpy:make_registry -o libggml-numpy.so
+    python -m pyggml.impl.module build my_backend.py -o libggml-mine.so
+    python -m pyggml.impl.module build pyggml.impl.numpy:make_registry -o libggml-numpy.so
     GGML_BACKEND_PATH=$PWD/libggml-mine.so test-backend-ops -b MINE
 
 ``my_backend.py`` defines ``registry``: a :class:`pyggml.impl.PyRegistry` (not registered: the
@@ -106,7 +106,7 @@ def build_module(source: str | os.PathLike[str], output: str | os.PathLike[str],
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pyggml.module", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pyggml.impl.module", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build a backend module from a Python script")

@@ -81,7 +81,7 @@ GGML_VERSION: str = ffi.string(lib.ggml_version()).decode()
 
 if BUILD_INFO.get("ggml_version") and GGML_VERSION != BUILD_INFO["ggml_version"]:
     # the extension is bound to another process's ggml (a program that loaded its own ggml
-    # first, e.g. one loading a module of `python -m pyggml.module`): its structs and backend
+    # first, e.g. one loading a module of `python -m pyggml.impl.module`): its structs and backend
     # vtables (GGML_BACKEND_API_VERSION) are not the ones pyggml was generated from
     raise ImportError(f"pyggml was generated from the headers of ggml {BUILD_INFO['ggml_version']}, "
                       f"but the ggml library this process runs is {GGML_VERSION}: their structs and "

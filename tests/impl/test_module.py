@@ -146,7 +146,7 @@ CI_OPS = "ADD,MUL,SCALE,NORM,RMS_NORM,SOFT_MAX,GET_ROWS,SET_ROWS,CONT,CPY,SWIGLU
 
 
 def test_module_built_from_a_script_runs_under_test_backend_ops(tmp_path, test_backend_ops):
-    from pyggml.module import build_module
+    from pyggml.impl.module import build_module
 
     script = tmp_path / "add_backend.py"
     script.write_text(ARITH_SCRIPT)
@@ -163,9 +163,9 @@ def test_module_built_from_a_script_runs_under_test_backend_ops(tmp_path, test_b
 def test_numpy_backend_passes_test_backend_ops_for_the_ops_models_use(tmp_path, test_backend_ops):
     """Upstream's oracle, bounded to the ops MiniLM and LLaMA-style graphs use (the whole suite:
     scripts/numpy_backend_conformance.py). Every case the backend claims must pass."""
-    from pyggml.module import build_module
+    from pyggml.impl.module import build_module
 
-    module = build_module("pyggml.numpy_backend:make_registry", tmp_path / "libggml-numpy.so")
+    module = build_module("pyggml.impl.numpy:make_registry", tmp_path / "libggml-numpy.so")
     env = dict(os.environ, GGML_BACKEND_PATH=str(module))
     r = subprocess.run([str(test_backend_ops), "test", "-b", "NUMPY", "-o", CI_OPS, "-p", "type=f32|type_a=f32|type=f16"],
                        env=env, capture_output=True, text=True, timeout=1200)
@@ -176,9 +176,9 @@ def test_numpy_backend_passes_test_backend_ops_for_the_ops_models_use(tmp_path, 
 
 
 def test_numpy_backend_support_mode_lists_its_claims(tmp_path, test_backend_ops):
-    from pyggml.module import build_module
+    from pyggml.impl.module import build_module
 
-    module = build_module("pyggml.numpy_backend:make_registry", tmp_path / "libggml-numpy.so")
+    module = build_module("pyggml.impl.numpy:make_registry", tmp_path / "libggml-numpy.so")
     env = dict(os.environ, GGML_BACKEND_PATH=str(module))
     r = subprocess.run([str(test_backend_ops), "support", "-b", "NUMPY", "-o", "ADD,FLASH_ATTN_EXT"],
                        env=env, capture_output=True, text=True, timeout=600)
@@ -192,7 +192,7 @@ def test_load_and_unload_a_python_backend_module_in_process(tmp_path):
     compiler("gcc")  # build_module compiles a C shim
     """ggml_backend_load / ggml_backend_unload, inside this (pytest) process: pytest has looked
     up attributes of capsule objects, which used to make cffi's embedding start-up hang."""
-    from pyggml.module import build_module
+    from pyggml.impl.module import build_module
     from pyggml.registry import load_backend, registries, unload_backend
 
     script = tmp_path / "add_backend.py"
@@ -224,7 +224,7 @@ def test_load_and_unload_a_python_backend_module_from_python(tmp_path):
     script.write_text(ARITH_SCRIPT)
     code = textwrap.dedent(f"""
         from pyggml.registry import load_backend, registries, unload_backend
-        from pyggml.module import build_module
+        from pyggml.impl.module import build_module
         reg = load_backend(build_module({str(script)!r}, {str(tmp_path / "libggml-pyadd2.so")!r}))
         assert reg.name == "PYADD" and [d.name for d in reg.devices] == ["PYADD"]
         with reg.devices[0].init() as be:

@@ -1,4 +1,4 @@
-"""The NumPy backend's kernels (pyggml.impl.numpy, also pyggml.numpy_ops) against ggml's own CPU backend.
+"""The NumPy backend's kernels (pyggml.impl.numpy) against ggml's own CPU backend.
 
 Every case builds the same graph twice from the same input values: once computed by the CPU
 backend, once node by node with ``numpy_ops.compute`` (after checking ``numpy_ops.supports`` and
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import pyggml
-from pyggml import ffi, lib, numpy_ops, types
+from pyggml import ffi, lib, types
+from pyggml.impl import numpy as numpy_ops
 from pyggml.ops import host_array
 
 F32, F16, BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16

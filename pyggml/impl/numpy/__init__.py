@@ -14,9 +14,7 @@ in a :class:`~pyggml.sched.Scheduler` no tensor is copied (its own buffer type,
 
 As a loadable ggml module (for upstream's test-backend-ops or any ggml program)::
 
-    python -m pyggml.module build pyggml.impl.numpy:make_registry -o libggml-numpy.so
-
-(``pyggml.numpy_backend`` and ``pyggml.numpy_ops`` are the same modules under older names.)
+    python -m pyggml.impl.module build pyggml.impl.numpy:make_registry -o libggml-numpy.so
 """
 from __future__ import annotations
 
