@@ -223,7 +223,8 @@ def test_zero_byte_tensors_under_a_scheduler_of_two_backends(run_isolated, backe
     everything computes (NumPy reference)."""
     r = run_isolated(f"""
         import numpy as np
-        from pyggml import Context, CPUBackend, GGMLType, Scheduler, numpy_backend
+        from pyggml import Context, CPUBackend, GGMLType, Scheduler
+        from pyggml.impl import numpy as numpy_backend
         cpu, nb = CPUBackend(1), numpy_backend.init()
         s = Scheduler([nb, cpu] if {backends!r} == "numpy+cpu" else [cpu], graph_size=128)
         ctx = Context.for_tensors(32, graph_size=32)
