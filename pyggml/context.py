@@ -340,6 +340,15 @@ class Context(_cobject.CObject, Ops):
             raise ValueError(f"a tensor of type {types.type_name(t)} with ne={ne} would take {nbytes} "
                              "bytes: more than ggml can address")
         _check_nelements(ne, "new_tensor")  # quantized types take < 1 byte per element
+        if ne[0] == 0 and len(ne) > 1:
+            # an empty row: its reductions over ne[0] (mean, sum_rows, argmax...) make ne[0] 1,
+            # and ggml_new_tensor_impl, which passed ne[0] == 0 whatever came after, asserts then
+            try:
+                _check_nelements([1, *ne[1:]], "new_tensor")
+            except ValueError:
+                raise ValueError(f"new_tensor: ne={ne} is empty, but a reduction of it over ne[0] "
+                                 f"(mean, sum_rows...) would make ne={[1, *ne[1:]]}, more elements "
+                                 "than int64 holds: ggml would abort") from None
         if ne[0] * types.type_size(t) >= 2**64:
             # ggml_nbytes computes ne[0] * type_size in size_t: it would wrap around
             raise ValueError(f"ne[0]={ne[0]} of type {types.type_name(t)}: ggml_nbytes would overflow")

@@ -831,3 +831,14 @@ def test_mul_mat_of_a_transposed_tensor_that_ggml_calls_contiguous(run_isolated)
     """)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "refused"
+
+
+def test_an_empty_tensor_whose_reduction_ggml_would_abort_on_is_refused():
+    """ne [0, 2**62] passes ggml's element-count check (it starts from ne[0] = 0), but its mean
+    has ne [1, 2**62], which ggml_new_tensor_impl asserts on (ggml.c: INT64_MAX / ne[i] >
+    current_nelements): the mean killed the interpreter. new_tensor refuses such a tensor."""
+    assert_raised('c = Context(1 << 20, no_alloc=True)\nc.mean(c.new_tensor("f32", [0, 2**62]))', where="ggml.c")
+    c = Context(1 << 20, no_alloc=True)
+    with pytest.raises(ValueError, match=r"reduction of it over ne\[0\]"):
+        c.new_tensor("f32", [0, 2**62])
+    assert c.mean(c.new_tensor("f32", [0, 2**40])).ne == (1, 2**40, 1, 1)   # still fine
