@@ -168,11 +168,17 @@ class PyBufferType(Impl):
     ``ggml_nbytes``, and more only for quantized tensors, views and the ops of
     ``ggml_op_alloc_size_may_expand``, as ggml asserts; otherwise the pyggml call raises
     ValueError and ggml gets ``ggml_nbytes``), ``is_host() -> bool`` (True lets the CPU backend
-    read these buffers in place), and ``layout_n(tensors) -> offsets`` (see :meth:`_layout`):
-    where a set of tensors goes in one buffer, which fills the ``alloc_buffer_n`` and
-    ``get_alloc_size_n`` slots (ggml >= 0.26: ``ggml_backend_alloc_ctx_tensors_from_buft`` and
-    its ``_size`` twin call them for a context's tensors). Without it ggml's default applies
-    (the tensors one after another, split at ``get_max_size``).
+    read these buffers in place), and ``layout_n(tensors) -> offsets``: where a set of tensors
+    goes in one buffer of this type, which fills the ``alloc_buffer_n`` and ``get_alloc_size_n``
+    slots (ggml >= 0.26: ``ggml_backend_alloc_ctx_tensors_from_buft``, i.e.
+    ``Context.alloc_tensors``, and its ``_size`` twin call them for a context's tensors).
+    ``tensors`` is a list of :class:`~pyggml.tensor.Tensor` (lent for the call); return one entry
+    per tensor: an ``int`` byte offset (a multiple of :meth:`get_alignment`) for each tensor that
+    needs memory here (no data, not a view), ``None`` for the others. pyggml checks the layout
+    (length, alignment, overlaps, ``get_max_size``: ValueError from the pyggml call otherwise),
+    makes ``alloc_buffer(end of the last tensor)``, places the tensors at their offsets and the
+    views in their sources' memory. Without it ggml's default applies (the tensors one after
+    another, split at ``get_max_size``).
     """
 
     _iface = "ggml_backend_buffer_type_i"
@@ -318,7 +324,7 @@ class PyBufferType(Impl):
                     if off is not None:
                         status = lib.ggml_backend_tensor_alloc(ptr, p, ffi.cast("void *", base + off))
                     elif p.view_src != ffi.NULL and p.buffer == ffi.NULL:
-                        if p.view_src.buffer == ffi.NULL:
+                        if p.view_src.buffer == ffi.NULL or p.view_src.data == ffi.NULL:
                             raise ValueError(f"{t._label()} is a view of a tensor that is placed "
                                              "nowhere")
                         status = lib.ggml_backend_view_init(p)
