@@ -21,7 +21,7 @@ PACKAGES = ["pyggml", "pyggml_build"]
 #: (module, imported module) -> why the import sits inside a function
 ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("pyggml_build.cmake", "cmake"): "the PyPI cmake package is only needed when cmake is not on PATH",
-    ("pyggml.opt", "tqdm"): "an optional progress bar, imported only when a bar is shown on a terminal",
+    ("pyggml.opt.loop", "tqdm"): "an optional progress bar, imported only when a bar is shown on a terminal",
 }
 
 
