@@ -3,6 +3,7 @@
 #
 #   scripts/gpu_check.sh pack [TREE]   # here, after a CUDA build: fills .gpu/ (under 64 MiB)
 #   scripts/gpu_check.sh run [--quick] # there, in a copy of this checkout with .gpu/: everything
+#   scripts/gpu_check.sh setup         # there: only the setup (then run your own commands)
 #
 # pack (on the build machine, which has the network and the model wheels):
 #   TREE (default: this checkout) holds a CUDA build of pyggml (PYGGML_BACKENDS=cpu,cuda
@@ -75,6 +76,10 @@ setup() {
     local py=python3 site
     "$py" -m pip install -q --no-index --no-deps "$GPU"/whl/*.whl || return 1
     tar -xJf "$GPU/build.tar.xz" || return 1
+    # llama-bench travels in pyggml/lib (its own folder is where ggml looks for backend modules)
+    # but does not stay there: pyggml/lib holds the build's libraries only; it runs from .gpu
+    # with pyggml/lib as its working folder, ggml's other place to look
+    if [ -f pyggml/lib/llama-bench ]; then mv pyggml/lib/llama-bench "$GPU/llama-bench" || return 1; fi
     site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || return 1
     # libggml-cuda.so's rpath $ORIGIN/../../nvidia/cu13/lib: the CUDA runtime and cuBLAS of torch's install
     if [ -d "$site/nvidia" ]; then ln -sfn "$site/nvidia" "$ROOT/nvidia" || return 1; fi
@@ -112,8 +117,9 @@ run() {
     step "MiniLM vs torch CUDA" env PYTHONPATH="$pkgs" python3 benchmarks/bench_minilm.py --backend CUDA0 \
         --batch 1 32 --threads 4 --repeat 5
     local bench=(--pyggml-only)
-    [ -x pyggml/lib/llama-bench ] && bench=(--llama-bench "$ROOT/pyggml/lib/llama-bench")
-    step "LLM decode, CUDA graphs on" env LD_LIBRARY_PATH="$ROOT/pyggml/lib" python3 benchmarks/bench_llama.py --backend CUDA0 --model "$gguf" \
+    [ -x "$GPU/llama-bench" ] && bench=(--llama-bench "$ROOT/$GPU/llama-bench")
+    step "LLM decode, CUDA graphs on" env -C pyggml/lib LD_LIBRARY_PATH="$ROOT/pyggml/lib" python3 \
+        "$ROOT/benchmarks/bench_llama.py" --backend CUDA0 --model "$gguf" \
         --threads 4 --rounds 1 --repeat 3 --context 8 500 "${bench[@]}"
     step "LLM decode, CUDA graphs off" env GGML_CUDA_DISABLE_GRAPHS=1 python3 benchmarks/bench_llama.py \
         --backend CUDA0 --model "$gguf" --threads 4 --rounds 1 --repeat 3 --context 8 500 --pyggml-only
@@ -132,6 +138,7 @@ run() {
 
 case "${1:-}" in
     pack) shift; pack "$@" ;;
+    setup) export TMPDIR_GPU=${TMPDIR:-/tmp}/pyggml-gpu-check; setup ;;
     run) shift; run "$@" ;;
     *) sed -n '2,40p' "$0"; exit 2 ;;
 esac
