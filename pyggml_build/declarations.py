@@ -158,13 +158,14 @@ def _declaration_text(lines: list[str], name: str) -> tuple[str, list[str]]:
 
 
 def macro_constants(include_dir: Path, headers: list[str]) -> list[str]:
-    """cffi declarations for the object-like ``GGML_*``/``GGUF_*`` macros with a constant value:
+    """cffi declarations for the object-like ``GGML_*``/``GGUF_*``/``RPC_*`` macros with a
+    constant value (``RPC_PROTO_MAJOR_VERSION``... of ggml-rpc.h in builds with the RPC backend):
     integers as ``#define NAME ...``, string literals as ``static const char *const NAME;``
     (the compiler supplies both values)."""
     text = _cpp(include_dir, ["-dM"], headers)
     decls = []
     for line in sorted(text.splitlines()):
-        m = re.match(r"#define ((?:GGML|GGUF)_[A-Z0-9_]+) (.+)$", line)
+        m = re.match(r"#define ((?:GGML|GGUF|RPC)_[A-Z0-9_]+) (.+)$", line)
         if not m:
             continue
         if re.fullmatch(r"[()\s\d*+\-<>xXa-fA-FuUlL]+", m.group(2)):
