@@ -69,25 +69,23 @@ _EXAMPLES = {f"examples/{p}": (_LIBGGML_0_20_2, f"ggml/examples/{p}") for p in (
     "simple/simple-ctx.cpp", "simple/simple-backend.cpp",
     "mnist/mnist-common.cpp", "mnist/mnist-common.h", "mnist/mnist-train.cpp", "mnist/mnist-eval.cpp")}
 
+def _llama_cpp(version: str, archive: Archive, root: str) -> Pin:
+    """ggml ``version`` as the ``ggml`` folder of the llama.cpp tree at ``root`` in ``archive``.
+    llama.cpp keeps upstream's test-backend-ops.cpp in its own tests/ folder, its license is
+    ggml's (MIT, "The ggml authors"), and its ggml folder lacks ggml.pc.in, which a standalone
+    CMake build configures."""
+    return Pin(version, archive, f"{root}/ggml",
+               extras={"tests/test-backend-ops.cpp": (archive, f"{root}/tests/test-backend-ops.cpp"),
+                       "ggml.pc.in": (_LIBGGML_0_20_2, "ggml/ggml.pc.in"),
+                       "LICENSE": (archive, f"{root}/LICENSE"),
+                       **_EXAMPLES},
+               undefined_functions=_UNDEFINED)
+
+
 #: Every ggml version pyggml builds: version -> its :class:`Pin`.
 PINS: dict[str, Pin] = {
-    "0.25.3": Pin("0.25.3", _LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/ggml",
-                  # llama.cpp keeps upstream's test-backend-ops.cpp in its own tests/ folder;
-                  # its ggml folder lacks ggml.pc.in, which a standalone CMake build configures
-                  extras={"tests/test-backend-ops.cpp": (_LLAMA_CPP_PYTHON_0_3_36,
-                                                         "vendor/llama.cpp/tests/test-backend-ops.cpp"),
-                          "ggml.pc.in": (_LIBGGML_0_20_2, "ggml/ggml.pc.in"),
-                          # llama.cpp's license is ggml's (MIT, "The ggml authors")
-                          "LICENSE": (_LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp/LICENSE"),
-                          **_EXAMPLES},
-                  undefined_functions=_UNDEFINED),
-    "0.26.0": Pin("0.26.0", _XLLAMACPP_2026_10_11549, "thirdparty/llama.cpp/ggml",
-                  extras={"tests/test-backend-ops.cpp": (_XLLAMACPP_2026_10_11549,
-                                                         "thirdparty/llama.cpp/tests/test-backend-ops.cpp"),
-                          "ggml.pc.in": (_LIBGGML_0_20_2, "ggml/ggml.pc.in"),
-                          "LICENSE": (_XLLAMACPP_2026_10_11549, "thirdparty/llama.cpp/LICENSE"),
-                          **_EXAMPLES},
-                  undefined_functions=_UNDEFINED),
+    "0.25.3": _llama_cpp("0.25.3", _LLAMA_CPP_PYTHON_0_3_36, "vendor/llama.cpp"),
+    "0.26.0": _llama_cpp("0.26.0", _XLLAMACPP_2026_10_11549, "thirdparty/llama.cpp"),
 }
 
 #: The version a plain build gets; ``PYGGML_GGML_VERSION`` picks another row of :data:`PINS`.
