@@ -8,6 +8,7 @@ with an ``$ORIGIN`` rpath and without versioned sonames: one file each, in ``pyg
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -62,8 +63,14 @@ def build_libraries(src: Path, build_dir: Path, args: list[str], jobs: int) -> P
     stage = build_dir / "stage"
     t0 = time.monotonic()
     cache = build_dir / "CMakeCache.txt"
-    if cache.is_file() and f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\n" not in cache.read_text():
+    text = cache.read_text() if cache.is_file() else ""
+    if text and f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\n" not in text:
         log(f"{build_dir} was configured for another source tree: starting it afresh")
+        shutil.rmtree(build_dir)
+    elif text and any(not Path(p).exists() for p in _cached_tools(text)):
+        # pip builds in a throw-away environment whose cmake and ninja the build files name:
+        # the next `pip install .` finds them gone (ninja's rule that configures again fails)
+        log(f"{build_dir} was configured with a cmake or ninja that is gone: starting it afresh")
         shutil.rmtree(build_dir)
     run([_cmake(), "-S", str(src), "-B", str(build_dir)] + args)
     run([_cmake(), "--build", str(build_dir), "--config", "Release", "-j", str(jobs)])
@@ -72,6 +79,11 @@ def build_libraries(src: Path, build_dir: Path, args: list[str], jobs: int) -> P
     run([_cmake(), "--install", str(build_dir), "--prefix", str(stage)])
     log(f"ggml built in {time.monotonic() - t0:.0f} s")
     return stage
+
+
+def _cached_tools(cache_text: str) -> list[str]:
+    """The cmake and make program a CMakeCache.txt names (CMAKE_COMMAND, CMAKE_MAKE_PROGRAM)."""
+    return re.findall(r"^(?:CMAKE_COMMAND|CMAKE_MAKE_PROGRAM):[A-Z]+=(.+)$", cache_text, flags=re.M)
 
 
 def modules(build_dir: Path) -> list[Path]:
