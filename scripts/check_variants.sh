@@ -121,7 +121,7 @@ ggml_0_25_3() {
     (cd "$stage" && "$bin/python" scripts/numpy_backend_conformance.py)
     step "a ggml 0.25.3 backend module loaded by a ggml 0.26 program: refused, not a crash"
     # from /tmp: `python -m` would import the checkout's own pyggml (the default build) otherwise
-    (cd /tmp && "$bin/python" -m pyggml.module build pyggml.impl.numpy:make_registry -o "$stage/build/libggml-numpy-0.25.3.so")
+    (cd /tmp && "$bin/python" -m pyggml.impl.module build pyggml.impl.numpy:make_registry -o "$stage/build/libggml-numpy-0.25.3.so")
     (cd "$root" && "${PYTHON:-python3}" scripts/numpy_backend_conformance.py --module "$stage/build/libggml-numpy-0.25.3.so" \
         --expect-refused -o ADD)
 }
