@@ -148,9 +148,13 @@ class GraphCache:
             self._graphs.popitem(last=False)[1].close()
         return entry
 
+    def _sched(self, entry: CachedGraph) -> Scheduler | None:
+        """The scheduler that computes ``entry``: its own, the cache's, or None (a backend)."""
+        return entry.scheduler or self.scheduler
+
     def _place(self, entry: CachedGraph) -> None:
         graph = entry.graph
-        s = entry.scheduler or self.scheduler
+        s = self._sched(entry)
         if s is not None:
             if not (s._graph is graph and s._is_alloc and graph.split_by is s):
                 s.alloc_graph(graph)
@@ -185,7 +189,7 @@ class GraphCache:
             self._place(entry)
             self._set_inputs(entry, inputs)
             entry.computes += 1
-            sched = entry.scheduler or self.scheduler
+            sched = self._sched(entry)
             if sched is not None:
                 sched.compute(entry.graph)
             else:
@@ -206,7 +210,7 @@ class GraphCache:
         entry = self.get(key)
         self._place(entry)
         entry.computes += 1
-        sched = entry.scheduler or self.scheduler
+        sched = self._sched(entry)
         if sched is not None:
             self._set_inputs(entry, inputs)
             sched.compute_async(entry.graph)

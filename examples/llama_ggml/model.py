@@ -352,8 +352,8 @@ class LlamaModel:
         a = np.asarray(ids, dtype=np.int64).reshape(-1)
         if a.size == 0:
             raise ValueError("no tokens to evaluate")
-        if not (0 <= int(a[0]) < self.hp.n_vocab if a.size == 1 else
-                (a.min() >= 0 and a.max() < self.hp.n_vocab)):
+        lo, hi = (int(a[0]), int(a[0])) if a.size == 1 else (int(a.min()), int(a.max()))  # one id: no reductions
+        if lo < 0 or hi >= self.hp.n_vocab:
             raise ValueError(f"token ids must be in 0..{self.hp.n_vocab - 1}")
         if self.n_past + a.size > self.n_ctx:
             raise ValueError(f"{self.n_past} + {a.size} tokens do not fit the context of {self.n_ctx} "

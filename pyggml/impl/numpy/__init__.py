@@ -70,8 +70,10 @@ class NumpyBufferType(PyBufferType):
     def get_name(self) -> str:
         return NAME
 
+    ALIGNMENT = 64
+
     def get_alignment(self) -> int:
-        return 64
+        return self.ALIGNMENT
 
     def is_host(self) -> bool:
         return True
@@ -88,7 +90,7 @@ class NumpyBufferType(PyBufferType):
                 offsets.append(None)
                 continue
             offsets.append(end)
-            end += -(-t.nbytes // 64) * 64
+            end += -(-t.nbytes // self.ALIGNMENT) * self.ALIGNMENT
         return offsets
 
 
