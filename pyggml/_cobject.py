@@ -27,20 +27,18 @@ so every kind is registered before user code runs.
 """
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, TypeVar
 
+from .raw import threads
 from .errors import ClosedError, GGMLError
 from .raw import ffi
-from .raw.boundary import lent
 
-__all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap", "using", "guarded", "holding"]
+__all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap"]
 
 _Self = TypeVar("_Self", bound="CBorrowed")
-_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
 class CBorrowed:
@@ -72,6 +70,15 @@ class CObject(CBorrowed):
     _c_free: Any = None  # the C function that frees an owned pointer, set by subclasses
     _kind = "object"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``close`` and ``reset`` run as :class:`pyggml.raw.threads.closing`
+        says (they wait for other threads' calls; RuntimeError from a callback)."""
+        super().__init_subclass__(**kwargs)
+        for name in ("close", "reset"):
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "_closes", False):
+                setattr(cls, name, threads.closes(fn))
+
     def __init__(self, ptr: Any, *, owned: bool, owner: Any = None, keep: Any = None):
         if ptr is None or ptr == ffi.NULL:
             raise GGMLError(f"ggml returned NULL for a {self._kind}")
@@ -82,10 +89,7 @@ class CObject(CBorrowed):
         self._keep = keep
         self._views = 0  # live NumPy views of this object's memory
         self._pending_free: Any = None
-        # threads: C calls that use this object hold this lock (:class:`using`); close() takes
-        # it too, so it waits for them. ``_closers``: closes and resets running (:class:`_closing`)
-        self._lock = threading.RLock()
-        self._closers = 0
+        self._lock = threading.RLock()  # calls that use the object take turns (pyggml.raw.threads)
 
     def _export(self, holder: Any) -> None:
         """Register ``holder``, the object behind a NumPy view of this object's memory: while one
@@ -129,8 +133,9 @@ class CObject(CBorrowed):
         type(self)._c_free(ptr)
 
     def close(self) -> None:
-        """Free the C object if owned (idempotent); any later use raises ClosedError."""
-        with _closing(self):
+        """Free the C object if owned (idempotent); any later use raises ClosedError. Waits
+        for other threads' calls; RuntimeError from a callback (:mod:`pyggml.raw.threads`)."""
+        with threads.closing():
             self._close()
 
     def _close(self) -> None:
@@ -151,7 +156,7 @@ class CObject(CBorrowed):
             return
         try:
             if getattr(self, "_ptr", None) is not None and getattr(self, "_owned", False):
-                self.close()
+                threads.close_later(self)
         except Exception:  # noqa: BLE001 - nothing may escape __del__
             pass
 
@@ -162,168 +167,6 @@ class CObject(CBorrowed):
     def __hash__(self) -> int:
         # the pointer it was made with: the hash must not change when the object is closed
         return hash((type(self), getattr(self, "_key", self._ptr)))
-
-
-#: counts closes and resets (and placers' new placements: :func:`changed`), at their start and
-#: at their end (under the lock of what they change), so that a call that checked its objects
-#: before taking their locks knows whether to check again under them
-changes = 0
-
-
-def changed() -> None:
-    """Count a change that may invalidate another thread's check (see :data:`changes`)."""
-    global changes
-    changes += 1
-
-
-class _closing:
-    """``with _closing(obj):`` around a close or reset: waits (the object's lock) while another
-    thread's C call uses ``obj``; RuntimeError, with nothing changed, when a call on this very
-    thread uses it, or the call a callback on one of ggml's threads works for (a callback of
-    that call closing it: C would go on with freed memory; :class:`~pyggml.raw.boundary.on_behalf`).
-
-    A call that uses ``obj`` holds its lock (:class:`using`, op constructors): the lock already
-    held by this thread, outside a close of ``obj`` (``_closers``: a close may reset), is one."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any):
-        lock = getattr(obj, "_lock", None)
-        self.obj = None
-        if lock is None:
-            return
-        if (lock._is_owned() or lock in lent()) and not obj._closers:
-            raise RuntimeError(f"cannot close or reset this {obj._kind} from a callback of a "
-                               "call that is using it (C would go on with freed memory)")
-        lock.acquire()
-        obj._closers += 1
-        global changes
-        changes += 1
-        self.obj = obj
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: object) -> None:
-        obj = self.obj
-        if obj is not None:
-            obj._closers -= 1
-            # counted again at the end, still holding the lock: a thread that read ``changes``
-            # while this ran (after the first count) and checked the object before the close
-            # changed it sees a new count once it holds the lock, and checks again
-            global changes
-            changes += 1
-            obj._lock.release()
-
-
-def guarded(fn: _Fn) -> _Fn:
-    """Decorator of the ``close`` and ``reset`` of CObject subclasses: they run as
-    :class:`_closing` says (waiting for other threads' calls that use the object; RuntimeError
-    from a callback of a call on this thread that uses it)."""
-    @functools.wraps(fn)
-    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _closing(self):
-            return fn(self, *args, **kwargs)
-    return guarded  # type: ignore[return-value]
-
-
-def holding(fn: _Fn) -> _Fn:
-    """Decorator of methods that call C with the object (a backend's ``name``, ``synchronize``...;
-    a context's ``alloc_tensors``): they hold the object's lock, so that a close or reset on
-    another thread waits for them instead of freeing the object under them."""
-    @functools.wraps(fn)
-    def holding(self: Any, *args: Any, **kwargs: Any) -> Any:
-        lock = self._lock
-        if not lock.acquire(False):
-            if lock in lent():  # held for this callback by the call it works for
-                return fn(self, *args, **kwargs)
-            lock.acquire()
-        try:
-            return fn(self, *args, **kwargs)
-        finally:
-            lock.release()
-    return holding  # type: ignore[return-value]
-
-
-class using:
-    """``with using(a, b, ...):`` around C calls that use the objects (CObjects or objects with a
-    ``_lock``; None and others skipped): holds their locks, so that another thread's call on
-    them waits, and so does their :meth:`~CObject.close`. The locks are taken all or none (a
-    lock held elsewhere: release, wait for it, try again), so two calls never wait on each
-    other; re-entrant on one thread (a callback may use them again), and a callback on one of
-    ggml's threads neither waits for nor releases the locks its waiting caller holds for it
-    (:class:`~pyggml.raw.boundary.on_behalf`)."""
-
-    __slots__ = ("locks",)
-
-    def __init__(self, *objs: Any):
-        seen: dict[int, Any] = {}
-        for o in objs:
-            lock = getattr(o, "_lock", None) if o is not None else None
-            if lock is not None:
-                seen[id(lock)] = lock
-        self.locks = tuple(seen.values())
-
-    @classmethod
-    def of(cls, locks: tuple[Any, ...]) -> "using":
-        """A :class:`using` of the locks an earlier one found (``.locks``: distinct), made
-        without looking again (computes cache them per checked graph)."""
-        u = cls.__new__(cls)
-        u.locks = locks
-        return u
-
-    @classmethod
-    def arenas(cls, objs: Iterable[Any]) -> "using":
-        """A :class:`using` of the arena locks (``Context._arena_lock``) of ``objs``, each once;
-        objects without one (a borrow scope's is None) skipped."""
-        seen: dict[int, Any] = {}
-        for o in objs:
-            lock = getattr(o, "_arena_lock", None)
-            if lock is not None:
-                seen[id(lock)] = lock
-        return cls.of(tuple(seen.values()))
-
-    def __enter__(self) -> None:
-        locks = self.locks
-        n = 0
-        for lock in locks:  # the common case: none held elsewhere
-            if not lock.acquire(False):
-                break
-            n += 1
-        else:
-            return
-        for lock in locks[:n]:
-            lock.release()
-        wait = n
-        held = lent()
-        if held:  # a callback on ggml's thread: what its caller holds for it is not waited for
-            locks = tuple(lock for lock in locks if lock not in held)
-            if not locks:
-                return
-            wait = 0
-        while True:
-            locks[wait].acquire()
-            got = [locks[wait]]
-            for i, lock in enumerate(locks):
-                if i == wait:
-                    continue
-                if lock.acquire(False):
-                    got.append(lock)
-                    continue
-                for g in got:
-                    g.release()
-                wait = i
-                break
-            else:
-                return
-
-    def __exit__(self, *exc: object) -> None:
-        for lock in self.locks:
-            try:
-                lock.release()
-            except RuntimeError:  # not taken: lent to this callback by its caller (on_behalf)
-                if lock not in lent():
-                    raise
 
 
 _WRAPPERS: dict[str, Callable[..., Any]] = {}

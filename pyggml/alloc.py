@@ -24,6 +24,7 @@ import functools
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from . import _cobject, buffer
+from .raw import threads
 from .buffer_type import BufferType
 from .enums import BufferUsage
 from .errors import ClosedError
@@ -84,12 +85,12 @@ def placing(fn: _F) -> _F:
     before taking its locks checks again)."""
     @functools.wraps(fn)
     def placed(self: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
-        with graph._holding(self, *getattr(self, "_backends", ())), buffer.lifecycle:
-            _cobject.changed()
+        with graph._holding(self, *getattr(self, "_backends", ()), buffer.LIFECYCLE):
+            threads.changed()
             try:
                 return fn(self, graph, *args, **kwargs)
             finally:
-                _cobject.changed()  # at the end too, under the locks (see _cobject.changes)
+                threads.changed()  # at the end too, under the locks (see threads.changes)
     return placed  # type: ignore[return-value]
 
 
@@ -437,7 +438,6 @@ class GraphAllocator(_cobject.CObject, Placer):
         """Bytes of the allocator's buffer (``ggml_gallocr_get_buffer_size``, buffer 0)."""
         return int(lib.ggml_gallocr_get_buffer_size(self.ptr, 0))
 
-    @_cobject.guarded
     def close(self) -> None:
         """``ggml_gallocr_free``: tensors it placed lose their data (using them raises)."""
         if self._ptr is not None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _cobject, buffer
+from .raw import threads
 from .buffer import Buffer
 from .buffer_type import BufferType
 from .errors import ClosedError, GGMLError
@@ -76,23 +77,23 @@ class _Checked:
         self.contexts = contexts
         self.placer = graph.placed_by
         self.unplaced = buffer.unplaced
-        # what computing the graph uses, locked around the C call (_cobject.using): its
+        # what computing the graph uses, locked around the C call (threads.using): its
         # contexts, the owners of its buffers, its placer
         self.users = (*(c for c, _ in contexts), *(r.owner for r in records), self.placer,
                       *(o for o, _ in foreign))
         self.locks: tuple[Any, ...] | None = None  # using(backend, graph, *users).locks, on first use
-        self.lock: _cobject.using | None = None     # a using of them (stateless: threads share it)
+        self.lock: threads.using | None = None     # a using of them (stateless: threads share it)
         self.owners = _callback_owners(graph)      # to declare to calling() around a compute
         # the backend object that checked (the key, its pointer, may be a new backend's once
         # this one is closed: malloc gives the address again)
         self.backend: Any = None
-        # _cobject.changes when this was last found valid: until the next close, reset or
+        # threads.changes when this was last found valid: until the next close, reset or
         # placement anywhere, only the graph's own version and node count need a look
         self.valid_at = -1
 
     def still_valid(self, graph: "Graph", n_nodes: int, seen: int) -> bool:
         """Whether the check holds for ``graph`` of ``n_nodes`` nodes; ``seen``: the
-        ``_cobject.changes`` read before (while it has not moved since the check was last found
+        ``threads.changes`` read before (while it has not moved since the check was last found
         valid, only the graph's version and node count need a look)."""
         if self.version != graph.version or self.n_nodes != n_nodes:
             return False
@@ -126,12 +127,12 @@ def _memory_current(records: list[buffer.LiveBuffer], contexts: list[tuple[Any, 
     return True
 
 
-def _compute_lock(graph: "Graph", *users: Any) -> _cobject.using:
-    """The :class:`~pyggml._cobject.using` of a compute of ``graph`` by ``users`` (backends,
+def _compute_lock(graph: "Graph", *users: Any) -> threads.using:
+    """The :class:`~pyggml.raw.threads.using` of a compute of ``graph`` by ``users`` (backends,
     contexts, buffer owners, placers): the graph's own lock is covered by its context's
     (everything that changes a graph holds both), so that one instead, where it has one."""
     owner = graph._owner
-    return _cobject.using(graph if owner._lock is None else owner, *users)
+    return threads.using(graph if owner._lock is None else owner, *users)
 
 
 class Backend(_cobject.CObject):
@@ -173,39 +174,37 @@ class Backend(_cobject.CObject):
 
     # --- description
     @property
-    @_cobject.holding  # no close meanwhile (another thread's)
     def name(self) -> str:
         """``ggml_backend_name``."""
         with calling():
             return _str(lib.ggml_backend_name(self.ptr))
 
     @property
-    @_cobject.holding  # no close meanwhile (another thread's)
     def guid(self) -> bytes:
         """The 16-byte backend identifier (``ggml_backend_guid``)."""
-        return bytes(ffi.buffer(lib.ggml_backend_guid(self.ptr), 16))
+        with calling():
+            return bytes(ffi.buffer(lib.ggml_backend_guid(self.ptr), 16))
 
     @property
-    @_cobject.holding  # no close meanwhile (another thread's)
     def device(self) -> "Device":
         """``ggml_backend_get_device``."""
-        return _cobject.wrap("device", lib.ggml_backend_get_device(self.ptr))  # type: ignore[no-any-return]
+        with calling():
+            p = lib.ggml_backend_get_device(self.ptr)
+        return _cobject.wrap("device", p)  # type: ignore[no-any-return]
 
     @property
-    @_cobject.holding  # no close meanwhile (another thread's)
     def default_buffer_type(self) -> BufferType:
         """``ggml_backend_get_default_buffer_type``."""
-        return BufferType(lib.ggml_backend_get_default_buffer_type(self.ptr))
+        with calling():
+            return BufferType(lib.ggml_backend_get_default_buffer_type(self.ptr))
 
     @property
-    @_cobject.holding  # no close meanwhile (another thread's)
     def alignment(self) -> int:
         """``ggml_backend_get_alignment``, bytes."""
         with calling():
             return int(lib.ggml_backend_get_alignment(self.ptr))
 
     @property
-    @_cobject.holding  # no close meanwhile (another thread's)
     def max_size(self) -> int:
         """``ggml_backend_get_max_size``, bytes."""
         with calling():
@@ -215,7 +214,6 @@ class Backend(_cobject.CObject):
         """A buffer of the default buffer type (``ggml_backend_alloc_buffer``)."""
         return self.default_buffer_type.alloc_buffer(size)
 
-    @_cobject.holding  # no close meanwhile (another thread's)
     def set_n_threads(self, n: int) -> bool:
         """Threads for this backend's compute, through its registry's
         ``ggml_backend_set_n_threads`` (``ggml_backend_reg_get_proc_address``: the CPU and BLAS
@@ -232,7 +230,6 @@ class Backend(_cobject.CObject):
         return True
 
     # --- capabilities
-    @_cobject.holding  # no close meanwhile (another thread's)
     def supports_op(self, op: Tensor) -> bool:
         """``ggml_backend_supports_op``: can this backend compute node ``op``? Raises what a
         Python device's ``supports_op`` raised."""
@@ -243,13 +240,11 @@ class Backend(_cobject.CObject):
     def _supports_raw(self, p: Any) -> bool:
         return bool(lib.ggml_backend_supports_op(self._ptr, p))
 
-    @_cobject.holding  # no close meanwhile (another thread's)
     def supports_buft(self, buft: BufferType) -> bool:
         """``ggml_backend_supports_buft``: can it use tensors in buffers of ``buft``?"""
         with calling():
             return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))
 
-    @_cobject.holding  # no close meanwhile (another thread's)
     def offload_op(self, op: Tensor) -> bool:
         """``ggml_backend_offload_op``: worth moving this op's weights here?"""
         p = tensor_arg(op, "op")._ptr
@@ -257,7 +252,6 @@ class Backend(_cobject.CObject):
             return bool(lib.ggml_backend_offload_op(self.ptr, p))
 
     # --- tensor data
-    @_cobject.holding  # no close meanwhile (another thread's)
     def tensor_set_async(self, tensor: Tensor, array: np.ndarray, offset: int = 0) -> None:
         """``ggml_backend_tensor_set_async``: copy ``array``'s bytes into ``tensor`` at byte
         ``offset``; ``array`` is kept alive until :meth:`synchronize`."""
@@ -268,7 +262,6 @@ class Backend(_cobject.CObject):
         with calling():
             lib.ggml_backend_tensor_set_async(self.ptr, p, ffi.from_buffer(a), offset, a.nbytes)
 
-    @_cobject.holding  # no close meanwhile (another thread's)
     def tensor_get_async(self, tensor: Tensor, out: np.ndarray, offset: int = 0) -> None:
         """``ggml_backend_tensor_get_async``: copy bytes from ``tensor`` into the writable,
         C-contiguous ``out``; valid after :meth:`synchronize`."""
@@ -280,7 +273,6 @@ class Backend(_cobject.CObject):
         with calling():
             lib.ggml_backend_tensor_get_async(self.ptr, p, ffi.from_buffer(out), offset, out.nbytes)
 
-    @_cobject.holding  # no close meanwhile (another thread's)
     def synchronize(self) -> None:
         """Wait for all queued work (``ggml_backend_synchronize``); graphs computed with
         :meth:`graph_compute_async` are computed from now on."""
@@ -316,7 +308,6 @@ class Backend(_cobject.CObject):
         with calling():
             lib.ggml_backend_tensor_copy(ps, pd)
 
-    @_cobject.holding  # no close meanwhile (another thread's)
     def tensor_copy_async(self, dst_backend: "Backend", src: Tensor, dst: Tensor) -> None:
         """``ggml_backend_tensor_copy_async`` from this backend to ``dst_backend``; raises
         ValueError as :meth:`tensor_copy` does."""
@@ -365,12 +356,12 @@ class Backend(_cobject.CObject):
         """What to say when this backend cannot compute node ``p`` (``_supports_raw`` false)."""
         return "its supports_op refuses the op or these types (compute it on another backend)"
 
-    def _prepare(self, graph: "Graph") -> tuple[Any, _cobject.using, _Checked]:
+    def _prepare(self, graph: "Graph") -> tuple[Any, threads.using, _Checked]:
         """(the graph's C pointer, the held locks of what computing it uses, the check), after
         the check (cached on the graph) of everything computing it needs; the caller releases
         the locks (``__exit__``). Raises ValueError/ClosedError (holding nothing)."""
         while True:
-            seen = _cobject.changes
+            seen = threads.changes
             g = graph.ptr
             n_nodes = lib.ggml_graph_n_nodes(g)
             key = self.ptr
@@ -379,7 +370,7 @@ class Backend(_cobject.CObject):
                 # checked holding the backend, the graph and its contexts (no close or reset
                 # meanwhile), then round again to take the locks of all computing uses
                 with graph._holding(self), calling():  # calling: supports_op of a Python device
-                    if _cobject.changes == seen:
+                    if threads.changes == seen:
                         state = graph.checked[key] = self._check_graph(graph, n_nodes)
                         state.backend = self
                 continue
@@ -388,7 +379,7 @@ class Backend(_cobject.CObject):
                 lock = _compute_lock(graph, self, *state.users)
                 state.locks, state.lock = lock.locks, lock
             lock.__enter__()
-            if _cobject.changes == seen:  # nothing closed or placed anew while it waited
+            if threads.changes == seen:  # nothing closed or placed anew while it waited
                 break
             lock.__exit__()
         if state.indices is not None:  # data: checked before every compute
@@ -482,7 +473,7 @@ class GraphPlan(_cobject.CObject):
         backend: Backend = self._owner
         _, lock, state = backend._prepare(self._graph)
         try:
-            with _cobject.using(self), calling(*state.owners, held=(self._lock, *lock.locks)):
+            with threads.using(self), calling(*state.owners, held=(self._lock, *lock.locks)):
                 status = lib.ggml_backend_graph_plan_compute(backend._ptr, self.ptr)
                 check_status(status, "ggml_backend_graph_plan_compute")
         finally:

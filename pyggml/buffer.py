@@ -96,6 +96,16 @@ forgetters: list[Callable[[Any, Any], None]] = []
 #: itself is retired first and needs no lock (finalizers free buffers). Re-entrant; held
 #: briefly, around C calls whose only Python callbacks are Python buffer types' own
 lifecycle = threading.RLock()
+
+
+class _Lifecycle:
+    """:data:`lifecycle` as an object :class:`pyggml.raw.threads.using` takes with the others (a
+    placement takes it with its contexts' locks, all at once)."""
+
+    _lock = lifecycle
+
+
+LIFECYCLE = _Lifecycle()
 _table: list[Any] = [None, 0, -1]  # [C array of struct pyggml_live_buffer, length, version]
 _version = 0
 #: counts the times a placer forgot the places of tensors (data NULL again, to place them
@@ -345,7 +355,6 @@ class Buffer(_cobject.CObject):
         with calling():  # a Python buffer's free_buffer
             lib.ggml_backend_buffer_free(ptr)
 
-    @_cobject.guarded
     def close(self) -> None:
         """``ggml_backend_buffer_free`` if owned (idempotent). Tensors in the buffer become
         unusable at once (even while a NumPy view keeps the memory itself alive)."""
@@ -420,7 +429,6 @@ class Buffer(_cobject.CObject):
             with calling():
                 lib.ggml_backend_buffer_clear(self.ptr, value)
 
-    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_backend_buffer_reset`` (backend-specific tensor state)."""
         with calling():

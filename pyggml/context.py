@@ -12,14 +12,12 @@ tensor data in the arena keep it alive after the context is closed.
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from . import _cobject, buffer, tensor as _tensor_mod, types
+from .raw import threads
 from .buffer import Buffer, check_tensor_memory
 from .buffer_type import BufferType
 from .errors import ClosedError, GGMLError
@@ -45,17 +43,13 @@ def _pad(n: int, align: int) -> int:
     return (n + align - 1) // align * align
 
 
-#: taken around every change and every listing of a context's ``_dependents`` (a WeakSet:
-#: another thread's add while one lists it raises); re-entrant for a finalizer's close
-_DEPENDENTS_LOCK = threading.RLock()
-
-
-def _make_stale(contexts: Sequence["Context"]) -> None:
-    """A context was reset or closed: every context whose nodes read its tensors (directly or
-    through others; their arena locks held) is stale. Their op constructors take the slow path
-    (``_room`` < 0), where :meth:`Context._reserve` raises ClosedError."""
-    for d in contexts:
-        if not d._stale and d._gen >= 0:
+def _make_stale(ctx: "Context") -> None:
+    """``ctx`` was reset or closed (every context's lock held: :class:`pyggml.raw.threads.closing`):
+    every context whose nodes read its tensors, directly or through others, is stale. Their op
+    constructors take the slow path (``_room`` < 0), where :meth:`Context._reserve` raises
+    ClosedError."""
+    for d in threads.live_contexts():
+        if d is not ctx and d._deps and not d._stale and d._gen >= 0 and d._stale_dep() is not None:
             d._stale = True
             d._room = -1
 
@@ -95,21 +89,13 @@ class Context(_cobject.CObject, Ops):
         self._callbacks: list[Any] = []    # Python ops (map_custom) live as long as the context
         self._deps: dict[Any, int] = {}    # other contexts whose tensors ours point at -> their
                                            # generation then
-        self._dependents: "weakref.WeakSet[Context]" = weakref.WeakSet()  # contexts pointing at ours
         self._stale = False                # a context in _deps was reset or closed since
         self._trial_ops: set[int] = set()  # ops made by Ops.op without checks of their own
         self._arena_lo = int(self._arena.ctypes.data)  # the tensor structs of this context lie
         self._arena_hi = self._arena_lo + size          # in [lo, hi) (ops._give_data)
-        # threads take turns in the arena (ggml's is not thread-safe): C calls that make, walk,
-        # reset or free its objects hold this lock, and so do the op constructors for their
-        # checks of the context's state. Held only around work that calls no Python callback
-        # and waits for no other lock (other contexts' are taken all or none), so that a thread
-        # that must walk every arena (buffer.forget) can wait for it; re-entrant for a
-        # finalizer that runs while it is held. close() and reset() also hold ``_lock``, and the
-        # arena locks of the contexts whose nodes read ours (_holding_dependents): op
-        # constructors reading a recorded dependency's tensors hold only their own context's
-        # arena lock
-        self._arena_lock = threading.RLock()
+        # ``_lock``: taken by whatever makes, walks or places the context's tensors (op
+        # constructors without the gate: closes and resets take every context's lock)
+        threads.register_context(self)
         _tensor_mod.register_arena(self, self._arena.ctypes.data, size)
 
     @classmethod
@@ -155,81 +141,31 @@ class Context(_cobject.CObject, Ops):
         """Whether tensors get no data in the context (``ggml_get_no_alloc``)."""
         return bool(lib.ggml_get_no_alloc(self._live_ptr()))
 
-    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_reset``: forget every tensor and graph. Their Python objects raise ClosedError
         from now on; the memory is reused by what the context makes next. Contexts whose nodes
         read this context's tensors refuse new tensors, nodes and graphs (ClosedError) until
         they are reset themselves, and their graphs are refused."""
-        with self._holding_dependents() as dependents:
-            lib.ggml_reset(self._live_ptr())
-            self._gen += 1
-            self._room = -1 if self._raw else self._mem_size
-            self._trial_ops.clear()
-            self._deps.clear()
-            self._stale = False
-            _make_stale(dependents)
+        lib.ggml_reset(self._live_ptr())
+        self._gen += 1
+        self._room = -1 if self._raw else self._mem_size
+        self._trial_ops.clear()
+        self._deps.clear()
+        self._stale = False
+        _make_stale(self)
 
     # ------------------------------------------------------------------ dependencies
     def _add_dep(self, owner: Any) -> None:
         """Record that nodes of this context read tensors of ``owner`` (a context or a borrow
         scope) in its current generation. Raises ClosedError if ``owner``'s own nodes read
-        memory that is gone (its tensors may point into it). The caller holds the arena locks
-        of both (``owner``'s dependents grow only under its lock: :meth:`_holding_dependents`)."""
+        memory that is gone (its tensors may point into it). The caller holds the locks of both."""
         if getattr(owner, "_stale", False):
             owner._check_deps()
         self._deps.setdefault(owner, owner._gen)
-        dependents = getattr(owner, "_dependents", None)
-        if dependents is not None:
-            with _DEPENDENTS_LOCK:
-                dependents.add(self)
 
     def _drop_dep(self, owner: Any) -> None:
         """Undo :meth:`_add_dep` of ``owner`` (a node that read its tensors was refused)."""
         self._deps.pop(owner, None)
-        dependents = getattr(owner, "_dependents", None)
-        if dependents is not None:
-            with _DEPENDENTS_LOCK:
-                dependents.discard(self)
-
-    def _all_dependents(self) -> dict[int, "Context"]:
-        """Every context whose nodes read this one's tensors, directly or through other
-        contexts' (their ``_dependents``, transitively), by id."""
-        out: dict[int, Context] = {}
-        todo = [self]
-        while todo:
-            c = todo.pop()
-            with _DEPENDENTS_LOCK:  # another thread may add one meanwhile (WeakSet iteration)
-                found = list(c._dependents)
-            for d in found:
-                if d is not self and id(d) not in out:
-                    out[id(d)] = d
-                    todo.append(d)
-        return out
-
-    @contextlib.contextmanager
-    def _holding_dependents(self) -> Iterator[list["Context"]]:
-        """Hold this context's arena lock and those of every context whose nodes read its
-        tensors (:meth:`_all_dependents`), taken all at once; yields those contexts, for a reset
-        or close to make them stale (:func:`_make_stale`) in the same hold.
-
-        An op constructor of a context that recorded this one as a dependency holds only its own
-        arena lock while ggml reads this one's tensor structs (``ops._make_known``): so this
-        waits for it, and no later one reads memory that is gone (the stale context's op
-        constructors take the slow path, which raises ClosedError). A context that becomes a
-        dependent does so under this context's arena lock: the set is looked at again once the
-        locks are held, and taken again if it grew meanwhile."""
-        while True:
-            found = self._all_dependents()
-            held = _cobject.using.arenas((self, *found.values()))
-            held.__enter__()
-            if self._all_dependents().keys() <= found.keys():
-                break
-            held.__exit__()
-        try:
-            yield list(found.values())
-        finally:
-            held.__exit__()
 
     def _stale_dep(self) -> Any:
         """A context this one depends on (transitively) that was reset or closed since, or None."""
@@ -237,7 +173,7 @@ class Context(_cobject.CObject, Ops):
         todo = [self]
         while todo:
             ctx = todo.pop()
-            for dep, gen in getattr(ctx, "_deps", {}).items():
+            for dep, gen in tuple(getattr(ctx, "_deps", {}).items()):  # (atomic: threads add)
                 if dep._gen != gen:
                     return dep
                 if id(dep) not in seen:
@@ -252,7 +188,7 @@ class Context(_cobject.CObject, Ops):
         todo = [self]
         while todo:
             c = todo.pop()
-            for dep, gen in getattr(c, "_deps", {}).items():
+            for dep, gen in tuple(getattr(c, "_deps", {}).items()):
                 if dep is ctx:
                     return int(gen)
                 if id(dep) not in seen:
@@ -274,12 +210,12 @@ class Context(_cobject.CObject, Ops):
         gen = self._gen
         # each wrapped under the lock: its ne and generation are read before a reset can put
         # another tensor there
-        with self._arena_lock:
+        with threads.using(self, gate=False):
             t = lib.ggml_get_first_tensor(self._live_ptr())
             out = None if t == ffi.NULL else Tensor(t, self)
         while out is not None:
             yield out
-            with self._arena_lock:
+            with threads.using(self, gate=False):
                 if self._gen != gen:
                     raise ClosedError("the context was reset or closed while its tensors were listed")
                 t = lib.ggml_get_next_tensor(self._live_ptr(), out._ptr)
@@ -289,7 +225,7 @@ class Context(_cobject.CObject, Ops):
         """``ggml_get_tensor``: the context's tensor named ``name`` (see :attr:`Tensor.name
         <pyggml.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
         raw = _tensor_mod.lookup_name_bytes(name)
-        with self._arena_lock:
+        with threads.using(self, gate=False):
             t = lib.ggml_get_tensor(self._live_ptr(), raw) if raw is not None else ffi.NULL
             out = None if t == ffi.NULL else Tensor(t, self)  # under the lock, as in tensors()
         if out is None:
@@ -353,7 +289,7 @@ class Context(_cobject.CObject, Ops):
             # ggml_nbytes computes ne[0] * type_size in size_t: it would wrap around
             raise ValueError(f"ne[0]={ne[0]} of type {types.type_name(t)}: ggml_nbytes would overflow")
         c_ne = ffi.new("int64_t[]", ne)
-        with self._arena_lock:
+        with threads.using(self, gate=False):
             self._reserve(nbytes)
             p = lib.ggml_new_tensor(self._live_ptr(), t, len(ne), c_ne)
             # wrapped under the lock: after it, another thread's reset and new tensor may lie
@@ -410,12 +346,11 @@ class Context(_cobject.CObject, Ops):
         if size < 1:
             raise ValueError("graph size must be >= 1")
         extra = int(lib.ggml_graph_overhead_custom(size, grads)) + 64
-        with self._arena_lock:
+        with threads.using(self, gate=False):
             self._reserve(0, n_objects=0, extra=extra)
             p = lib.ggml_new_graph_custom(self._live_ptr(), size, grads)
             return Graph(p, self, size, grads)  # its generation read under the lock
 
-    @_cobject.holding
     def alloc_tensors(self, where: "Backend | BufferType") -> Buffer:
         """Allocate every tensor of this ``no_alloc`` context in one backend buffer
         (``ggml_backend_alloc_ctx_tensors`` / ``_from_buft``); ``where`` is a backend (its
@@ -433,69 +368,68 @@ class Context(_cobject.CObject, Ops):
         (checked first) or a view of a tensor whose buffer was closed; GGMLError if the
         allocation fails.
         """
-        if not self.no_alloc:
-            raise ValueError("alloc_tensors needs a no_alloc context")
-        # a closed backend or buffer type: ClosedError before anything about the tensors
-        buft = where if isinstance(where, BufferType) else where.default_buffer_type
-        buft.ptr
-        need = False
-        total = 0  # bytes asked for, in Python integers: ggml's size_t sum wraps around
-        lo, hi = self._arena_lo, self._arena_hi
-        for t in self.tensors():
-            p = t.ptr
-            v = p.view_src
-            if v == ffi.NULL:
-                if p.data == ffi.NULL:
-                    need = True
-                    total += int(lib.ggml_nbytes(p))
-            elif p.buffer == ffi.NULL:
-                # ggml_backend_view_init asserts the source has a buffer and data: one of ours
-                # without data gets them first (it was made before the view); others must have them
-                if v.data == ffi.NULL and lo <= int(ffi.cast("uintptr_t", v)) < hi:
-                    continue
-                if v.buffer == ffi.NULL or v.data == ffi.NULL:
-                    state = ("has no data yet" if v.data == ffi.NULL else
-                             "is in an allocating context's memory, not a backend buffer")
-                    raise ValueError(f"tensor {t._label()} is a view of a tensor that {state}: "
-                                     "alloc_tensors places views in their source's buffer (allocate "
-                                     "the source first, or make the view in the source's context)")
-                check_tensor_memory(v, t._label)  # ClosedError: its buffer was freed
-        if not need:
-            raise ValueError("no tensor of this context needs allocation")
-        if total >= 2**62:
-            raise MemoryError(f"alloc_tensors: the tensors of this context need {total} bytes")
-        with buffer.lifecycle, calling():
-            ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(self._live_ptr(), buft.ptr)
-            if ptr == ffi.NULL and total == 0:
-                # ggml makes no buffer of 0 bytes (nothing is allocated: it returns NULL)
-                raise ValueError("the tensors of this context that need memory all have 0 "
-                                 "elements: ggml allocates no buffer for them")
-            if ptr == ffi.NULL:
-                raise GGMLError("ggml_backend_alloc_ctx_tensors failed (out of memory?)")
-            buf = Buffer(ptr, owned=True, keep=where)
-        self._buffers.append(buf)
-        return buf
+        with calling():  # no close meanwhile: the checks hold until the C call
+            if not self.no_alloc:
+                raise ValueError("alloc_tensors needs a no_alloc context")
+            # a closed backend or buffer type: ClosedError before anything about the tensors
+            buft = where if isinstance(where, BufferType) else where.default_buffer_type
+            buft.ptr
+            need = False
+            total = 0  # bytes asked for, in Python integers: ggml's size_t sum wraps around
+            lo, hi = self._arena_lo, self._arena_hi
+            for t in self.tensors():
+                p = t.ptr
+                v = p.view_src
+                if v == ffi.NULL:
+                    if p.data == ffi.NULL:
+                        need = True
+                        total += int(lib.ggml_nbytes(p))
+                elif p.buffer == ffi.NULL:
+                    # ggml_backend_view_init asserts the source has a buffer and data: one of ours
+                    # without data gets them first (it was made before the view); others must have them
+                    if v.data == ffi.NULL and lo <= int(ffi.cast("uintptr_t", v)) < hi:
+                        continue
+                    if v.buffer == ffi.NULL or v.data == ffi.NULL:
+                        state = ("has no data yet" if v.data == ffi.NULL else
+                                 "is in an allocating context's memory, not a backend buffer")
+                        raise ValueError(f"tensor {t._label()} is a view of a tensor that {state}: "
+                                         "alloc_tensors places views in their source's buffer (allocate "
+                                         "the source first, or make the view in the source's context)")
+                    check_tensor_memory(v, t._label)  # ClosedError: its buffer was freed
+            if not need:
+                raise ValueError("no tensor of this context needs allocation")
+            if total >= 2**62:
+                raise MemoryError(f"alloc_tensors: the tensors of this context need {total} bytes")
+            with buffer.lifecycle, calling():
+                ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(self._live_ptr(), buft.ptr)
+                if ptr == ffi.NULL and total == 0:
+                    # ggml makes no buffer of 0 bytes (nothing is allocated: it returns NULL)
+                    raise ValueError("the tensors of this context that need memory all have 0 "
+                                     "elements: ggml allocates no buffer for them")
+                if ptr == ffi.NULL:
+                    raise GGMLError("ggml_backend_alloc_ctx_tensors failed (out of memory?)")
+                buf = Buffer(ptr, owned=True, keep=where)
+            self._buffers.append(buf)
+            return buf
 
     def _adopt(self, buf: Buffer) -> None:
         """Keep ``buf`` alive (and close it) with this context: tensors of ours live in it."""
         if not any(b is buf for b in self._buffers):
             self._buffers.append(buf)
 
-    @_cobject.guarded
     def close(self) -> None:
         """``ggml_free``, then the backend buffers made by :meth:`alloc_tensors`. Tensors of the
         context raise ClosedError from now on."""
         if self._ptr is not None:
-            with self._holding_dependents() as dependents:
-                self._gen = -1
-                self._room = -1  # op constructors take the slow path (ClosedError)
-                _make_stale(dependents)
+            self._gen = -1
+            self._room = -1  # op constructors take the slow path (ClosedError)
+            _make_stale(self)
         super().close()
         for b in self._buffers:
             b.close()
 
     def _free(self, ptr: Any) -> None:
-        with self._arena_lock:  # after any C call in the arena another thread is making
+        with self._lock:  # after any C call in the arena another thread is making
             lib.ggml_free(ptr)
 
     # one Python object per ggml context: identity is equality (cheap to hash, and stable

@@ -13,6 +13,7 @@ from .buffer import Buffer
 from .buffer_type import BufferType
 from .errors import GGMLError
 from .raw import callbacks, dl, ffi, lib
+from .raw.boundary import calling
 from .tensor import Tensor, tensor_arg
 
 if TYPE_CHECKING:
@@ -278,7 +279,6 @@ class Threadpool(_cobject.CObject):
         """``ggml_threadpool_resume``."""
         lib.ggml_threadpool_resume(self.ptr)
 
-    @_cobject.guarded
     def close(self) -> None:
         """Detach from every backend using the pool, then ``ggml_threadpool_free``."""
         for backend in list(self._users):
@@ -348,7 +348,6 @@ class CPUBackend(Backend):
         super()._free(ptr)
 
     @property
-    @_cobject.holding  # no close meanwhile
     def n_threads(self) -> int:
         """Threads asked for compute (``ggml_backend_cpu_set_n_threads``); default 4. With a
         threadpool of fewer threads attached, compute uses the pool's number (see
@@ -356,14 +355,12 @@ class CPUBackend(Backend):
         return self._n_threads
 
     @n_threads.setter
-    @_cobject.holding  # no close meanwhile
     def n_threads(self, n: int) -> None:
         if not 1 <= n <= lib.GGML_MAX_N_THREADS:
             raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}")
         self._n_threads = n
         self._apply_n_threads()
 
-    @_cobject.holding  # no close meanwhile
     def set_n_threads(self, n: int) -> bool:
         """Set :attr:`n_threads` (the pool clamp applies); returns True."""
         if not isinstance(n, int):
@@ -382,12 +379,12 @@ class CPUBackend(Backend):
             n = pool.n_threads
         lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
 
-    @_cobject.holding  # no close meanwhile
     def set_threadpool(self, pool: Threadpool | None) -> None:
         """``ggml_backend_cpu_set_threadpool`` (None: ggml's own disposable threads). The
         backend keeps the pool alive; closing the pool detaches it first. A pool of fewer
         threads than :attr:`n_threads` computes with its own number of threads."""
-        lib.ggml_backend_cpu_set_threadpool(self.ptr, pool.ptr if pool else ffi.NULL)
+        with calling():
+            lib.ggml_backend_cpu_set_threadpool(self.ptr, pool.ptr if pool else ffi.NULL)
         old = self._threadpool
         if old is not None:
             old._users.discard(self)
@@ -444,10 +441,10 @@ class CPUBackend(Backend):
         if failure is not None:
             raise ValueError(f"computing this graph would abort the process: {failure}")
 
-    @_cobject.holding  # no close meanwhile
     def set_use_ref(self, use_ref: bool) -> None:
         """``ggml_backend_cpu_set_use_ref``: use the slow reference kernels (for testing)."""
-        lib.ggml_backend_cpu_set_use_ref(self.ptr, use_ref)
+        with calling():
+            lib.ggml_backend_cpu_set_use_ref(self.ptr, use_ref)
 
 
 def graph_trial_ops(graph: "Graph") -> set[int]:

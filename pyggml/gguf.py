@@ -277,7 +277,6 @@ class GGUFFile(_cobject.CObject):
             raise ClosedError(f"GGUF file {self.path!r} is closed")
         return self._ptr
 
-    @_cobject.guarded
     def close(self) -> None:
         """Free the ``gguf_context`` (``gguf_free``) and ``ggml_context`` (``ggml_free``) and drop
         the memory map. Idempotent."""
@@ -454,7 +453,6 @@ class GGUFWriter(_cobject.CObject):
             raise ClosedError("GGUFWriter is closed")
         return self._ptr
 
-    @_cobject.guarded
     def close(self) -> None:
         """Free the ``gguf_context`` (``gguf_free``) and the copied tensor data. Idempotent."""
         super().close()

@@ -13,10 +13,10 @@ context is closed or reset.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import _cobject, _trial
+from .raw import threads
 from . import tensor as _tensor
 from .enums import Op, TensorFlag
 from .errors import ClosedError
@@ -142,9 +142,9 @@ class Graph(_cobject.CObject):
         something that is not a tensor, ClosedError for a tensor of a closed context; every
         output is checked first, so a call that raises adds none of them.
         """
-        # the graph, its context, and the arenas of the contexts the outputs read: no reset,
-        # close or new object there meanwhile (computes on other threads that use them go on)
-        with self._holding(outputs=outputs, arenas=True):
+        # the graph's context: no build, reset or close meanwhile (resets and closes take every
+        # context's lock; computes on other threads that read the outputs' contexts go on)
+        with threads.using(self._owner, gate=False):
             return self._build_forward(outputs)
 
     def _build_forward(self, outputs: tuple[Tensor, ...]) -> "Graph":
@@ -243,18 +243,18 @@ class Graph(_cobject.CObject):
         need_size = len(nodes) + 10 * n_grad + 16
         if self.size < need_size:
             raise ValueError(f"graph size {self.size} is too small for the backward pass: use at least {need_size}")
-        with ctx._arena_lock:  # it makes the gradient nodes there: no op constructor meanwhile
-            ctx._reserve(0, n_objects=10 * n_grad + 16)
-            c, g = ctx._live_ptr(), self.ptr
-            # what ggml_compute_backward and the constructors it calls assert about the sources
-            # of each case (masks, freq_factors, labels, layouts of gradients...): tried in a
-            # forked child first, once per graph
-            failure = _trial.trial(lambda: lib.ggml_build_backward_expand(c, g, ffi.NULL))
-            if failure is not None:
-                raise ValueError(f"ggml cannot build the backward pass of this graph: {failure}")
-            n_before = lib.ggml_graph_n_nodes(g)
-            lib.ggml_build_backward_expand(c, g, ffi.NULL)
-            ctx._recount()  # the reservation above was an estimate of the nodes C made
+        # ctx is held (_holding): no op constructor makes nodes there meanwhile
+        ctx._reserve(0, n_objects=10 * n_grad + 16)
+        c, g = ctx._live_ptr(), self.ptr
+        # what ggml_compute_backward and the constructors it calls assert about the sources
+        # of each case (masks, freq_factors, labels, layouts of gradients...): tried in a
+        # forked child first, once per graph
+        failure = _trial.trial(lambda: lib.ggml_build_backward_expand(c, g, ffi.NULL))
+        if failure is not None:
+            raise ValueError(f"ggml cannot build the backward pass of this graph: {failure}")
+        n_before = lib.ggml_graph_n_nodes(g)
+        lib.ggml_build_backward_expand(c, g, ffi.NULL)
+        ctx._recount()  # the reservation above was an estimate of the nodes C made
         # the gradient nodes have no checks of their own: their first CPU compute is a forked
         # trial (CPUBackend._trial_compute, Scheduler), as for Context.op nodes
         ctx._trial_ops.update(int(lib.ggml_graph_node(g, i).op)
@@ -274,7 +274,6 @@ class Graph(_cobject.CObject):
         found = self._wrapped(lambda: [lib.ggml_graph_get_grad(self.ptr, p)])
         return found[0] if found else None
 
-    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_graph_reset``: loss gradient 1, all other gradients 0 (they must be allocated;
         ValueError otherwise or before :meth:`build_backward`)."""
@@ -355,39 +354,19 @@ class Graph(_cobject.CObject):
             out[owner] = self._gen
         return list(out.items())
 
-    @contextlib.contextmanager
-    def _holding(self, *users: Any, outputs: "tuple[Any, ...]" = (), arenas: bool = False) -> Iterator[None]:
-        """Hold the locks (:class:`~pyggml._cobject.using`) of ``users``, the graph, its context
-        and every context its tensors come from (:meth:`contexts`) and, for tensors about to be
-        added (``outputs``), their contexts and every context those read (``Context._deps``,
-        transitively), taken all at once: no close or reset of one of them while C walks the
-        tensor structs (checks, placements). With ``arenas`` those contexts' arena locks
-        instead (for a walk that calls no callback and waits for nothing else: building): no
-        reset, close or new object in them, while other threads' computes that use them go on.
-        The contexts are looked at again once they are held (another thread may have made
-        nodes that read another context meanwhile), and the locks taken again if there are more."""
+    def _holding(self, *users: Any) -> threads.Held:
+        """The :class:`~pyggml.raw.threads.using` of ``users`` (a backend, a placer...), the graph's
+        context and every context its tensors come from (:meth:`contexts`), held: no close or
+        reset meanwhile, and no thread places, sets or builds in those contexts while C walks
+        the graph's tensor structs (checks, placements). The caller lets go (``with``). The
+        contexts are looked at again once held (a build on another thread may have added one
+        meanwhile), and the locks taken again if there are more."""
         while True:
-            contexts = self._contexts_read(outputs)
-            if arenas:  # the objects' locks, then the contexts' arena locks
-                outer, inner = _cobject.using(*users, self, self._owner), _cobject.using.arenas(contexts)
-            else:
-                outer, inner = _cobject.using(*users, self, self._owner, *contexts), _cobject.using()
-            with outer, inner:
-                if self._contexts_read(outputs) <= contexts:
-                    yield
-                    return
-
-    def _contexts_read(self, outputs: "tuple[Any, ...]") -> set[Any]:
-        """:meth:`_holding`'s contexts."""
-        found = {c for c, _ in self.contexts()}
-        todo = [getattr(o, "_owner", None) for o in outputs]
-        seen: set[Any] = set()
-        while todo:
-            c = todo.pop()
-            if c is not None and c not in seen:
-                seen.add(c)
-                todo.extend(getattr(c, "_deps", ()))  # one C-level step: no thread adds meanwhile
-        return found | seen
+            contexts = {c for c, _ in self.contexts()}
+            held = threads.using(*users, self._owner, *contexts).hold()
+            if {c for c, _ in self.contexts()} <= contexts:
+                return held
+            held.release()
 
     def check_contexts(self) -> list[tuple[Any, int]]:
         """:meth:`contexts`, after raising ClosedError if one of them was reset or closed since."""
@@ -441,13 +420,13 @@ class Graph(_cobject.CObject):
         return Tensor(p, context_of(p) or (owner if isinstance(owner, BorrowScope) else GGML_INTERNAL))
 
     def _wrapped(self, structs: Callable[[], list[Any]]) -> list[Tensor]:
-        """``structs()`` (read from the graph; NULLs skipped) wrapped, holding the arena locks
-        of the graph's context and of every context its tensors come from, after
+        """``structs()`` (read from the graph; NULLs skipped) wrapped, holding the lock of the
+        graph's context (no reset anywhere meanwhile: resets take every context's lock), after
         :meth:`check_contexts`: a wrapper takes its context's generation *now*, so one made for
         a struct of a context reset since (or meanwhile, on another thread) would call whatever
         is there now an open tensor (ggml's objects made there since: garbage read as a
         tensor)."""
-        with self._holding(arenas=True):
+        with threads.using(self._owner, gate=False):
             self.check_contexts()
             return [self._wrap(p) for p in structs() if p != ffi.NULL]
 
@@ -490,11 +469,11 @@ class Graph(_cobject.CObject):
         split this graph); a no-op if none did."""
         saved = saved or self._sources
         if saved is not None and self._ptr is not None:
-            # it writes into the nodes' structs: under the arena locks of their contexts (all at
+            # it writes into the nodes' structs: under the locks of their contexts (all at
             # once), and only while none was reset or closed (another thread's tensors may lie
             # there now)
             contexts = self.contexts()
-            with _cobject.using.arenas(c for c, _ in contexts):
+            with threads.using(*(c for c, _ in contexts), gate=False):
                 if not self.closed and all(c._gen == gen for c, gen in contexts):
                     saved.restore(self._ptr)
         if saved is self._sources:

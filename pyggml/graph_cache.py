@@ -32,7 +32,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from . import _cobject, types
+from . import types
 from .alloc import GraphAllocator
 from .backend import Backend
 from .context import Context
@@ -73,7 +73,7 @@ def _one_at_a_time(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A GraphCache method that holds the cache's lock (threads take turns)."""
     @functools.wraps(fn)
     def locked(self: "GraphCache", *args: Any, **kwargs: Any) -> Any:
-        with _cobject.using(self):
+        with self._lock:
             return fn(self, *args, **kwargs)
     return locked
 
@@ -110,8 +110,7 @@ class GraphCache:
         self._graphs: OrderedDict[Hashable, CachedGraph] = OrderedDict()
         self._galloc = GraphAllocator(backend) if backend is not None else None
         self._closed = False
-        self._lock = threading.RLock()  # one get/compute/close at a time (_cobject.using)
-        self._closers = 0
+        self._lock = threading.RLock()  # one get/compute/close at a time, outside the gate
         self.builds = 0  # how many graphs were built (for tests and benchmarks)
 
     # ------------------------------------------------------------------ graphs
@@ -184,7 +183,7 @@ class GraphCache:
         of the graph) and return the outputs named in ``outputs`` (default: all) as NumPy arrays.
         Raises ValueError for missing or unknown inputs or a wrong shape, and what computing
         raises."""
-        with _cobject.using(self):
+        with self._lock:
             entry = self.get(key)
             self._place(entry)
             self._set_inputs(entry, inputs)
@@ -269,7 +268,7 @@ class PendingCompute:
         """Wait for the computation and return the outputs (default: all), NumPy order.
         Raises ClosedError if another compute of the same key started since (the outputs hold
         its values now), or what reading the outputs raises."""
-        with _cobject.using(self._cache):
+        with self._cache._lock:
             if self._entry.computes != self._compute:
                 raise ClosedError(f"the outputs of graph {self._entry.key!r} were overwritten by a later "
                                   "compute of the same key: read a result before computing its key again")

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from . import _cobject, _trial, types
+from . import _trial, types
+from .raw import threads
 from ._unchecked_ops import UncheckedOps
 from .buffer import host_array_owner
 from .enums import GGMLType, PoolOp, SortOrder
 from .raw import callbacks, ffi, lib, requires
-from .raw.boundary import on_behalf
 from .errors import ClosedError
 from .tensor import BorrowScope, Tensor, c_read, can_repeat, is_contiguous, row_strides, tensor_arg
 
@@ -166,29 +166,28 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
     context makes this one refuse new nodes until it is reset itself, since its nodes point at
     memory that is gone). This is the hot path of every op constructor: it reads only Python
     attributes besides the one C call."""
-    # threads take turns in a context's arena (ggml's is not thread-safe): its arena lock
-    # (Context._arena_lock). The fast path: every input is open and lives in ``ctx`` or in a
-    # context ``ctx`` recorded as a dependency (whose reset or close waits for this lock:
-    # Context._holding_dependents), the context has room by the count and makes no data. The
-    # inputs were checked before: again under the lock (another thread may have reset their
-    # context since and made other tensors there)
+    # threads take turns in a context's arena (ggml's is not thread-safe): its lock, and no
+    # close or reset meanwhile (they take every context's lock: pyggml.raw.threads). The fast path:
+    # every input is open and lives in ``ctx`` or in a context ``ctx`` recorded as a
+    # dependency, the context has room by the count and makes no data. The inputs were checked
+    # before: again under the lock (another thread may have reset their context since)
     p = None
-    lock = ctx._arena_lock
-    lock.acquire()
-    try:
-        deps = ctx._deps
-        for t in inputs:
-            owner = t._owner
-            if owner._gen != t._gen or (owner is not ctx and owner not in deps):
-                break
-        else:
-            room = ctx._room - need  # < 0: stale, closed, raw or running low
-            if room >= 0 and ctx._no_alloc:
-                ctx._room = room
-                p = fn(*args)  # args[0]: ctx._ptr, read before the lock (None once closed)
-                gen = ctx._gen  # the node's (a reset after the lock is let go makes another)
-    finally:
-        lock.release()
+    lock = ctx._lock
+    if lock.acquire(False):  # else held elsewhere, or lent to this callback: the slow path
+        try:
+            deps = ctx._deps
+            for t in inputs:
+                owner = t._owner
+                if owner._gen != t._gen or (owner is not ctx and owner not in deps):
+                    break
+            else:
+                room = ctx._room - need  # < 0: stale, closed, raw or running low
+                if room >= 0 and ctx._no_alloc:
+                    ctx._room = room
+                    p = fn(*args)  # args[0]: ctx._ptr, read before the lock (None once closed)
+                    gen = ctx._gen  # the node's (a reset after the lock is let go makes another)
+        finally:
+            lock.release()
     if p is None:
         p, gen = _make_slow(ctx, fn, inputs, args, need // _OVERHEAD)
     if ne is None:
@@ -211,8 +210,7 @@ def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...]
 def _make_slow(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: tuple[Any, ...],
                n_objects: int) -> tuple[Any, int]:
     """The node ``fn(*args)`` (``args[0]``: the context's pointer) and ``ctx``'s generation,
-    where :func:`_make_known`'s fast path does not go: with the arena locks of ``ctx`` and of
-    every input's context, taken all at once; ClosedError if one of them is closed or reset (or
+    where :func:`_make_known`'s fast path does not go: with ``ctx``'s lock; ClosedError if one of them is closed or reset (or
     a context whose tensors ``ctx``'s nodes read), MemoryError when ``ctx`` is full; records the
     dependencies; gives data in an allocating context."""
     held = _hold_all(ctx, inputs)
@@ -220,8 +218,8 @@ def _make_slow(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: tuple[Any, ...
         room = ctx._room - _OVERHEAD * n_objects
         if room < 0:
             # asks ggml for the exact free space (MemoryError); ClosedError if a context whose
-            # tensors this one's nodes read was reset or closed (Context._holding_dependents
-            # sends every op constructor here then)
+            # tensors this one's nodes read was reset or closed (context._make_stale sends every
+            # op constructor here then)
             ctx._reserve(0, n_objects)
         else:
             ctx._room = room
@@ -233,11 +231,11 @@ def _make_slow(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: tuple[Any, ...
         held.__exit__()
 
 
-def _hold_all(ctx: Any, inputs: Sequence[Tensor]) -> _cobject.using:
-    """The arena locks of ``ctx`` and of the inputs' contexts, taken all at once
-    (:class:`~pyggml._cobject.using`: a lock held elsewhere is waited for holding none), then
-    every input checked open (ClosedError, nothing held); the caller lets go (``__exit__``)."""
-    held = _cobject.using.arenas((ctx, *(t._owner for t in inputs)))
+def _hold_all(ctx: Any, inputs: Sequence[Tensor]) -> threads.using:
+    """The lock of ``ctx`` (no reset or close anywhere meanwhile: they take every context's
+    lock), then every input checked open (ClosedError, nothing held); the caller lets go
+    (``__exit__``)."""
+    held = threads.using(ctx, gate=False)
     held.__enter__()
     try:
         if ctx._gen < 0:
@@ -1141,7 +1139,7 @@ class Ops(UncheckedOps):
         the GIL serialises them): thread ``ith`` should do its share. On every one of those
         threads ``fn`` may use what the compute uses (read a tensor of the context, ask the
         backend), as on the thread that called the compute: the locks that call holds count as
-        ``fn``'s (:class:`~pyggml.raw.boundary.on_behalf`); closing or resetting the context or
+        ``fn``'s (:class:`~pyggml.raw.threads.on_behalf`); closing or resetting the context or
         the backend from ``fn`` raises RuntimeError. An exception inside ``fn`` is re-raised by
         the compute call (:mod:`pyggml.raw.boundary`). CPU backend only.
         """
@@ -1155,7 +1153,7 @@ class Ops(UncheckedOps):
             *srcs, ith, nth, _ud = rest
             scope = BorrowScope("a custom op")
             try:
-                with on_behalf(self):  # on a CPU worker thread: the locks its compute holds
+                with threads.on_behalf(self):  # on a CPU worker thread: the locks its compute holds
                     fn(Tensor(dst, scope), *(Tensor(s, scope) for s in srcs), ith, nth)
             finally:
                 scope.close()

@@ -16,6 +16,7 @@ import functools
 from typing import Any, Callable, Sequence
 
 from . import _cobject, _trial, buffer
+from .raw import threads
 from .alloc import Placer, placing
 from .backend import Backend, _callback_owners, _compute_lock, _memory_current
 from .buffer_type import BufferType
@@ -51,10 +52,10 @@ class _SchedChecked:
         self.trialed = False  # the forked trial compute (Scheduler._trial_compute) was done
         self.locks: tuple[Any, ...] | None = None  # what Scheduler._compute locks, on first use
         self.sched: Any = None  # the scheduler that checked (its pointer, the key, may be reused)
-        # _cobject.changes when last found valid: until the next close, reset or placement
+        # threads.changes when last found valid: until the next close, reset or placement
         # anywhere, only the graph's version and node count need a look
         self.valid_at = -1
-        self.lock: _cobject.using | None = None  # a using of ``locks`` (stateless: threads share it)
+        self.lock: threads.using | None = None  # a using of ``locks`` (stateless: threads share it)
 
     def still_valid(self, graph: Graph, n_nodes: int, seen: int) -> bool:
         if self.version != graph.version or self.n_nodes != n_nodes:
@@ -108,7 +109,7 @@ class Scheduler(_cobject.CObject, Placer):
         if graph_size < 1:
             raise ValueError("graph_size must be >= 1")
         c_bufts = ffi.new("ggml_backend_buffer_type_t[]", [t.ptr for t in bufts]) if bufts else ffi.NULL
-        with _cobject.using(*backends), calling():  # no backend closed meanwhile (another thread)
+        with threads.using(*backends), calling():  # no backend closed meanwhile (another thread)
             c_backends = ffi.new("ggml_backend_t[]", [b.ptr for b in backends])
             ptr = lib.ggml_backend_sched_new(c_backends, c_bufts, len(backends), graph_size, parallel, op_offload)
         super().__init__(ptr, owned=True, keep=(backends, bufts))
@@ -137,7 +138,6 @@ class Scheduler(_cobject.CObject, Placer):
         with calling():
             lib.ggml_backend_sched_free(ptr)
 
-    @_cobject.guarded
     def close(self) -> None:
         """``ggml_backend_sched_free``: tensors it placed lose their data (using them raises)."""
         if self._ptr is not None:
@@ -187,7 +187,7 @@ class Scheduler(_cobject.CObject, Placer):
     # ------------------------------------------------------------------ checks
     def _check_graph(self, graph: Graph) -> Any:
         """Everything ggml would assert on when splitting ``graph`` (cached on the graph)."""
-        seen = _cobject.changes
+        seen = threads.changes
         g = graph.ptr
         n_nodes = lib.ggml_graph_n_nodes(g)
         state = graph.checked.get(self._ptr)
@@ -394,7 +394,6 @@ class Scheduler(_cobject.CObject, Placer):
                     raise ValueError(f"the scheduler put node {buffer.label(p)} on the {b.name} backend, "
                                      f"which cannot compute it: {b._why_not(p)}")
 
-    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_backend_sched_reset``: forget the allocation (tensor data becomes invalid; the
         graph's sources are put back) and the pins of :meth:`set_tensor_backend`."""
@@ -447,12 +446,12 @@ class Scheduler(_cobject.CObject, Placer):
         for cpu in self._cpus:
             cpu._restart_abort_clock()
         while True:
-            seen = _cobject.changes  # a close after this is seen below, under the locks
+            seen = threads.changes  # a close after this is seen below, under the locks
             for b in self._backends:
                 b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
             if not (self._is_alloc and self._graph is graph and graph.split_by is self):
                 self.alloc_graph(graph)
-                seen = _cobject.changes  # its own change
+                seen = threads.changes  # its own change
             g = self._check_graph(graph)
             state = graph.checked[self._ptr]
             lock = state.lock
@@ -461,7 +460,7 @@ class Scheduler(_cobject.CObject, Placer):
                                     *(r.owner for r in state.records))
                 state.locks, state.lock = lock.locks, lock
             lock.__enter__()
-            if _cobject.changes == seen:  # nothing closed or placed anew while it waited
+            if threads.changes == seen:  # nothing closed or placed anew while it waited
                 break
             lock.__exit__()
         try:

@@ -20,13 +20,13 @@ costs what a Python attribute costs.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from . import _cobject, buffer, dlpack, types
+from .raw import threads
 from .enums import GGMLType, Op, TensorFlag
 from .errors import ClosedError
 from .raw import ffi, lib, requires
@@ -166,8 +166,7 @@ class BorrowScope:
     or ggml's own internal tensors. Same protocol as a context: ``_gen`` and ``closed``."""
 
     __slots__ = ("_gen", "name")
-    _arena_lock = None  # no arena of pyggml's (op constructors take none)
-    _lock = None        # nothing to take turns on (_cobject.using skips it)
+    _lock = None  # nothing to take turns on (pyggml.raw.threads skips it)
 
     def __init__(self, name: str):
         self._gen = 0
@@ -194,13 +193,14 @@ def register_arena(ctx: Any, start: int, size: int) -> None:
 
 def _forget_buffer(buf: Any, freed: Any) -> None:
     """:data:`pyggml.buffer.forgetters`: the tensors of every open context in ``buf`` point at
-    ``freed`` instead."""
-    for _, _, ref in list(_ARENAS):
-        ctx = ref()
-        if ctx is not None:
-            with ctx._arena_lock:  # it walks the context's objects: no thread makes or frees one
-                if ctx._ptr is not None:
-                    lib.pyggml_ctx_forget_buffer(ctx._ptr, buf, freed)
+    ``freed`` instead. Inside the gate (no context freed or reset meanwhile), without the
+    contexts' locks: it runs inside placements, which hold some of them, and may run beside an
+    op constructor appending to a context's list (it reads only finished tensors' fields)."""
+    with threads.using():
+        for _, _, ref in list(_ARENAS):
+            ctx = ref()
+            if ctx is not None and ctx._ptr is not None:
+                lib.pyggml_ctx_forget_buffer(ctx._ptr, buf, freed)
 
 
 buffer.forgetters.append(_forget_buffer)
@@ -230,27 +230,33 @@ def tensor_arg(x: Any, what: str) -> "Tensor":
     return x
 
 
-_NO_LOCK = contextlib.nullcontext()
 _R = TypeVar("_R")
 
 
-def arena_lock(t: "Tensor") -> Any:
-    """The arena lock of ``t``'s context (``Context._arena_lock``; a no-op for tensors ggml
-    lends): held around a check of ``t``'s struct and the C call that relies on it, so that
-    no reset puts another tensor's struct there in between."""
-    return getattr(t._owner, "_arena_lock", None) or _NO_LOCK
+def context_lock(t: "Tensor") -> Any:
+    """The lock of ``t``'s context (none for tensors ggml lends): held around a check of
+    ``t``'s struct and the C call that relies on it, so that no reset puts another tensor's
+    struct there in between (:mod:`pyggml.raw.threads`)."""
+    return threads.using(t._owner, gate=False)
 
 
 def c_read(t: "Tensor", fn: Callable[[Any], _R]) -> _R:
-    """``fn(t's struct)`` (a C getter such as ``ggml_nbytes``) under the arena lock of ``t``'s
+    """``fn(t's struct)`` (a C getter such as ``ggml_nbytes``) under the lock of ``t``'s
     context, after checking ``t`` open there: ClosedError if its context was reset or closed
     (another thread may have made other objects where ``t``'s struct was, and ggml would read
     them as a tensor). Checks read tensors' structs through this."""
     owner = t._owner
-    lock = getattr(owner, "_arena_lock", None)
+    lock = owner._lock
     if lock is None:  # a tensor ggml lends: valid while it is lent (BorrowScope)
         return fn(t._ptr)
-    with lock:
+    if lock.acquire(False):  # else held elsewhere, or lent to this callback
+        try:
+            if owner._gen != t._gen:
+                raise ClosedError(_closed_message(t))
+            return fn(t._ptr)
+        finally:
+            lock.release()
+    with threads.using(owner, gate=False):
         if owner._gen != t._gen:
             raise ClosedError(_closed_message(t))
         return fn(t._ptr)
@@ -361,7 +367,7 @@ class Tensor(_cobject.CBorrowed):
     @name.setter
     def name(self, value: str) -> None:
         raw = name_bytes(value)
-        with arena_lock(self):  # its context is not reset meanwhile
+        with context_lock(self):  # its context is not reset meanwhile
             lib.ggml_set_name(self.ptr, raw)
 
     def _label(self) -> str:
@@ -444,12 +450,12 @@ class Tensor(_cobject.CBorrowed):
     def _others(self, read: Callable[[Any], Any]) -> list["Tensor"]:
         """The structs ``read(struct)`` lists (sources, view source; the first NULL ends them)
         wrapped, under this tensor's
-        arena lock, after checking it open and no context its context reads reset since
+        context's lock, after checking it open and no context its context reads reset since
         (ClosedError): a source in a context reset since would be wrapped with that context's
         generation *now*, calling whatever ggml made there since an open tensor. (A reset of a
-        context this one reads holds this one's arena lock: none can happen meanwhile.)"""
+        context takes every context's lock: none can happen meanwhile.)"""
         owner = self._owner
-        with arena_lock(self):
+        with context_lock(self):
             p = self.ptr
             if not isinstance(owner, BorrowScope) and owner._stale:
                 owner._check_deps()
@@ -494,7 +500,7 @@ class Tensor(_cobject.CBorrowed):
     def set_input(self) -> "Tensor":
         """``ggml_set_input``: allocated first, never overwritten by the graph allocator.
         Raises ValueError for a node (ggml asserts a leaf: an input is set, not computed)."""
-        with arena_lock(self):  # its context is not reset meanwhile (another struct there)
+        with context_lock(self):  # its context is not reset meanwhile (another struct there)
             p = self.ptr
             if p.op != lib.GGML_OP_NONE:
                 raise ValueError(f"only a leaf can be an input, not a {op_name(p.op)} node "
@@ -508,7 +514,7 @@ class Tensor(_cobject.CBorrowed):
         ggml's other flags it counts when a graph is placed: a graph placed before keeps its
         places until it is placed again (computing it on a backend may still overwrite this
         tensor with a node that was given its memory, e.g. an in-place unary op)."""
-        with arena_lock(self):
+        with context_lock(self):
             lib.ggml_set_output(self.ptr)
         _io_flag_set()
         return self
@@ -516,7 +522,7 @@ class Tensor(_cobject.CBorrowed):
     def set_param(self) -> "Tensor":
         """``ggml_set_param``: a trainable parameter (gets a gradient in backward graphs).
         Raises ValueError for a node (ggml asserts a leaf)."""
-        with arena_lock(self):
+        with context_lock(self):
             p = self.ptr
             if p.op != lib.GGML_OP_NONE:
                 raise ValueError(f"only a leaf can be a parameter, not a {op_name(p.op)} node")
@@ -527,7 +533,7 @@ class Tensor(_cobject.CBorrowed):
         """``ggml_set_loss``: the scalar F32 loss of a backward graph. Raises ValueError otherwise."""
         if self.nelements != 1 or self._type != GGMLType.F32:
             raise ValueError("a loss must be a scalar F32 tensor")
-        with arena_lock(self):
+        with context_lock(self):
             lib.ggml_set_loss(self.ptr)
         return self
 
@@ -656,11 +662,32 @@ class Tensor(_cobject.CBorrowed):
         ``ggml_backend_tensor_get`` for tensors in backend buffers (raising what a Python
         buffer's ``get_tensor`` raised).
         """
-        with _cobject.using(self._owner):  # its context: no reset or close meanwhile
+        with self._using_memory():
             return self._numpy(copy)
 
+    def _using_memory(self) -> Any:
+        """A :class:`~pyggml.raw.threads.using` of this tensor's context and of the owner of the
+        buffer its data is in (a graph allocator or scheduler that may place anew), held: no
+        close, reset or new placement meanwhile. The owner is found under the context's lock,
+        and again under both (taken all at once: never one while waiting for another)."""
+        owner = None
+        while True:
+            held = threads.using(self._owner, owner).hold()
+            try:
+                now = self._data_owner()
+            except BaseException:
+                held.release()
+                raise
+            if now is owner:
+                return held
+            held.release()
+            owner = now
+
+    def _data_owner(self) -> Any:
+        rec = self._memory()[1]
+        return rec.owner if rec is not None else None
+
     def _numpy(self, copy: bool) -> np.ndarray:
-        seen = _cobject.changes
         p, rec, in_buffer = self._memory()
         dtype = types.numpy_dtype(self._type)
         if not copy:
@@ -679,9 +706,7 @@ class Tensor(_cobject.CBorrowed):
             raise ValueError(f"tensor {self._label()} is not contiguous: copy it with Context.cont first")
         raw = np.empty(int(lib.ggml_nbytes(p)), dtype=np.uint8)
         if in_buffer:
-            with _cobject.using(rec.owner if rec is not None else None), calling():
-                if _cobject.changes != seen:  # closed or placed anew while this waited: ClosedError
-                    p = self._memory()[0]
+            with calling():
                 lib.ggml_backend_tensor_get(p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(ffi.from_buffer(raw), p.data, raw.nbytes)
@@ -767,11 +792,10 @@ class Tensor(_cobject.CBorrowed):
         tensor, TypeError for a dtype that cannot be stored without changing its kind. Wraps
         ``ggml_backend_tensor_set`` for tensors in backend buffers.
         """
-        with _cobject.using(self._owner):  # its context: no reset or close meanwhile
+        with self._using_memory():
             return self._set(array, reshape)
 
     def _set(self, array: Any, reshape: bool) -> "Tensor":
-        seen = _cobject.changes
         p, rec, in_buffer = self._memory()
         if not lib.ggml_is_contiguous(p):
             raise ValueError(f"tensor {self._label()} is not contiguous")
@@ -784,9 +808,7 @@ class Tensor(_cobject.CBorrowed):
             self._check_shape(a.shape)
         raw = types.from_numpy_bytes(a.reshape(shape), self._type)
         if in_buffer:
-            with _cobject.using(rec.owner if rec is not None else None), calling():
-                if _cobject.changes != seen:  # closed or placed anew while this waited: ClosedError
-                    p = self._memory()[0]
+            with calling():
                 lib.ggml_backend_tensor_set(p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(p.data, ffi.from_buffer(raw), raw.nbytes)

@@ -71,7 +71,7 @@ from pyggml.cpu import cpu_buffer_type
 from pyggml.device import device_by_name
 from pyggml.impl import HostBuffer, PyBufferType, PyRegistry, register
 from pyggml.impl import numpy as numpy_backend
-from pyggml.raw import boundary, ffi, lib
+from pyggml.raw import boundary, ffi, lib, threads as _threads
 
 EXPECTED = (ValueError, TypeError, MemoryError, KeyError, GGMLError)
 F32, F16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.I32
@@ -238,10 +238,11 @@ def call(what: str, fn: Callable[..., Any], *args: Any, must: str | None = None,
         result, exc = None, e
     raised = list(RAISED)
     RAISED.clear()
-    if boundary._local.frames or boundary._owned:
+    if boundary._local.frames or _threads._owned or _threads._readers:
         frames = len(boundary._local.frames)
         boundary._local.frames.clear()
-        fail("MISPLACED_EXCEPTION", f"{what}: {frames} calling() frame(s) still open after the call returned")
+        fail("MISPLACED_EXCEPTION", f"{what}: {frames} calling() frame(s) still open after the call returned "
+                                    f"(or the gate still held: {_threads._readers})")
     if UNRAISABLE:
         lost = [getattr(u, "exc_value", u) for u in UNRAISABLE]
         UNRAISABLE.clear()

@@ -81,7 +81,7 @@ def test_wrappers_of_a_graphs_tensors_are_refused_once_a_context_they_come_from_
     the weights' context wrapped the weight's old struct as an open tensor of the new
     generation, and read what ggml had made there since as a tensor (a graph: KeyError on its
     "type", or a wrong tensor). Now the graph's tensors are wrapped only while every context
-    they come from is as it was (ClosedError otherwise), under their arena locks."""
+    they come from is as it was (ClosedError otherwise), under their locks."""
     with Context(1 << 20) as ctx, Context(1 << 20) as weights:
         w = weights.from_numpy(np.ones((4, 4), np.float32))
         x = ctx.from_numpy(np.ones(4, np.float32))

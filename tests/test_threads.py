@@ -1,7 +1,8 @@
 """Threads: pyggml objects shared by threads (cffi releases the GIL in every C call, so two
 threads can be inside ggml at once). Calls that use an object take turns; ``close()`` and
-``reset()`` wait for another thread's call that uses the object; a callback that closes what
-its own call uses is refused. References: NumPy."""
+``reset()`` wait for other threads' calls; a close from inside a call on the same thread (a
+callback) is refused, and an object collected there is closed when the call ends
+(:mod:`pyggml.raw.threads`). References: NumPy."""
 from __future__ import annotations
 
 import threading
@@ -89,6 +90,38 @@ def test_close_on_another_thread_waits_for_the_compute(what):
         o.close()
 
 
+def test_an_object_collected_inside_a_call_is_closed_when_the_call_ends():
+    """A finalizer never waits: a context whose last reference goes inside a compute's callback
+    (the gate held by this thread) is closed when the compute returns, and nothing waits for
+    the gate afterwards."""
+    import gc
+    import weakref
+
+    from pyggml.raw import threads
+
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=16) as ctx, \
+            GraphAllocator(be) as galloc:
+        x, w, y, graph = _mlp_graph(ctx, 16, 4)
+        galloc.alloc_graph(graph)
+        x.set(np.ones((4, 16), np.float32))
+        w.set(np.eye(16, dtype=np.float32))
+        held = [Context(1 << 12)]
+        ref = weakref.ref(held[0])
+        seen: list[int] = []
+
+        def drop() -> bool:
+            if held:
+                held.clear()
+                gc.collect()
+                seen.append(len(threads._deferred))  # collected, its close deferred
+            return False
+        be.abort_callback = drop
+        be.graph_compute(graph)
+        gc.collect()
+        assert seen == [1] and ref() is None and threads._deferred == [] and threads._readers == []
+        np.testing.assert_allclose(y.numpy(), np.tanh(np.ones((4, 16))), rtol=1e-5)
+
+
 def test_a_callback_that_closes_what_its_compute_uses_is_refused():
     with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=16) as ctx, \
             GraphAllocator(be) as galloc:
@@ -98,7 +131,7 @@ def test_a_callback_that_closes_what_its_compute_uses_is_refused():
         x.set(xa)
         w.set(wa)
         be.abort_callback = lambda: ctx.close()
-        with pytest.raises(RuntimeError, match="from a callback of a call that is using it"):
+        with pytest.raises(RuntimeError, match="from inside a pyggml call on the same thread"):
             be.graph_compute(graph)
         assert not ctx.closed                           # nothing was changed
         be.abort_callback = None
@@ -143,7 +176,7 @@ _WORKER_CALLBACK = """
         try:
             compute()
         except RuntimeError as e:
-            assert "from a callback of a call that is using it" in str(e), e
+            assert "from inside a pyggml call on the same thread" in str(e), e
         else:
             raise AssertionError("not refused")
         assert not ctx.closed and not be.closed     # nothing was changed
@@ -244,7 +277,7 @@ def test_threads_fuzzer_short_run():
     runs long campaigns): 4 threads sharing a backend, a context they all build in, an
     allocating context, a graph allocator and a graph cache, computing, reading, resetting and
     closing at random. In its own interpreter, so that a GGML_ASSERT or a crash is a death;
-    every value read must match NumPy. Before the arena locks it died within seconds
+    every value read must match NumPy. Before contexts had locks it died within seconds
     (GGML_ASSERT in ggml_mul_mat, ggml_new_object, ggml_set_input; a segfault in the sweep of
     a freed buffer's tensors)."""
     import os
@@ -297,7 +330,7 @@ def test_a_compute_that_waited_for_a_placement_checks_its_graph_again():
     with the same allocator (B holds the allocator; A waits for it) must check again once it
     holds the allocator: the memory holds B's graph now, so ClosedError, not a compute that
     writes into B's tensors (or into a buffer ggml-alloc freed to make a bigger one). Found by
-    the threads fuzzer at 8 threads (wrong results, a heap corruption): ``_cobject.changes`` was
+    the threads fuzzer at 8 threads (wrong results, a heap corruption): ``threads.changes`` was
     counted at the start of a placement only, so A's check during it looked current."""
     with Context.for_tensors(32, graph_size=16) as ctx, CPUBackend(n_threads=1) as be, \
             GraphAllocator(be) as galloc:
@@ -341,7 +374,7 @@ def test_a_compute_that_waited_for_a_placement_checks_its_graph_again():
 @pytest.mark.parametrize("how", ["reset", "close"])
 def test_a_reset_waits_for_op_constructors_of_contexts_that_read_its_tensors(how):
     """An op constructor whose inputs live in a context its own context already reads (the
-    weights) holds only its own context's arena lock (ops._make_known's fast path): so a reset
+    weights) holds only its own context's lock (ops._make_known's fast path): so a reset
     or close of the weights' context waits for the op constructors of every context whose nodes
     read them, directly or through another context's nodes, and leaves those contexts refusing
     new nodes. (Held here by hand: the lock an op constructor holds around its C call.)"""
@@ -352,7 +385,7 @@ def test_a_reset_waits_for_op_constructors_of_contexts_that_read_its_tensors(how
         top.mul(y, h)               # the fast path: h's context is a recorded dependency
         for dependent in (mid, top):
             errors: list[BaseException] = []
-            with dependent._arena_lock:  # an op constructor of `dependent` in its C call
+            with dependent._lock:  # an op constructor of `dependent` in its C call
                 closing = _run(getattr(weights, how), errors)
                 closing.join(0.3)
                 assert closing.is_alive() and not w.closed  # waits for it
@@ -382,7 +415,7 @@ def test_building_a_graph_holds_the_contexts_its_nodes_read():
         y = ctx.mul_mat(w, x)
         graph = ctx.new_graph(8)
         errors: list[BaseException] = []
-        with graph._holding(outputs=(y,), arenas=True):  # what build_forward holds
+        with ctx._lock:  # what build_forward holds (a reset takes every context's lock)
             resetting = _run(weights.reset, errors)
             resetting.join(0.3)
             assert resetting.is_alive() and not w.closed
@@ -407,9 +440,9 @@ def test_an_op_reading_two_other_contexts_lets_go_of_every_lock():
 
 
 def test_building_a_graph_does_not_wait_for_a_compute_that_reads_the_same_weights():
-    """build_forward holds the arena locks of the contexts its nodes read, not their locks: a
-    thread builds the next graph on shared weights while another computes one (a reset of the
-    weights still waits for both)."""
+    """An op constructor and build_forward hold their own context's lock only, not those of
+    the contexts their nodes read: a thread builds the next graph on shared weights while
+    another computes one (a reset of the weights still waits for both)."""
     be = CPUBackend(n_threads=1)
     with Context(1 << 16) as weights, Context.for_tensors(8, graph_size=8) as c1, \
             Context.for_tensors(8, graph_size=8) as c2, GraphAllocator(be) as galloc:
@@ -434,9 +467,9 @@ def test_building_a_graph_does_not_wait_for_a_compute_that_reads_the_same_weight
     be.close()
 
 
-def test_new_objects_are_wrapped_under_the_arena_lock(monkeypatch):
+def test_new_objects_are_wrapped_under_the_context_lock(monkeypatch):
     """new_tensor, get_tensor, tensors() and new_graph read the new struct's ne and the context's
-    generation under the arena lock: after it, another thread's reset and new tensor may lie
+    generation under the context's lock: after it, another thread's reset and new tensor may lie
     there, and the wrapper would pair that tensor's ne with the new generation (threads fuzzer
     seed 702: GGML_ASSERT(ggml_can_mul_mat) in an op whose checks had passed)."""
     import pyggml.context
@@ -449,12 +482,12 @@ def test_new_objects_are_wrapped_under_the_arena_lock(monkeypatch):
         __slots__ = ()
 
         def __init__(self, ptr, ctx):
-            seen.append(ctx._arena_lock._is_owned())
+            seen.append(ctx._lock._is_owned())
             super().__init__(ptr, ctx)
 
     class WatchedGraph(Graph):
         def __init__(self, ptr, ctx, *args):
-            seen.append(ctx._arena_lock._is_owned())
+            seen.append(ctx._lock._is_owned())
             super().__init__(ptr, ctx, *args)
 
     monkeypatch.setattr(pyggml.context, "Tensor", Watched)

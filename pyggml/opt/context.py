@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _cobject
+
 from .._cobject import CObject
 from ..context import Context
 from ..enums import GGMLType
@@ -267,7 +267,6 @@ class OptContext(CObject):
         return self._own(lib.ggml_opt_grad_acc(self.ptr, node.ptr))
 
     # ------------------------------------------------------------------ low level
-    @_cobject.guarded
     def reset(self, optimizer: bool) -> None:
         """``ggml_opt_reset``: zero the gradients and, with ``optimizer``, the AdamW moments and
         the step count."""
@@ -343,7 +342,6 @@ class OptContext(CObject):
             raise ValueError(f"batch size {self.batch_size} does not divide the dataset's {dataset.ndata} "
                              "datapoints (ggml-opt has no partial batches): trim the data or pick a divisor")
 
-    @_cobject.guarded
     def close(self) -> None:
         """``ggml_opt_free``, then the model graph (scheduler, compute context, inputs). Its
         tensors (labels, loss, ...) raise ClosedError afterwards."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _cobject, types
+from .. import types
 from .._cobject import CObject
 from ..enums import GGMLType
 from ..raw import ffi, lib
@@ -256,7 +256,6 @@ class Dataset(CObject):
         y = types.to_numpy(raw_y, lt, [self.ne_label, batch_size]) if raw_y is not None and lt is not None else None
         return x, y
 
-    @_cobject.guarded
     def close(self) -> None:
         """``ggml_opt_dataset_free``: its data and labels tensors raise ClosedError afterwards."""
         scope = getattr(self, "_scope", None)

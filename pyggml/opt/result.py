@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _cobject
+
 from .._cobject import CObject
 from ..raw import ffi, lib
 from .optimizer import Loss
@@ -55,7 +55,6 @@ class Result(CObject):
         self._signature: tuple[Any, ...] | None = None
         self._has_pred = False
 
-    @_cobject.guarded
     def reset(self) -> None:
         """``ggml_opt_result_reset``: forget everything."""
         lib.ggml_opt_result_reset(self.ptr)

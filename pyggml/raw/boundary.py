@@ -24,14 +24,9 @@ Which call an exception belongs to:
   Python caller to raise it to: it goes to :func:`sys.unraisablehook`, as exceptions in
   ``__del__`` do, and C still sees the failure value.
 
-**Locks of a waiting caller.** A thread that calls C holds the locks of what the call uses
-(:class:`pyggml._cobject.using`: the graph's contexts, buffers, backend) and, inside C, waits
-for the threads ggml started to finish their share. A callback on one of those threads that
-waited for those locks (reading a tensor of the graph's context, a backend's name, a close)
-would wait forever. So the block declares them (``calling(owner, held=locks)``) and a callback
-that may run on ggml's threads runs inside :class:`on_behalf`: there, pyggml treats those locks
-as held by this thread too, as on the calling thread itself (a close or reset of what they
-guard raises RuntimeError instead of freeing memory C is using).
+**Locks of a waiting caller.** A block declares what its thread holds for the call
+(``calling(owner, held=locks)``); :class:`pyggml.raw.threads.on_behalf` lends them to callbacks of
+``owner`` on ggml's threads (:func:`owner_frame` finds the block).
 
 Raw-API users who want the same behaviour wrap their ``lib`` calls: ``with calling(): ...``.
 """
@@ -42,21 +37,19 @@ import threading
 from typing import Any
 
 from ..errors import GGMLError
-from . import ffi, lib
+from . import ffi, lib, threads
+from .threads import owner_frame
 
-__all__ = ["calling", "on_behalf", "lent", "call_status", "record", "check_status", "status_name", "GGMLError"]
+__all__ = ["calling", "call_status", "record", "check_status", "status_name", "GGMLError"]
 
 
 class _Local(threading.local):
     def __init__(self) -> None:
         self.frames: list[calling] = []
-        #: the locks a waiting caller holds for this thread's callback (:class:`on_behalf`)
-        self.lent: tuple[Any, ...] = ()
 
 
 _local = _Local()
 _lock = threading.Lock()
-_owned: list["calling"] = []  # open blocks that declared owners, on any thread
 
 
 class calling:
@@ -66,9 +59,9 @@ class calling:
     (a list push and pop) when no callback fails and no owner is declared. The open block is
     its own frame: ``errors`` collects what callbacks raised during it. ``held``: the locks this
     thread holds for the call, lent to callbacks of the owners on ggml's threads
-    (:class:`on_behalf`)."""
+    (:class:`pyggml.raw.threads.on_behalf`)."""
 
-    __slots__ = ("errors", "owners", "held")
+    __slots__ = ("errors", "owners", "held", "token")
 
     def __init__(self, *owners: Any, held: tuple[Any, ...] = ()):
         self.errors: list[BaseException] | None = None  # a list from the first one on
@@ -76,17 +69,17 @@ class calling:
         self.held = held
 
     def __enter__(self) -> "calling":
+        self.token = threads.enter()  # a call: closes on other threads wait for it
         _local.frames.append(self)
         if self.owners:
-            with _lock:
-                _owned.append(self)
+            threads.declare(self)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         _local.frames.pop()
         if self.owners:
-            with _lock:
-                _owned.remove(self)
+            threads.undeclare(self)
+        threads.leave(self.token)
         if self.errors is not None:
             self._raise(exc)
 
@@ -119,11 +112,13 @@ def call_status(what: str, fn: Any, *args: Any) -> None:
     frame.errors = None
     frame.owners = ()
     frames = _local.frames
+    token = threads.enter()
     frames.append(frame)
     try:
         status = fn(*args)
     finally:
         frames.pop()
+        threads.leave(token)
     failure = None if status == _SUCCESS else GGMLError(f"{what} failed: {status_name(status)}", status)
     if frame.errors is not None:
         frame._raise(failure)
@@ -135,48 +130,6 @@ _new_frame = object.__new__
 _SUCCESS = int(lib.GGML_STATUS_SUCCESS)
 
 
-class on_behalf:
-    """``with on_behalf(owner):`` around a Python callback of ``owner`` (e.g. a custom op of a
-    context) that may run on a thread ggml started while the thread that called C waits for it:
-    on such a thread (one without a :class:`calling` block of its own), the locks that the open
-    block declaring ``owner`` holds (``held``) count as this thread's for the callback's pyggml
-    calls (:func:`lent`): they neither wait for them nor release them. A no-op on the calling
-    thread, which holds them itself."""
-
-    __slots__ = ("prev",)
-
-    def __init__(self, owner: Any):
-        self.prev: tuple[Any, ...] | None = None
-        if _local.frames:
-            return
-        frame = _owner_frame(owner)
-        if frame is not None:
-            self.prev = _local.lent
-            _local.lent = frame.held
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: object) -> None:
-        if self.prev is not None:
-            _local.lent = self.prev
-
-
-def _owner_frame(owner: Any) -> "calling | None":
-    """The innermost open :class:`calling` block, on any thread, that declared ``owner``."""
-    with _lock:
-        for frame in reversed(_owned):
-            if any(o is owner for o in frame.owners):
-                return frame
-    return None
-
-
-def lent() -> tuple[Any, ...]:
-    """The locks lent to this thread by the caller its callback works for (:class:`on_behalf`),
-    else ``()``."""
-    return _local.lent
-
-
 def record(exc: BaseException, owner: Any = None) -> None:
     """Called by the trampolines of :mod:`pyggml.raw.callbacks` with the exception a Python
     callback raised: hand it to the call it belongs to (see the module docstring)."""
@@ -184,7 +137,7 @@ def record(exc: BaseException, owner: Any = None) -> None:
     if frames:
         frames[-1]._add(exc)
         return
-    frame = _owner_frame(owner) if owner is not None else None
+    frame = owner_frame(owner) if owner is not None else None
     if frame is not None:
         with _lock:  # worker threads of one call may record at once
             frame._add(exc)
