@@ -16,7 +16,7 @@ from simple_ctx import format_result, matrix_A, matrix_B
 
 def main() -> np.ndarray:
     load_all()                                               # backend modules in pyggml/lib, if any
-    backend = pyggml.Backend.best()                          # ggml_backend_init_best
+    backend = pyggml.device.init_best()                      # ggml_backend_init_best
     cpu = device_by_type("cpu").init()                       # ggml_backend_init_by_type(CPU)
     sched = pyggml.Scheduler([backend, cpu])
     with pyggml.Context.for_tensors(pyggml.lib.GGML_DEFAULT_GRAPH_SIZE, graph_size=pyggml.lib.GGML_DEFAULT_GRAPH_SIZE) as ctx:

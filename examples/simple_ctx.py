@@ -8,6 +8,7 @@ import numpy as np
 
 import pyggml
 from pyggml import GGMLType
+from pyggml.cpu import graph_compute
 
 # NumPy order (rows, cols): ggml ne = [cols, rows]
 matrix_A = np.array([[2, 8], [5, 1], [4, 2], [8, 6]], dtype=np.float32)
@@ -27,7 +28,7 @@ def main() -> np.ndarray:
         result = ctx.mul_mat(a, b)                            # ne [4, 3]: B @ A.T in NumPy order
         assert result.type == GGMLType.F32
         graph = ctx.new_graph().build_forward(result)
-        graph.compute(n_threads=1)
+        graph_compute(graph, n_threads=1)
         out = result.numpy()
     print(format_result(out))
     return out

@@ -18,27 +18,29 @@ Tensors are borrowed from their context with a cheaper check of their own
 (:class:`pyggml.tensor.Tensor`: the context's *generation*, which ``reset()`` and ``close()``
 change). Whatever C itself holds a handle to (Python backends, callbacks) is kept alive by the
 object C reaches it through, until C lets go.
-
-Some C objects point at each other (a device makes backends, a backend names its device; a
-buffer type names its device). Their modules cannot all import each other, so a concept
-module registers how to wrap its pointers (:func:`register_wrapper`) and the others ask for it by
-name (:func:`wrap`): ``wrap("device", ptr)``. ``pyggml/__init__`` imports every concept module,
-so every kind is registered before user code runs.
 """
 from __future__ import annotations
 
 import sys
 import threading
 import weakref
-from typing import Any, Callable, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .raw import threads
 from .errors import ClosedError, GGMLError
 from .raw import ffi
 
-__all__ = ["CBorrowed", "CObject", "register_wrapper", "wrap"]
+__all__ = ["CBorrowed", "CObject", "HasPtr"]
 
 _Self = TypeVar("_Self", bound="CBorrowed")
+
+
+class HasPtr(Protocol):
+    """Anything with a C pointer (``ptr``): how modules below the tensor module name a
+    :class:`~pyggml.tensor.Tensor` they take."""
+
+    @property
+    def ptr(self) -> Any: ...
 
 
 class CBorrowed:
@@ -167,17 +169,3 @@ class CObject(CBorrowed):
     def __hash__(self) -> int:
         # the pointer it was made with: the hash must not change when the object is closed
         return hash((type(self), getattr(self, "_key", self._ptr)))
-
-
-_WRAPPERS: dict[str, Callable[..., Any]] = {}
-
-
-def register_wrapper(kind: str, make: Callable[..., Any]) -> None:
-    """Declare how to wrap a C pointer of ``kind`` (``"device"``, ``"backend"``...): ``make(ptr,
-    *args)``. Called once by the module that defines the concept."""
-    _WRAPPERS[kind] = make
-
-
-def wrap(kind: str, ptr: Any, *args: Any) -> Any:
-    """The Python object for C pointer ``ptr`` of ``kind`` (see :func:`register_wrapper`)."""
-    return _WRAPPERS[kind](ptr, *args)

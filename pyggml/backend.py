@@ -17,13 +17,12 @@ from . import _cobject, buffer
 from .raw import threads
 from .buffer import Buffer
 from .buffer_type import BufferType
-from .errors import ClosedError, GGMLError
-from .raw import dl, ffi, lib
+from .errors import ClosedError
+from .raw import ffi, lib
 from .raw.boundary import call_status, calling, check_status
 from .tensor import EMPTY_OPS, Tensor, tensor_arg
 
 if TYPE_CHECKING:
-    from .device import Device
     from .graph import Graph
 
 __all__ = ["Backend", "GraphPlan"]
@@ -150,28 +149,6 @@ class Backend(_cobject.CObject):
         with calling():
             lib.ggml_backend_free(ptr)
 
-    # --- construction helpers
-    @classmethod
-    def by_name(cls, name: str, params: str | None = None) -> "Backend":
-        """``ggml_backend_init_by_name``: a backend on the device called ``name``. Raises
-        :class:`~pyggml.errors.BackendNotAvailableError` (a KeyError) saying why there is none."""
-        return _cobject.wrap("device_by_name", name).init(params)  # type: ignore[no-any-return]
-
-    @classmethod
-    def by_type(cls, type: Any, params: str | None = None) -> "Backend":
-        """``ggml_backend_init_by_type``: a backend on the first device of ``type`` (a
-        :class:`~pyggml.enums.DeviceType` or its name); BackendNotAvailableError if none."""
-        return _cobject.wrap("device_by_type", type).init(params)  # type: ignore[no-any-return]
-
-    @classmethod
-    def best(cls) -> "Backend":
-        """``ggml_backend_init_best``: the first GPU, else integrated GPU, else the CPU."""
-        with calling():
-            ptr = lib.ggml_backend_init_best()
-        if ptr == ffi.NULL:
-            raise GGMLError("no backend could be initialised")
-        return _cobject.wrap("backend", ptr)  # type: ignore[no-any-return]
-
     # --- description
     @property
     def name(self) -> str:
@@ -184,13 +161,6 @@ class Backend(_cobject.CObject):
         """The 16-byte backend identifier (``ggml_backend_guid``)."""
         with calling():
             return bytes(ffi.buffer(lib.ggml_backend_guid(self.ptr), 16))
-
-    @property
-    def device(self) -> "Device":
-        """``ggml_backend_get_device``."""
-        with calling():
-            p = lib.ggml_backend_get_device(self.ptr)
-        return _cobject.wrap("device", p)  # type: ignore[no-any-return]
 
     @property
     def default_buffer_type(self) -> BufferType:
@@ -221,12 +191,12 @@ class Backend(_cobject.CObject):
         ValueError outside 1..GGML_MAX_N_THREADS."""
         if not isinstance(n, int) or not 1 <= n <= lib.GGML_MAX_N_THREADS:
             raise ValueError(f"n_threads must be 1..{lib.GGML_MAX_N_THREADS}, not {n!r}")
-        fn = self.device.registry.get_proc_address("ggml_backend_set_n_threads",
-                                                   "ggml_backend_set_n_threads_t")
-        if fn is None:
-            return False
         with calling():
-            fn(self.ptr, n)
+            reg = lib.ggml_backend_dev_backend_reg(lib.ggml_backend_get_device(self.ptr))
+            p = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_set_n_threads")
+            if p == ffi.NULL:
+                return False
+            ffi.cast("ggml_backend_set_n_threads_t", p)(self.ptr, n)
         return True
 
     # --- capabilities
@@ -479,16 +449,3 @@ class GraphPlan(_cobject.CObject):
         finally:
             lock.__exit__()
         _mark_computed(self._graph)
-
-
-def _wrap_backend(ptr: Any) -> Backend:
-    """An owned Backend for ``ptr`` (a CPUBackend when it is ggml's CPU backend, a BLASBackend
-    when it is ggml-blas)."""
-    if dl.is_bound("ggml_backend_is_cpu") and lib.ggml_backend_is_cpu(ptr):
-        return _cobject.wrap("cpu_backend", ptr)  # type: ignore[no-any-return]
-    if hasattr(lib, "ggml_backend_is_blas") and dl.is_bound("ggml_backend_is_blas") and getattr(lib, "ggml_backend_is_blas")(ptr):
-        return _cobject.wrap("blas_backend", ptr)  # type: ignore[no-any-return]
-    return Backend(ptr)
-
-
-_cobject.register_wrapper("backend", _wrap_backend)

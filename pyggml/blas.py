@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _cobject
 from .backend import Backend
 from .raw import dl, lib
 from .tensor import Tensor, tensor_arg
@@ -104,6 +103,3 @@ class BLASBackend(Backend):
                     "(a transposed quantized source or an empty batch): Context.cont the source, "
                     "or leave this node to the CPU")
         return super()._why_not(p)
-
-
-_cobject.register_wrapper("blas_backend", BLASBackend._wrap)

@@ -23,7 +23,7 @@ import threading
 
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,9 +33,6 @@ from .errors import ClosedError
 from .raw import ffi, lib
 from .raw.boundary import calling
 
-if TYPE_CHECKING:
-    from .buffer_type import BufferType
-    from .tensor import Tensor
 
 __all__ = ["Buffer", "LiveBuffer", "track", "retire", "forget", "FREED", "lookup", "live_table", "graph_buffers",
            "retired_by_placer", "check_graph_memory", "check_placements", "IndexCheck", "host_array_owner"]
@@ -401,11 +398,6 @@ class Buffer(_cobject.CObject):
             return bool(lib.ggml_backend_buffer_is_host(self.ptr))
 
     @property
-    def buffer_type(self) -> "BufferType":
-        """``ggml_backend_buffer_get_type``."""
-        return _cobject.wrap("buffer_type", lib.ggml_backend_buffer_get_type(self.ptr), self)  # type: ignore[no-any-return]
-
-    @property
     def usage(self) -> BufferUsage:
         """:class:`~pyggml.enums.BufferUsage` (``ggml_backend_buffer_get/set_usage``); set it with
         a member or a name (``"weights"``)."""
@@ -415,8 +407,9 @@ class Buffer(_cobject.CObject):
     def usage(self, value: BufferUsage | str | int) -> None:
         lib.ggml_backend_buffer_set_usage(self.ptr, member(BufferUsage, value))
 
-    def alloc_size(self, tensor: "Tensor") -> int:
-        """Bytes ``tensor`` takes in this buffer (``ggml_backend_buffer_get_alloc_size``)."""
+    def alloc_size(self, tensor: _cobject.HasPtr) -> int:
+        """Bytes ``tensor`` (a :class:`~pyggml.tensor.Tensor`) takes in this buffer
+        (``ggml_backend_buffer_get_alloc_size``)."""
         with calling():
             return int(lib.ggml_backend_buffer_get_alloc_size(self.ptr, tensor.ptr))
 
@@ -488,10 +481,3 @@ def host_array_owner(address: int, shape: Any, strides: Any, dtype: np.dtype, ow
     ``owner`` alive as long as the view. No checks: callers make sure the memory is host memory
     and large enough."""
     return _ArrayOwner(address, shape, strides, dtype, owner)
-
-
-def _borrow(ptr: Any, owner: Any = None) -> Buffer:
-    return Buffer(ptr, owned=False, owner=owner)
-
-
-_cobject.register_wrapper("buffer", _borrow)

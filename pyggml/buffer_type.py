@@ -6,16 +6,12 @@ it. A buffer type implemented in Python (:class:`pyggml.impl.PyBufferType`) is k
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _cobject, buffer
 from .buffer import Buffer
 from .raw import ffi, lib
 from .raw.boundary import calling
-
-if TYPE_CHECKING:
-    from .device import Device
-    from .tensor import Tensor
 
 __all__ = ["BufferType"]
 
@@ -32,6 +28,12 @@ class BufferType(_cobject.CObject):
 
     def __init__(self, ptr: Any, keep: Any = None):
         super().__init__(ptr, owned=False, keep=keep)
+
+    @classmethod
+    def of(cls, buffer: Buffer) -> "BufferType":
+        """The type of ``buffer`` (``ggml_backend_buffer_get_type``)."""
+        with calling():
+            return cls(lib.ggml_backend_buffer_get_type(buffer.ptr), buffer)
 
     @property
     def name(self) -> str:
@@ -57,14 +59,9 @@ class BufferType(_cobject.CObject):
         with calling():
             return bool(lib.ggml_backend_buft_is_host(self.ptr))
 
-    @property
-    def device(self) -> "Device | None":
-        """``ggml_backend_buft_get_device`` (None for buffer types without a device)."""
-        d = lib.ggml_backend_buft_get_device(self.ptr)
-        return None if d == ffi.NULL else _cobject.wrap("device", d)
-
-    def alloc_size(self, tensor: "Tensor") -> int:
-        """Bytes a tensor needs in this buffer type (``ggml_backend_buft_get_alloc_size``)."""
+    def alloc_size(self, tensor: _cobject.HasPtr) -> int:
+        """Bytes ``tensor`` (a :class:`~pyggml.tensor.Tensor`) needs in this buffer type
+        (``ggml_backend_buft_get_alloc_size``)."""
         with calling():
             return int(lib.ggml_backend_buft_get_alloc_size(self.ptr, tensor.ptr))
 
@@ -83,5 +80,3 @@ class BufferType(_cobject.CObject):
     def __repr__(self) -> str:
         return "<BufferType (closed)>" if self.closed else f"<BufferType {self.name}>"
 
-
-_cobject.register_wrapper("buffer_type", BufferType)

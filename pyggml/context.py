@@ -12,7 +12,7 @@ tensor data in the arena keep it alive after the context is closed.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -27,10 +27,15 @@ from .raw import ffi, lib
 from .raw.boundary import calling
 from .tensor import Tensor
 
-if TYPE_CHECKING:
-    from .backend import Backend
+__all__ = ["Context", "HasBufferType", "tensor_overhead", "DEFAULT_MEM_SIZE"]
 
-__all__ = ["Context", "tensor_overhead", "DEFAULT_MEM_SIZE"]
+
+class HasBufferType(Protocol):
+    """What has a default buffer type: a :class:`~pyggml.backend.Backend` (built on contexts,
+    so this module names it through this)."""
+
+    @property
+    def default_buffer_type(self) -> BufferType: ...
 
 DEFAULT_MEM_SIZE = 16 * 1024 * 1024
 _OVERHEAD = int(lib.ggml_tensor_overhead())
@@ -97,6 +102,15 @@ class Context(_cobject.CObject, Ops):
         # constructors without the gate: closes and resets take every context's lock)
         threads.register_context(self)
         _tensor_mod.register_arena(self, self._arena.ctypes.data, size)
+
+    @classmethod
+    def of(cls, obj: Tensor | Graph) -> "Context":
+        """The context whose memory holds ``obj`` (a tensor or a graph). ValueError for one
+        that belongs to no pyggml context (lent to a callback, or ggml's own)."""
+        owner = obj._owner
+        if not isinstance(owner, Context):
+            raise ValueError(f"this {obj._kind} belongs to no pyggml context ({getattr(owner, 'name', owner)})")
+        return owner
 
     @classmethod
     def for_tensors(cls, n_tensors: int, *, graph_size: int = 0) -> "Context":
@@ -351,7 +365,7 @@ class Context(_cobject.CObject, Ops):
             p = lib.ggml_new_graph_custom(self._live_ptr(), size, grads)
             return Graph(p, self, size, grads)  # its generation read under the lock
 
-    def alloc_tensors(self, where: "Backend | BufferType") -> Buffer:
+    def alloc_tensors(self, where: HasBufferType | BufferType) -> Buffer:
         """Allocate every tensor of this ``no_alloc`` context in one backend buffer
         (``ggml_backend_alloc_ctx_tensors`` / ``_from_buft``); ``where`` is a backend (its
         default buffer type) or a buffer type. The context keeps the buffer alive and closes it

@@ -19,7 +19,7 @@ from .tensor import Tensor, tensor_arg
 if TYPE_CHECKING:
     from .graph import Graph
 
-__all__ = ["CPUBackend", "Threadpool", "cpu_buffer_type", "cpu_buffer_from_array", "cpu_kernel_supports",
+__all__ = ["CPUBackend", "Threadpool", "graph_compute", "cpu_buffer_type", "cpu_buffer_from_array", "cpu_kernel_supports",
            "aligned_zeros", "ABORT_INTERVAL_US"]
 
 _F32, _F16, _BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
@@ -462,8 +462,11 @@ def cpu_buffer_type() -> BufferType:
     return BufferType(lib.ggml_backend_cpu_buffer_type())
 
 
-def _new_cpu_backend(n_threads: int | None = None) -> CPUBackend:
-    return CPUBackend(n_threads=n_threads)
+def graph_compute(graph: "Graph", n_threads: int | None = None) -> None:
+    """Compute ``graph`` on a new CPU backend of ``n_threads`` threads (default 4), closed
+    after: :meth:`CPUBackend.graph_compute` says what is checked and raised."""
+    with CPUBackend(n_threads=n_threads) as cpu:
+        cpu.graph_compute(graph)
 
 
 def aligned_zeros(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32, align: int = 64) -> np.ndarray:
@@ -490,7 +493,3 @@ def cpu_buffer_from_array(array: np.ndarray) -> Buffer:
     with buffer.lifecycle:
         ptr = lib.ggml_backend_cpu_buffer_from_ptr(ffi.from_buffer(array), array.nbytes)
         return Buffer(ptr, owned=True, keep=array)
-
-
-_cobject.register_wrapper("cpu_backend", CPUBackend._wrap)
-_cobject.register_wrapper("new_cpu_backend", _new_cpu_backend)

@@ -9,12 +9,14 @@ the reason (:mod:`pyggml.raw.dl`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from . import _cobject, buffer
 from .backend import Backend
+from .blas import BLASBackend
+from .cpu import CPUBackend
 from .buffer import Buffer
 from .buffer_type import BufferType
 from .enums import DeviceType, member
@@ -23,10 +25,8 @@ from .raw import dl, ffi, lib
 from .raw.boundary import calling
 from .tensor import Tensor, tensor_arg
 
-if TYPE_CHECKING:
-    from .registry import Registry
-
-__all__ = ["Device", "DeviceProps", "devices", "device_by_name", "device_by_type"]
+__all__ = ["Device", "DeviceProps", "devices", "device_by_name", "device_by_type", "init_by_name",
+           "init_by_type", "init_best"]
 
 
 def _str(p: Any) -> str:
@@ -55,6 +55,22 @@ class Device(_cobject.CObject):
 
     def __init__(self, ptr: Any):
         super().__init__(ptr, owned=False)
+
+    @classmethod
+    def of(cls, obj: Backend | BufferType) -> "Device":
+        """The device of a backend (``ggml_backend_get_device``) or of a buffer type
+        (``ggml_backend_buft_get_device``). Raises ValueError for a buffer type without a
+        device, TypeError for anything else."""
+        with calling():
+            if isinstance(obj, Backend):
+                p = lib.ggml_backend_get_device(obj.ptr)
+            elif isinstance(obj, BufferType):
+                p = lib.ggml_backend_buft_get_device(obj.ptr)
+            else:
+                raise TypeError(f"Device.of takes a Backend or a BufferType, not {type(obj).__name__}")
+        if p == ffi.NULL:
+            raise ValueError(f"buffer type {obj.name} belongs to no device")
+        return cls(p)
 
     @property
     def name(self) -> str:
@@ -92,11 +108,6 @@ class Device(_cobject.CObject):
                            DeviceType(p.type), _str(p.device_id) or None, bool(getattr(p.caps, "async")),
                            bool(p.caps.host_buffer), bool(p.caps.buffer_from_host_ptr), bool(p.caps.events))
 
-    @property
-    def registry(self) -> "Registry":
-        """The registry (backend library) the device belongs to (``ggml_backend_dev_backend_reg``)."""
-        return _cobject.wrap("registry", lib.ggml_backend_dev_backend_reg(self.ptr))  # type: ignore[no-any-return]
-
     def init(self, params: str | None = None) -> Backend:
         """A new backend on this device (``ggml_backend_dev_init``); a
         :class:`~pyggml.cpu.CPUBackend` for ggml's CPU device. GGMLError on failure (or what a
@@ -105,7 +116,7 @@ class Device(_cobject.CObject):
             ptr = lib.ggml_backend_dev_init(self.ptr, params.encode() if params else ffi.NULL)
             if ptr == ffi.NULL:
                 raise GGMLError(f"device {self.name} could not initialise a backend")
-        return _cobject.wrap("backend", ptr)  # type: ignore[no-any-return]
+        return _backend(ptr)
 
     @property
     def buffer_type(self) -> BufferType:
@@ -195,6 +206,33 @@ def device_by_type(type: DeviceType | str | int) -> Device:
     return Device(p)
 
 
-_cobject.register_wrapper("device", Device)
-_cobject.register_wrapper("device_by_name", device_by_name)
-_cobject.register_wrapper("device_by_type", device_by_type)
+
+def init_by_name(name: str, params: str | None = None) -> Backend:
+    """``ggml_backend_init_by_name``: a backend on the device called ``name``. Raises
+    :class:`~pyggml.errors.BackendNotAvailableError` (a KeyError) saying why there is none."""
+    return device_by_name(name).init(params)
+
+
+def init_by_type(type: DeviceType | str | int, params: str | None = None) -> Backend:
+    """``ggml_backend_init_by_type``: a backend on the first device of ``type`` (a
+    :class:`~pyggml.enums.DeviceType` or its name); BackendNotAvailableError if none."""
+    return device_by_type(type).init(params)
+
+
+def init_best() -> Backend:
+    """``ggml_backend_init_best``: the first GPU, else integrated GPU, else the CPU."""
+    with calling():
+        ptr = lib.ggml_backend_init_best()
+    if ptr == ffi.NULL:
+        raise GGMLError("no backend could be initialised")
+    return _backend(ptr)
+
+
+def _backend(ptr: Any) -> Backend:
+    """An owned Backend for ``ptr``: a CPUBackend when it is ggml's CPU backend, a BLASBackend
+    when it is ggml-blas."""
+    if dl.is_bound("ggml_backend_is_cpu") and lib.ggml_backend_is_cpu(ptr):
+        return CPUBackend._wrap(ptr)
+    if hasattr(lib, "ggml_backend_is_blas") and dl.is_bound("ggml_backend_is_blas") and getattr(lib, "ggml_backend_is_blas")(ptr):
+        return BLASBackend._wrap(ptr)
+    return Backend(ptr)

@@ -367,7 +367,7 @@ class GGUFFile(_cobject.CObject):
         t = lib.ggml_get_tensor(gctx, raw) if raw is not None else ffi.NULL
         if t == ffi.NULL:
             raise KeyError(name)
-        return Tensor(t, self)  # type: ignore[arg-type]
+        return Tensor(t, self)
 
 
 def _int_type(lo: int, hi: int) -> GGUFValueType:

@@ -13,7 +13,7 @@ context is closed or reset.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from . import _cobject, _trial
 from .raw import threads
@@ -23,11 +23,14 @@ from .errors import ClosedError
 from .raw import ffi, lib
 from .tensor import GGML_INTERNAL, BorrowScope, Tensor, context_of, tensor_arg
 
-if TYPE_CHECKING:
-    from .backend import Backend
-    from .context import Context
+__all__ = ["Graph", "Computer"]
 
-__all__ = ["Graph"]
+
+class Computer(Protocol):
+    """What computes a graph: a :class:`~pyggml.backend.Backend` (or a scheduler's ``compute``
+    wrapped); :meth:`Graph.compute` takes one."""
+
+    def graph_compute(self, graph: "Graph") -> None: ...
 
 _PARAM, _LOSS = int(TensorFlag.PARAM), int(TensorFlag.LOSS)
 _IO = int(TensorFlag.INPUT) | int(TensorFlag.OUTPUT)
@@ -85,7 +88,7 @@ class Graph(_cobject.CObject):
 
     _kind = "graph"
 
-    def __init__(self, ptr: Any, ctx: "Context | BorrowScope", size: int, grads: bool = False):
+    def __init__(self, ptr: Any, ctx: _tensor.Arena, size: int, grads: bool = False):
         super().__init__(ptr, owned=False, owner=ctx)
         self._gen = ctx._gen
         self.size = size
@@ -120,13 +123,6 @@ class Graph(_cobject.CObject):
         if self._ptr is None or self._owner._gen != self._gen:
             raise ClosedError("the context holding this graph is closed or was reset")
         return self._ptr
-
-    @property
-    def ctx(self) -> "Context":
-        """The context that holds the graph."""
-        if isinstance(self._owner, BorrowScope):
-            raise ValueError(f"this graph belongs to no pyggml context ({self._owner.name})")
-        return self._owner  # type: ignore[no-any-return]
 
     def _changed(self) -> None:
         self.version += 1
@@ -180,7 +176,7 @@ class Graph(_cobject.CObject):
         self._changed()
         return self
 
-    def build_backward(self, ctx: "Context") -> "Graph":
+    def build_backward(self, ctx: _tensor.Arena) -> "Graph":
         """``ggml_build_backward_expand``: add the gradient nodes of every parameter
         (``Tensor.set_param``) with respect to the loss (``Tensor.set_loss``), created in ``ctx``.
 
@@ -193,10 +189,12 @@ class Graph(_cobject.CObject):
         first in a forked child (:mod:`pyggml._trial`). The gradient nodes' ops become trial
         ops of ``ctx``: the backward graph's first CPU compute is tried in a forked child too.
         """
+        if not hasattr(ctx, "_reserve"):
+            raise TypeError(f"build_backward makes the gradient nodes in a pyggml Context, not {type(ctx).__name__}")
         with self._holding(ctx):  # no reset or close meanwhile
             return self._build_backward(ctx)
 
-    def _build_backward(self, ctx: "Context") -> "Graph":
+    def _build_backward(self, ctx: Any) -> "Graph":
         if not self.grads:
             raise ValueError("build_backward needs a graph made with new_graph(..., grads=True)")
         if self._backward:
@@ -483,15 +481,11 @@ class Graph(_cobject.CObject):
                 self.checked.clear()
 
     # ------------------------------------------------------------------ compute
-    def compute(self, backend: "Backend | None" = None, n_threads: int | None = None) -> None:
+    def compute(self, backend: Computer) -> None:
         """Compute the graph on ``backend``: :meth:`pyggml.backend.Backend.graph_compute`,
-        which says what is checked and raised. Without a backend, a new CPU backend with
-        ``n_threads`` threads computes it."""
-        if backend is None:
-            with _cobject.wrap("new_cpu_backend", n_threads) as cpu:
-                cpu.graph_compute(self)
-        else:
-            backend.graph_compute(self)
+        which says what is checked and raised (:func:`pyggml.cpu.graph_compute`: on a new CPU
+        backend)."""
+        backend.graph_compute(self)
 
     def __repr__(self) -> str:
         return "<Graph (closed)>" if self.closed else f"<Graph {self.n_nodes} nodes, size {self.size}>"

@@ -35,6 +35,12 @@ class Registry(_cobject.CObject):
     def __init__(self, ptr: Any):
         super().__init__(ptr, owned=False)
 
+    @classmethod
+    def of(cls, device: Device) -> "Registry":
+        """The registry (backend library) ``device`` belongs to (``ggml_backend_dev_backend_reg``)."""
+        with calling():
+            return cls(lib.ggml_backend_dev_backend_reg(device.ptr))
+
     @property
     def name(self) -> str:
         """``ggml_backend_reg_name`` (``"CPU"``, ``"CUDA"``...)."""
@@ -131,4 +137,3 @@ def load_all(path: str | Path | None = None) -> None:
         lib.ggml_backend_load_all_from_path(str(path or LIB_DIR).encode())
 
 
-_cobject.register_wrapper("registry", Registry)

@@ -21,6 +21,7 @@ from .alloc import Placer, placing
 from .backend import Backend, _callback_owners, _compute_lock, _memory_current
 from .buffer_type import BufferType
 from .cpu import CPUBackend, graph_trial_ops
+from .device import Device
 from .enums import DeviceType
 from .graph import Graph
 from .raw import callbacks, ffi, lib, requires
@@ -95,7 +96,7 @@ class Scheduler(_cobject.CObject, Placer):
         for b in backends:
             if not isinstance(b, Backend):
                 raise TypeError(f"a scheduler takes pyggml Backends, not {type(b).__name__}")
-        if backends[-1].device.type != DeviceType.CPU:
+        if Device.of(backends[-1]).type != DeviceType.CPU:
             raise ValueError("the last backend of a scheduler must be a CPU backend")
         if len({b.ptr for b in backends}) != len(backends):
             raise ValueError("a backend appears twice")
@@ -499,7 +500,7 @@ class Scheduler(_cobject.CObject, Placer):
         if not any(p.op in trial_ops and lib.ggml_backend_sched_get_tensor_backend(s, p) in cpus
                    for p in graph.raw_nodes()):
             return
-        if any(b.device.type in (DeviceType.GPU, DeviceType.IGPU) for b in self._backends):
+        if any(Device.of(b).type in (DeviceType.GPU, DeviceType.IGPU) for b in self._backends):
             return
 
         def run() -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -34,10 +34,7 @@ from .raw.boundary import calling
 
 _BF16 = GGMLType.BF16
 
-if TYPE_CHECKING:
-    from .context import Context
-
-__all__ = ["Tensor", "op_name", "can_repeat", "EMPTY_OPS", "BorrowScope", "context_of",
+__all__ = ["Tensor", "Arena", "op_name", "can_repeat", "EMPTY_OPS", "BorrowScope", "context_of",
            "register_arena", "decode_op_params", "tensor_arg", "GGML_INTERNAL", "name_bytes",
            "lookup_name_bytes", "name_str"]
 
@@ -159,6 +156,29 @@ def decode_op_params(p: Any) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # which context holds a tensor struct
+
+class Arena(Protocol):
+    """What a tensor is borrowed from, as this module sees it: a
+    :class:`~pyggml.context.Context` (the context module is built on tensors, so they name it
+    through this) or a :class:`BorrowScope`. ``_gen`` changes when it is reset or closed."""
+
+    _gen: int
+
+    @property
+    def closed(self) -> bool: ...
+
+
+class _Ops(Protocol):
+    """The op constructors the operators call (:class:`pyggml.ops.Ops`, which a context has)."""
+
+    def add(self, a: "Tensor", b: "Tensor") -> "Tensor": ...
+    def sub(self, a: "Tensor", b: "Tensor") -> "Tensor": ...
+    def mul(self, a: "Tensor", b: "Tensor") -> "Tensor": ...
+    def div(self, a: "Tensor", b: "Tensor") -> "Tensor": ...
+    def scale(self, a: "Tensor", s: float) -> "Tensor": ...
+    def neg(self, a: "Tensor") -> "Tensor": ...
+    def transpose(self, a: "Tensor") -> "Tensor": ...
+
 
 class BorrowScope:
     """What tensors are borrowed from when no open pyggml context holds their struct: tensors
@@ -301,11 +321,12 @@ class Tensor(_cobject.CBorrowed):
 
     __slots__ = ("_ptr", "_owner", "_gen", "_ne", "_type", "_contig", "_nb")
     _kind = "tensor"
+    _owner: Any  # its context (an Arena); the operators call its op constructors
     _ne: tuple[int, ...]  # always 4 sizes
     _contig: bool | None  # ggml_is_contiguous, once known (ne and nb never change)
     _nb: tuple[int, ...] | None  # nb (the 4 strides in bytes), once read (row_strides)
 
-    def __init__(self, ptr: Any, ctx: "Context | BorrowScope"):
+    def __init__(self, ptr: Any, ctx: Arena):
         if ptr == ffi.NULL:
             raise ValueError("NULL is not a tensor")
         self._ptr = ptr
@@ -326,7 +347,7 @@ class Tensor(_cobject.CBorrowed):
     def closed(self) -> bool:
         """True once the context is closed or reset (or, for a tensor lent to a callback, once
         the callback has returned)."""
-        return self._owner._gen != self._gen
+        return bool(self._owner._gen != self._gen)
 
     @property
     def ptr(self) -> Any:
@@ -348,10 +369,9 @@ class Tensor(_cobject.CBorrowed):
     def __hash__(self) -> int:
         return hash(self._ptr)
 
-    @property
-    def ctx(self) -> "Context":
-        """The context whose memory holds this tensor's struct."""
-        owner = self._owner
+    def _ops(self) -> "_Ops":
+        """The context whose op constructors the operators call (``Context.of``)."""
+        owner: _Ops = self._owner
         if isinstance(owner, BorrowScope):
             raise ValueError(f"this tensor belongs to no pyggml context ({owner.name})")
         return owner
@@ -822,28 +842,28 @@ class Tensor(_cobject.CBorrowed):
 
     # ------------------------------------------------------------------ operators
     def __add__(self, other: "Tensor") -> "Tensor":
-        return self.ctx.add(self, other)
+        return self._ops().add(self, other)
 
     def __sub__(self, other: "Tensor") -> "Tensor":
-        return self.ctx.sub(self, other)
+        return self._ops().sub(self, other)
 
     def __mul__(self, other: "Tensor | float") -> "Tensor":
         if isinstance(other, (int, float)):
-            return self.ctx.scale(self, float(other))
-        return self.ctx.mul(self, other)
+            return self._ops().scale(self, float(other))
+        return self._ops().mul(self, other)
 
     __rmul__ = __mul__
 
     def __truediv__(self, other: "Tensor") -> "Tensor":
-        return self.ctx.div(self, other)
+        return self._ops().div(self, other)
 
     def __neg__(self) -> "Tensor":
-        return self.ctx.neg(self)
+        return self._ops().neg(self)
 
     @property
     def T(self) -> "Tensor":
         """``ggml_transpose`` (swaps ``ne[0]`` and ``ne[1]``; a view)."""
-        return self.ctx.transpose(self)
+        return self._ops().transpose(self)
 
 
 def _squeeze_leading(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -851,6 +871,3 @@ def _squeeze_leading(shape: tuple[int, ...]) -> tuple[int, ...]:
     while i < len(shape) and shape[i] == 1:
         i += 1
     return shape[i:]
-
-
-_cobject.register_wrapper("tensor", Tensor._of)

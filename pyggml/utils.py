@@ -131,7 +131,7 @@ def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int = 0) -> None:
     addr = ffi.cast("char *", lib.ggml_backend_buffer_get_base(buffer.ptr)) + offset
     with calling():
         check_status(lib.ggml_backend_tensor_alloc(buffer.ptr, p, addr), "ggml_backend_tensor_alloc")
-    tensor.ctx._adopt(buffer)
+    Context.of(tensor)._adopt(buffer)
 
 
 def view_init(tensor: Tensor) -> None:

@@ -5,8 +5,8 @@ and report import cycles and imports made inside functions.
     python scripts/check_imports.py            # exit 1 if there is a cycle or an unexplained
                                                # import inside a function
 
-Imports under ``if TYPE_CHECKING:`` are for type checkers only and do not count. ``from pkg
-import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg`` (its
+Imports under ``if TYPE_CHECKING:`` count like any other: a module that names a higher one even
+for a type checker is a knot waiting to be tied. ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg`` (its
 ``__init__``). Imports inside functions are allowed only where :data:`ALLOWED_LOCAL` says why.
 """
 from __future__ import annotations
@@ -50,10 +50,6 @@ def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, bool]]:
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for sub in child.orelse:
-                    visit(sub, in_function)
-                continue
             local = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, ast.Import):
                 out.extend((a.name, in_function) for a in child.names)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import pyggml
 from pyggml import Context, GGMLError, GGMLType, ffi
 from pyggml.ops import UNARY_OPS, op_constructors
+from pyggml.cpu import graph_compute
 
 EXPECTED = (ValueError, TypeError, MemoryError, KeyError, GGMLError)
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I8, GGMLType.I64,
@@ -121,7 +122,7 @@ def run(op, specs, ints, floats, unary, mem, no_alloc, compute):
             }[op]()
             if compute and not no_alloc:
                 calls += 1
-                ctx.new_graph(64).build_forward(out).compute(n_threads=2)
+                graph_compute(ctx.new_graph(64).build_forward(out), n_threads=2)
                 calls += 1
                 out.numpy()
     except EXPECTED:

@@ -67,7 +67,7 @@ from pyggml import (
     Threadpool,
 )
 from pyggml import buffer as _buffer
-from pyggml.cpu import cpu_buffer_type
+from pyggml.cpu import cpu_buffer_type, graph_compute
 from pyggml.device import device_by_name
 from pyggml.impl import HostBuffer, PyBufferType, PyRegistry, register
 from pyggml.impl import numpy as numpy_backend
@@ -1455,7 +1455,7 @@ class PyggmlMachine(RuleBasedStateMachine):
         step(f"compute_default({g})")
         must = self._compute_expect(g, None)
         mem = self._simulate(g) if must is None else {}
-        exc, _ = call("Graph.compute", g.obj.compute, n_threads=1, must=must)
+        exc, _ = call("cpu.graph_compute", graph_compute, g.obj, n_threads=1, must=must)
         if exc is None:
             self._after_compute(g, mem)
         elif must is None:

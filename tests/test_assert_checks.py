@@ -348,7 +348,7 @@ class TestBackendAllocSched:
         from pyggml.event import Event
 
         with pytest.raises(ValueError, match="events"):
-            Event(cpu.device)
+            Event(pyggml.Device.of(cpu))
 
 
 class TestGGUF:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import pyggml
-from pyggml import CPUBackend
+from pyggml import BufferType, CPUBackend, Device, Registry
 from pyggml.device import device_by_name, device_by_type, devices
 from pyggml.enums import BufferUsage, DeviceType
 from pyggml.registry import registries, registry_by_name
@@ -14,7 +14,7 @@ def test_registry_devices_and_backend_properties():
     assert "CPU" in [r.name for r in registries()]
     cpu_dev = device_by_name("cpu")  # case-insensitive, as ggml
     assert cpu_dev in devices() and cpu_dev.type == DeviceType.CPU
-    assert cpu_dev.registry == registry_by_name("CPU")
+    assert Registry.of(cpu_dev) == registry_by_name("CPU")
     props = cpu_dev.props
     assert props.name == "CPU" and props.memory_total > 0
     with pytest.raises(KeyError):
@@ -23,13 +23,16 @@ def test_registry_devices_and_backend_properties():
         assert isinstance(be, CPUBackend) and be.name == "CPU" and len(be.guid) == 16
         buft = be.default_buffer_type
         assert buft.is_host and buft.alignment >= 32
-        assert buft.device is None  # ggml leaves the CPU buffer type without a device (ggml-backend.cpp)
+        with pytest.raises(ValueError, match="no device"):  # ggml leaves the CPU buffer type without a device (ggml-backend.cpp)
+            Device.of(buft)
+        assert Device.of(be).name == "CPU"
         with buft.alloc_buffer(1024) as buf:
+            assert BufferType.of(buf) == buft
             assert buf.size == 1024 and buf.is_host and buf.usage == BufferUsage.ANY
             buf.usage = "weights"
             assert buf.usage == BufferUsage.WEIGHTS
         with pytest.raises(ValueError):
             be.alloc_buffer(-1)
-        assert be.device.registry.get_proc_address("ggml_backend_set_n_threads") is not None
+        assert Registry.of(Device.of(be)).get_proc_address("ggml_backend_set_n_threads") is not None
         with pytest.raises(ValueError, match="events"):
-            pyggml.Event(be.device)
+            pyggml.Event(Device.of(be))

@@ -6,6 +6,7 @@ import pytest
 
 import pyggml
 from pyggml import Context, GGMLType
+from pyggml.cpu import graph_compute
 
 rng = np.random.default_rng(1)
 
@@ -29,7 +30,7 @@ def test_backward_graph_gradients_match_numpy():
         loss = ctx.sum(ctx.sqr(ctx.mul_mat(w, x) - y)).set_loss()     # ‖X Wᵀ − Y‖²
         g = ctx.new_graph(256, grads=True).build_forward(loss).build_backward(ctx)
         g.reset()
-        g.compute(n_threads=2)
+        graph_compute(g, n_threads=2)
         np.testing.assert_allclose(loss.numpy(), [((X @ W.T - Y) ** 2).sum()], rtol=1e-5)
         np.testing.assert_allclose(g.grad(w).numpy(), 2 * (X @ W.T - Y).T @ X, rtol=1e-5, atol=1e-5)
         assert g.grad(x) is None

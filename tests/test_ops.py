@@ -6,12 +6,17 @@ import pytest
 
 import pyggml
 from pyggml import Context, GGMLType, ffi, lib
+from pyggml.cpu import graph_compute
 
 rng = np.random.default_rng(1)
 
 
 def compute(ctx, out, backend=None):
-    ctx.new_graph().build_forward(out).compute(backend, n_threads=2)
+    g = ctx.new_graph().build_forward(out)
+    if backend is None:
+        graph_compute(g, n_threads=2)
+    else:
+        g.compute(backend)
     return out.numpy()
 
 
@@ -93,7 +98,7 @@ def test_convolution_pooling_padding_and_flash_attention_match_numpy():
         g = ctx.new_graph(64)
         for t in (conv, pool, padded, fa):
             g.build_forward(t)
-        g.compute(n_threads=2)
+        graph_compute(g, n_threads=2)
         Xp = np.pad(X, ((0, 0), (1, 1), (1, 1)))
         ref = np.einsum("chwij,ocij->ohw", np.lib.stride_tricks.sliding_window_view(Xp, (3, 3), axis=(1, 2)),
                         K.astype(np.float32))
@@ -129,7 +134,7 @@ def test_python_function_as_a_ggml_op():
     with Context(1 << 20) as ctx:
         ta, tb = ctx.from_numpy(x), ctx.from_numpy(y)
         out = ctx.map_custom(hypot, ta, tb) * 2.0
-        ctx.new_graph().build_forward(out).compute(n_threads=2)
+        graph_compute(ctx.new_graph().build_forward(out), n_threads=2)
         np.testing.assert_allclose(out.numpy(), 2 * np.hypot(x, y), rtol=1e-6)
         assert threads == {(0, 2), (1, 2)}
 
@@ -138,7 +143,7 @@ def test_python_function_as_a_ggml_op():
 
         bad = ctx.map_custom(broken, ta)
         with pytest.raises(ZeroDivisionError, match="worker"):
-            ctx.new_graph().build_forward(bad).compute(n_threads=2)
+            graph_compute(ctx.new_graph().build_forward(bad), n_threads=2)
         with pytest.raises(ValueError):
             ctx.map_custom(broken)
 
@@ -155,14 +160,14 @@ def test_every_op_of_ggml_h_is_reachable_and_tried_in_a_fork_first():
         rolled = ctx.roll(a, 3, 1, 0, 0)                       # ggml_roll via __getattr__
         filled = ctx.op("fill", a, 2.5)
         g = ctx.new_graph().build_forward(rolled).build_forward(filled)
-        g.compute()
+        graph_compute(g)
         np.testing.assert_array_equal(rolled.numpy(), np.roll(np.roll(x, 3, axis=1), 1, axis=0))
         np.testing.assert_array_equal(filled.numpy(), np.full_like(x, 2.5))
         with pytest.raises(ValueError, match=r"GGML_ASSERT\(a->type == GGML_TYPE_F32\)"):
             ctx.op("win_part", ctx.from_numpy(np.ones(3, np.int8)), 2)      # construction aborts
         counted = ctx.op("count_equal", a, a)                               # the CPU kernel aborts
         with pytest.raises(ValueError, match="would abort"):
-            ctx.new_graph().build_forward(counted).compute()
+            graph_compute(ctx.new_graph().build_forward(counted))
         with pytest.raises(AttributeError):
             ctx.op("not_an_op", a)
 

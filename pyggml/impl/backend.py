@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import abc
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..graph import Graph
 from ..raw import ffi, lib
 from ..tensor import Tensor, tensor_arg
 from ._vtable import LIVE, Impl, addr, lent, make_struct, safe, slot_arity
 
-if TYPE_CHECKING:
-    from .device import PyDevice
 
 __all__ = ["PyBackend", "GraphOptimizeParams"]
 
@@ -59,7 +57,7 @@ class PyBackend(Impl):
     _iface = "ggml_backend_i"
     _struct = "ggml_backend"
 
-    def __init__(self, device: "PyDevice"):
+    def __init__(self, device: Any):
         self.device = device
         c = make_struct(self)
         guid = uuid.uuid5(uuid.NAMESPACE_URL, f"pyggml:{type(self).__qualname__}").bytes
@@ -74,7 +72,7 @@ class PyBackend(Impl):
 
     def get_name(self) -> str:
         """The backend's name (default: the device's)."""
-        return self.device.get_name()
+        return str(self.device.get_name())
 
     def free(self) -> None:
         """Called when ggml frees the backend (``ggml_backend_free``); release resources here."""

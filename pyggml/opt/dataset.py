@@ -3,7 +3,7 @@ labels, and the borrow scope of the tensors whose structs ggml-opt's own objects
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -13,8 +13,6 @@ from ..enums import GGMLType
 from ..raw import ffi, lib
 from ..tensor import BorrowScope, Tensor
 
-if TYPE_CHECKING:
-    from .context import OptContext
 
 __all__ = ["one_hot", "Dataset"]
 
@@ -222,7 +220,7 @@ class Dataset(CObject):
             raise ValueError(f"batch size {batch_size} is not a multiple of the dataset's shard size "
                              f"{self.shard_size} (ggml copies whole shards into a batch)")
 
-    def shuffle(self, opt_ctx: "OptContext", idata: int = -1) -> None:
+    def shuffle(self, opt_ctx: CObject, idata: int = -1) -> None:
         """``ggml_opt_dataset_shuffle``: shuffle the shards of the first ``idata`` datapoints
         (all for -1) with ``opt_ctx``'s random generator. Raises ValueError if ``idata`` exceeds
         ``ndata`` or is not a multiple of the shard size."""

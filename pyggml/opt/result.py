@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -14,8 +14,6 @@ from .._cobject import CObject
 from ..raw import ffi, lib
 from .optimizer import Loss
 
-if TYPE_CHECKING:
-    from .context import OptContext
 
 __all__ = ["Metrics", "Result"]
 
@@ -61,7 +59,7 @@ class Result(CObject):
         self._signature = None
         self._has_pred = False
 
-    def _accept(self, opt_ctx: "OptContext") -> None:
+    def _accept(self, opt_ctx: Any) -> None:
         sig = (opt_ctx.batch_size, opt_ctx.loss_type in (Loss.MEAN, Loss.CROSS_ENTROPY, Loss.MEAN_SQUARED_ERROR),
                opt_ctx.opt_period)
         if self.ndata and self._signature is not None and sig != self._signature:

@@ -59,6 +59,7 @@ def test_the_built_cpu_library_calls_the_vector_erff_and_gelu_erf_stays_exact():
     precision (Python's math.erf) over [-10, 10] and the ranges where erf saturates."""
     import pyggml
     from pyggml import Context, GGMLType
+    from pyggml.cpu import graph_compute
 
     libdir = Path(pyggml.__file__).parent / "lib"
     cpu = [p for p in libdir.glob("libggml-cpu*.so")]
@@ -70,7 +71,7 @@ def test_the_built_cpu_library_calls_the_vector_erff_and_gelu_erf_stays_exact():
     with Context(16 << 20) as ctx:
         t = ctx.from_numpy(x)
         out = ctx.gelu_erf(t)
-        ctx.new_graph().build_forward(out).compute(None, n_threads=2)
+        graph_compute(ctx.new_graph().build_forward(out), n_threads=2)
         got = out.numpy()
     err = np.abs(got.astype(np.float64) - ref)
     # 7e-7: glibc's AVX-512 erff (_ZGVeN16v_erff, which GCC calls on AVX-512 machines) is -1.0

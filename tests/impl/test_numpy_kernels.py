@@ -17,6 +17,7 @@ import pyggml
 from pyggml import ffi, lib, types
 from pyggml.impl import numpy as numpy_ops
 from pyggml.ops import host_array
+from pyggml.cpu import graph_compute
 
 F32, F16, BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
 I32, I64 = lib.GGML_TYPE_I32, lib.GGML_TYPE_I64
@@ -110,7 +111,7 @@ def run_both(build, inputs, raw_cpu=False):
                 with pyggml.CPUBackend(n_threads=2) as be:
                     assert lib.ggml_backend_graph_compute(be.ptr, g.ptr) == lib.GGML_STATUS_SUCCESS
             elif cpu:
-                g.compute(n_threads=2)
+                graph_compute(g, n_threads=2)
             else:
                 compute_numpy(g)
             out.append(read(res))

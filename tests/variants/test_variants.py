@@ -63,7 +63,7 @@ def test_asking_for_a_backend_the_build_lacks_says_so(backend, device):
     with pytest.raises(pyggml.BackendNotAvailableError, match=f"built without the {backend}"):
         registry_by_name(backend.upper() if backend != "vulkan" else "Vulkan")
     with pytest.raises(pyggml.BackendNotAvailableError, match=f"built without the {backend}"):
-        pyggml.Backend.by_name(device)
+        pyggml.device.init_by_name(device)
 
 
 @pytest.mark.parametrize("backend", [b for b in BUILT if STATUS[b].error] or [None])
