@@ -61,7 +61,7 @@ def main() -> None:
         print(f"MiniLM sentences/s, {a.threads} CPU threads, median of {a.repeat}; reference: the CPU backend alone")
         print(f"{'device':<28} {'batch':>5} {'device':>10} {'CPU':>10} {'ratio':>7}")
         for dev in devices:
-            desc = pyggml.device.device_by_name(dev).description
+            desc = pyggml.backends.device.device_by_name(dev).description
             got = bench(minilm, model_dir, dev, a.threads, a.repeat)
             for b in got:
                 print(f"{dev + ' (' + desc[:16] + ')':<28} {b:>5} {got[b]:>10.1f} {ref[b]:>10.1f} {got[b] / ref[b]:>6.2f}x")

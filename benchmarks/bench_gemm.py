@@ -32,7 +32,7 @@ def main() -> None:
 
     import pyggml
     from _timing import median_seconds
-    from pyggml.device import device_by_name
+    from pyggml.backends.device import device_by_name
     from pyggml.errors import BackendNotAvailableError
 
     rng = np.random.default_rng(0)

@@ -66,13 +66,13 @@ def bench_pyggml(model: Path, threads: int, repeat: int, flash_attn: bool, backe
                  contexts: list[int]) -> dict[str, float]:
     """pp64 and tg64 tokens/s; per context c of ``contexts``: the median decode step after a
     c-token prompt (``step@c``) and its Python time (``python@c``), seconds."""
-    import pyggml.sched
+    import pyggml.backends.sched
 
     rng = np.random.default_rng(0)
     out: dict[str, float] = {}
     n_ctx = max(256, max(contexts) + 2 * N)
-    timer = _ComputeTimer(pyggml.sched.lib)
-    pyggml.sched.lib = timer
+    timer = _ComputeTimer(pyggml.backends.sched.lib)
+    pyggml.backends.sched.lib = timer
     try:
         for interruptible in (False, True):
             with Llama(model, backend=backend, n_threads=threads, n_ctx=n_ctx, flash_attn=flash_attn,
@@ -104,7 +104,7 @@ def bench_pyggml(model: Path, threads: int, repeat: int, flash_attn: bool, backe
                     out[f"step@{c}"] = statistics.median(s for s, _ in steps)
                     out[f"python@{c}"] = statistics.median(s - g for s, g in steps)
     finally:
-        pyggml.sched.lib = timer._lib
+        pyggml.backends.sched.lib = timer._lib
     return out
 
 

@@ -77,11 +77,11 @@ def _runner(embed: Callable[[list[str], int], object], bs: int) -> Callable[[], 
 def outside_share(m: Any, bs: int) -> tuple[float, float]:
     """(share of one run's wall time spent outside ggml's graph compute call, those seconds per
     call of ``bs`` sentences)."""
-    import pyggml.backend
-    import pyggml.sched
+    import pyggml.backends.backend
+    import pyggml.backends.sched
 
-    timer = _ComputeTimer(pyggml.backend.lib)
-    pyggml.backend.lib = pyggml.sched.lib = timer
+    timer = _ComputeTimer(pyggml.backends.backend.lib)
+    pyggml.backends.backend.lib = pyggml.backends.sched.lib = timer
     try:
         run = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
         run()
@@ -90,7 +90,7 @@ def outside_share(m: Any, bs: int) -> tuple[float, float]:
         wall = time.perf_counter() - t0
         return 1 - timer.total / wall, (wall - timer.total) / -(-len(SENTENCES) // bs)
     finally:
-        pyggml.backend.lib = pyggml.sched.lib = timer._lib
+        pyggml.backends.backend.lib = pyggml.backends.sched.lib = timer._lib
 
 
 def torch_model(model_dir: Path, threads: int, device: str) -> Any | None:

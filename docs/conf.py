@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 import pyggml  # noqa: E402
-from pyggml._unchecked_ops import UNCHECKED_OPS, UncheckedOps  # noqa: E402
+from pyggml.core._unchecked_ops import UNCHECKED_OPS, UncheckedOps  # noqa: E402
 
 project = "pyggml"
 author = "pyggml contributors"
@@ -88,8 +88,8 @@ def _napoleon(app, what, name, obj, options, lines):
 
 # -- op constructors ----------------------------------------------------------------------------
 def _is_unchecked_op(obj) -> bool:
-    """The generated methods of :class:`pyggml._unchecked_ops.UncheckedOps`: the op constructors
-    without checks of their own (``pyggml/_unchecked_ops.py``, written by the build)."""
+    """The generated methods of :class:`pyggml.core._unchecked_ops.UncheckedOps`: the op constructors
+    without checks of their own (``pyggml/core/_unchecked_ops.py``, written by the build)."""
     name = getattr(obj, "__name__", None)
     return name in UNCHECKED_OPS and vars(UncheckedOps).get(name) is obj
 
@@ -105,7 +105,7 @@ def _skip(app, what, name, obj, skip, options):
 
 
 class UncheckedOps(Directive):
-    """``.. unchecked-ops::``: the op constructors reached through :meth:`pyggml.ops.Ops.op`."""
+    """``.. unchecked-ops::``: the op constructors reached through :meth:`pyggml.core.ops.Ops.op`."""
 
     def run(self):
         para = nodes.paragraph()
@@ -116,7 +116,7 @@ class UncheckedOps(Directive):
         return [para]
 
 
-# -- names pyggml re-exports (pyggml.Tensor is pyggml.tensor.Tensor, pyggml.dl is pyggml.raw.dl) --
+# -- names pyggml re-exports (pyggml.Tensor is pyggml.core.tensor.Tensor, pyggml.dl is pyggml.raw.dl) --
 def _lookup(name: str):
     """The object a dotted name reaches by import and attribute access, or None."""
     parts = name.split(".")
@@ -139,7 +139,7 @@ _MISSING = object()
 def _resolve_reexport(app, env, node, contnode):
     """A Python cross-reference that found nothing: look the name up at run time (in the current
     class, module, then its packages outwards) and, if the object it reaches is documented under
-    another name (``pyggml.Tensor`` is ``pyggml.tensor.Tensor``, ``OPS`` of ``pyggml.impl.numpy``
+    another name (``pyggml.Tensor`` is ``pyggml.core.tensor.Tensor``, ``OPS`` of ``pyggml.impl.numpy``
     is ``pyggml.impl.numpy.table.OPS``), link there."""
     if node.get("refdomain") != "py":
         return None

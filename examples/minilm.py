@@ -45,7 +45,7 @@ def _bucket(n: int) -> int:
 def device(name: str) -> pyggml.Device:
     """The ggml device ``name`` (``numpy`` registers pyggml's NumPy backend first). Raises
     :class:`pyggml.BackendNotAvailableError` saying why a device is missing."""
-    from pyggml.device import device_by_name
+    from pyggml.backends.device import device_by_name
     from pyggml.impl import numpy as numpy_backend
 
     if name.upper() == numpy_backend.NAME:

@@ -8,15 +8,15 @@ import numpy as np
 
 import pyggml
 from pyggml import GGMLType
-from pyggml.device import device_by_type
-from pyggml.registry import load_all
+from pyggml.backends.device import device_by_type, init_best
+from pyggml.backends.registry import load_all
 
 from simple_ctx import format_result, matrix_A, matrix_B
 
 
 def main() -> np.ndarray:
     load_all()                                               # backend modules in pyggml/lib, if any
-    backend = pyggml.device.init_best()                      # ggml_backend_init_best
+    backend = init_best()                                    # ggml_backend_init_best
     cpu = device_by_type("cpu").init()                       # ggml_backend_init_by_type(CPU)
     sched = pyggml.Scheduler([backend, cpu])
     with pyggml.Context.for_tensors(pyggml.lib.GGML_DEFAULT_GRAPH_SIZE, graph_size=pyggml.lib.GGML_DEFAULT_GRAPH_SIZE) as ctx:

@@ -8,7 +8,7 @@ import numpy as np
 
 import pyggml
 from pyggml import GGMLType
-from pyggml.cpu import graph_compute
+from pyggml.backends.cpu import graph_compute
 
 # NumPy order (rows, cols): ggml ne = [cols, rows]
 matrix_A = np.array([[2, 8], [5, 1], [4, 2], [8, 6]], dtype=np.float32)

@@ -10,8 +10,9 @@ import numpy as np
 
 import pyggml
 from pyggml.impl import numpy as numpy_ops
-from pyggml.buffer_type import BufferType
-from pyggml.cpu import cpu_buffer_type
+from pyggml.memory.buffer_type import BufferType
+from pyggml.backends.cpu import cpu_buffer_type
+from pyggml.backends.device import device_by_name
 from pyggml.impl import PyBackend, PyDevice, PyRegistry, register
 
 
@@ -51,7 +52,7 @@ class TraceDevice(PyDevice):
 if __name__ == "__main__":
     device = TraceDevice()
     register(PyRegistry("TRACE", [device]))
-    backend, cpu = pyggml.device.device_by_name("TRACE").init(), pyggml.CPUBackend()
+    backend, cpu = device_by_name("TRACE").init(), pyggml.CPUBackend()
     sched = pyggml.Scheduler([backend, cpu])
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     with pyggml.Context.for_tensors(32, graph_size=64) as ctx:

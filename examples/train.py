@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_data  # noqa: E402
 
 from pyggml import GGMLType, opt  # noqa: E402
-from pyggml.context import Context  # noqa: E402
+from pyggml.core.context import Context  # noqa: E402
 from pyggml.impl import numpy as numpy_backend  # noqa: E402
-from pyggml.tensor import Tensor  # noqa: E402
+from pyggml.core.tensor import Tensor  # noqa: E402
 
 N_CLASSES = 10
 N_HIDDEN = 500  # MNIST_NHIDDEN

@@ -9,11 +9,11 @@ Three layers, each a folder or a set of modules (ARCHITECTURE.md draws them):
   the process). C callbacks in Python: :mod:`pyggml.raw.callbacks`; the rule for their exceptions:
   :mod:`pyggml.raw.boundary`; backend modules: :mod:`pyggml.raw.dl`.
 * **Pythonic** — one module per ggml concept: :class:`Context`, :class:`Tensor` (and the op
-  constructors of :mod:`pyggml.ops`), :class:`Graph`, :class:`GraphAllocator`,
+  constructors of :mod:`pyggml.core.ops`), :class:`Graph`, :class:`GraphAllocator`,
   :class:`BufferType`, :class:`Buffer`, :class:`Backend` (compute), :class:`Event`,
   :class:`Device`, :class:`Registry`, :class:`Scheduler`, :class:`CPUBackend`,
   :class:`GraphCache` (graphs built once per shape, computed again with new inputs); plus
-  :mod:`pyggml.types`, :mod:`pyggml.enums`, :mod:`pyggml.gguf`, :mod:`pyggml.rpc`,
+  :mod:`pyggml.types`, :mod:`pyggml.enums`, :mod:`pyggml.core.gguf`, :mod:`pyggml.rpc`,
   :mod:`pyggml.opt` (training with ggml-opt; ``from pyggml import opt``). Objects own
   or borrow their C object explicitly (``close()``, ``with``; :mod:`pyggml._cobject`) and check
   what ggml would assert on, raising Python exceptions instead.
@@ -39,22 +39,21 @@ from .raw import callbacks, dl, log as _log
 from .errors import BackendNotAvailableError, ClosedError, GGMLError
 from . import enums, types
 from .enums import GGMLType
-from .tensor import Tensor
-from .graph import Graph
-from .context import Context
-from .buffer import Buffer
-from .buffer_type import BufferType
-from .alloc import GraphAllocator
-from .backend import Backend
-from .event import Event
-from .device import Device, devices
-from .registry import Registry, registries
-from .cpu import CPUBackend, Threadpool
-from .blas import BLASBackend
-from .sched import Scheduler
-from .graph_cache import GraphCache
-from . import utils
-from .utils import from_dlpack
+from .core.tensor import Tensor
+from .core.graph import Graph
+from .core.context import Context
+from .memory.buffer import Buffer
+from .memory.buffer_type import BufferType
+from .backends.alloc import GraphAllocator
+from .backends.backend import Backend
+from .backends.event import Event
+from .backends.device import Device, devices
+from .backends.registry import Registry, registries
+from .backends.cpu import CPUBackend, Threadpool
+from .backends.blas import BLASBackend
+from .backends.sched import Scheduler
+from .backends.graph_cache import GraphCache
+from .backends.utils import from_dlpack
 
 __version__ = "0.1.0"
 
@@ -65,4 +64,4 @@ __all__ = ["ffi", "lib", "GGML_VERSION", "LIB_DIR", "INCLUDE_DIR", "PACKAGE_DIR"
            "GGMLError", "ClosedError", "BackendNotAvailableError", "Context", "Tensor", "Graph",
            "GraphAllocator", "Backend", "Buffer", "BufferType", "Event", "CPUBackend", "Threadpool", "BLASBackend",
            "Device", "Registry", "devices", "registries", "Scheduler", "GraphCache", "GGMLType", "enums", "types", "from_dlpack",
-           "utils", "callbacks", "dl"]
+           "callbacks", "dl"]

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from .info import format_info, info
+from .backends.info import format_info, info
 
 
 def main(argv: list[str] | None = None) -> int:

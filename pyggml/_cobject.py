@@ -15,7 +15,7 @@ Every Python object that holds a C pointer is a :class:`CObject`:
   closing only marks the object closed, and the memory is freed with the last view.
 
 Tensors are borrowed from their context with a cheaper check of their own
-(:class:`pyggml.tensor.Tensor`: the context's *generation*, which ``reset()`` and ``close()``
+(:class:`pyggml.core.tensor.Tensor`: the context's *generation*, which ``reset()`` and ``close()``
 change). Whatever C itself holds a handle to (Python backends, callbacks) is kept alive by the
 object C reaches it through, until C lets go.
 """
@@ -37,7 +37,7 @@ _Self = TypeVar("_Self", bound="CBorrowed")
 
 class HasPtr(Protocol):
     """Anything with a C pointer (``ptr``): how modules below the tensor module name a
-    :class:`~pyggml.tensor.Tensor` they take."""
+    :class:`~pyggml.core.tensor.Tensor` they take."""
 
     @property
     def ptr(self) -> Any: ...

@@ -1,6 +1,6 @@
 """DLPack: ggml tensors shared with NumPy, torch, JAX, CuPy... without a copy.
 
-:meth:`Tensor.__dlpack__ <pyggml.tensor.Tensor.__dlpack__>` hands another library a
+:meth:`Tensor.__dlpack__ <pyggml.core.tensor.Tensor.__dlpack__>` hands another library a
 ``DLManagedTensorVersioned`` (DLPack 1.0, to consumers that ask for it with ``max_version``) or a
 ``DLManagedTensor`` (the DLPack 0.8 "dltensor" capsule older consumers take) describing the
 tensor's memory: host memory as ``kDLCPU``, memory of a CUDA buffer as ``kDLCUDA`` with the
@@ -10,8 +10,8 @@ library still uses the memory: it is freed once the last user lets go, as for
 ``Tensor.numpy(copy=False)``.
 
 This module knows only DLPack's C structs (``dlpack.h``, v1.0, declared here with ctypes: DLPack
-is not part of ggml's headers) and how to make the capsule; :mod:`pyggml.tensor` decides what
-may be exported, and :func:`pyggml.utils.from_dlpack` imports.
+is not part of ggml's headers) and how to make the capsule; :mod:`pyggml.core.tensor` decides what
+may be exported, and :func:`pyggml.backends.utils.from_dlpack` imports.
 """
 from __future__ import annotations
 

@@ -53,11 +53,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .device import Device, device_by_name, devices as all_devices
+from .backends.device import Device, device_by_name, devices as all_devices
 from .errors import BackendNotAvailableError
 from .raw import GGML_VERSION, PACKAGE_DIR, dl, ffi, lib
 from .raw.boundary import calling
-from .registry import Registry
+from .backends.registry import Registry
 
 __all__ = ["DEFAULT_PORT", "add_server", "server_version", "start_server", "Server", "main"]
 

@@ -136,7 +136,7 @@ def numpy_dtype(t: TypeLike) -> np.dtype | None:
 def type_of_dtype(dtype: object) -> GGMLType:
     """The ggml type of a NumPy dtype: float32 F32, float16 F16, float64 F64, int8..int64
     I8..I64, in either byte order (ggml's is the machine's: :meth:`Tensor.set
-    <pyggml.tensor.Tensor.set>` swaps). TypeError for any other dtype (BF16 has no NumPy dtype:
+    <pyggml.core.tensor.Tensor.set>` swaps). TypeError for any other dtype (BF16 has no NumPy dtype:
     pass the type)."""
     dt = np.dtype(dtype).newbyteorder("=")  # type: ignore[call-overload]
     for name, d in _PLAIN_DTYPES.items():

@@ -13,7 +13,7 @@ both call :func:`build`, which runs the steps in order, each a module:
 4. :mod:`~pyggml_build.declarations` — the cffi extension ``pyggml/_ggml*.so`` and the generated
    ``pyggml/raw/_callback_table.py`` and ``pyggml/_enums.py``; with :mod:`~pyggml_build.stubs`,
    what type checkers read: ``pyggml/_ggml.pyi`` (the extension's stub) and
-   ``pyggml/_unchecked_ops.py`` (typed methods for the op constructors without checks).
+   ``pyggml/core/_unchecked_ops.py`` (typed methods for the op constructors without checks).
    ``--generate-only`` rewrites just these generated Python files of a finished build.
 
 Environment: ``PYGGML_GGML_VERSION`` (a version of :data:`~pyggml_build.pins.PINS`),

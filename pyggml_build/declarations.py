@@ -15,7 +15,7 @@ Nothing here is hand-kept per function: the headers are the source of truth.
    it is dispatched), ``pyggml/_enums.py`` (:func:`enums_source`: real ``IntEnum`` classes for
    ggml's enums, so type checkers and editors see ``GGMLType.F32``), and from
    :mod:`pyggml_build.stubs` ``pyggml/_ggml.pyi`` (the extension's stub: ``lib`` with every C
-   function's signature) and ``pyggml/_unchecked_ops.py`` (a method for every op constructor
+   function's signature) and ``pyggml/core/_unchecked_ops.py`` (a method for every op constructor
    without a checked one). :func:`generate` writes only these, from a finished build.
 
 Builds with more backends add their headers (``ggml-rpc.h``, ``ggml-cuda.h``, ``ggml-vulkan.h``,
@@ -460,18 +460,18 @@ def _no_host_rpath() -> Iterator[None]:
 
 
 #: the Python files :func:`compile_extension` generates, relative to the package folder
-GENERATED = ("raw/_callback_table.py", "_enums.py", "_ggml.pyi", "_unchecked_ops.py")
+GENERATED = ("raw/_callback_table.py", "_enums.py", "_ggml.pyi", "core/_unchecked_ops.py")
 
 
 #: the ops module the generated op methods complete (its hand-written methods are left out)
-OPS_PY = Path(__file__).resolve().parent.parent / "pyggml" / "ops.py"
+OPS_PY = Path(__file__).resolve().parent.parent / "pyggml" / "core" / "ops.py"
 
 
 def write_python_files(pkg_dir: Path, ffibuilder, table: list[dict], headers: list[str], version: str,
                        ops_py: Path = OPS_PY) -> list[Path]:
     """Write the Python files generated from the declarations into ``pkg_dir``:
     ``raw/_callback_table.py``, ``_enums.py``, ``_ggml.pyi`` (the stub of the extension:
-    :func:`pyggml_build.stubs.lib_stub_source`) and ``_unchecked_ops.py``
+    :func:`pyggml_build.stubs.lib_stub_source`) and ``core/_unchecked_ops.py``
     (:func:`pyggml_build.stubs.ops_source`). Needs ``pkg_dir/include``, not the compiled
     extension. Returns the files written."""
     include_dir = pkg_dir / "include"
@@ -479,7 +479,7 @@ def write_python_files(pkg_dir: Path, ffibuilder, table: list[dict], headers: li
     files = {
         pkg_dir / "_enums.py": enums_source(ffibuilder, include_dir, headers, version),
         pkg_dir / "_ggml.pyi": stubs.lib_stub_source(ffibuilder, functions, version),
-        pkg_dir / "_unchecked_ops.py": stubs.ops_source(ffibuilder, functions, stubs.hand_written_ops(ops_py), version),
+        pkg_dir / "core" / "_unchecked_ops.py": stubs.ops_source(ffibuilder, functions, stubs.hand_written_ops(ops_py), version),
     }
     write_table(table, pkg_dir / "raw" / "_callback_table.py")
     for path, text in files.items():
@@ -490,7 +490,7 @@ def write_python_files(pkg_dir: Path, ffibuilder, table: list[dict], headers: li
 def generate(pkg_dir: Path) -> list[Path]:
     """Only :func:`write_python_files`, for the ggml that ``pkg_dir`` was built with (read from
     its ``_build_info.json``): what ``python build_ggml.py --generate-only`` runs after a change
-    to the generators or to ``pyggml/ops.py``, in seconds, without compiling anything."""
+    to the generators or to ``pyggml/core/ops.py``, in seconds, without compiling anything."""
     info_path = pkg_dir / "_build_info.json"
     if not info_path.is_file():
         raise RuntimeError(f"{pkg_dir} has no _build_info.json: build it first")

@@ -55,7 +55,7 @@ CLASSES = {
     "fork-trialed": "reached only through Context.op (ops without a checked method) or the CPU "
                     "kernels of such ops: pyggml runs the call first in a forked child "
                     "(pyggml._trial), whose abort becomes ValueError",
-    "kernel table": "a CPU kernel's type/layout assert: pyggml.cpu._cpu_kernel_supports_raw "
+    "kernel table": "a CPU kernel's type/layout assert: pyggml.backends.cpu._cpu_kernel_supports_raw "
                     "refuses the node before compute (ValueError)",
     "unreachable": "the Pythonic layer cannot reach the condition (raw lib API only, an internal "
                    "caller guarantees it, a debug-only or not-built path)",
@@ -484,7 +484,7 @@ class Classifier:
 
 
 def resolve(dotted: str) -> Any:
-    """The object a ``by`` entry names (``pyggml.ops.Ops.mul_mat``)."""
+    """The object a ``by`` entry names (``pyggml.core.ops.Ops.mul_mat``)."""
     parts = dotted.split(".")
     for k in range(len(parts), 0, -1):
         try:

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Read every import of pyggml's modules (and the build package's), also those inside functions,
-and report import cycles and imports made inside functions.
+and report import cycles, imports of a higher layer (:data:`LAYERS`) and imports made inside
+functions.
 
-    python scripts/check_imports.py            # exit 1 if there is a cycle or an unexplained
-                                               # import inside a function
+    python scripts/check_imports.py            # exit 1 if there is a cycle, an upward import or
+                                               # an unexplained import inside a function
 
 Imports under ``if TYPE_CHECKING:`` count like any other: a module that names a higher one even
 for a type checker is a knot waiting to be tied. ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg`` (its
@@ -23,6 +24,31 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("pyggml_build.cmake", "cmake"): "the PyPI cmake package is only needed when cmake is not on PATH",
     ("pyggml.opt.loop", "tqdm"): "an optional progress bar, imported only when a bar is shown on a terminal",
 }
+
+
+#: pyggml's layers, lowest first: a module may import its own layer (without a cycle) and lower
+#: ones, never a higher one. Each entry: (name, the modules and packages in it).
+LAYERS: list[tuple[str, list[str]]] = [
+    ("errors", ["pyggml.errors"]),
+    ("raw", ["pyggml.raw"]),                     # ffi/lib, loader, call boundary, threads
+    ("base", ["pyggml.enums", "pyggml._enums", "pyggml.types", "pyggml._cobject", "pyggml._trial",
+              "pyggml.dlpack"]),
+    ("memory", ["pyggml.memory"]),               # buffers and buffer types
+    ("core", ["pyggml.core"]),                   # tensors, ops, graphs, contexts, GGUF
+    ("backends", ["pyggml.backends"]),           # backends, devices, allocators, schedulers
+    ("top", ["pyggml", "pyggml.__main__", "pyggml.rpc", "pyggml.opt", "pyggml.impl"]),
+]
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of ``module`` (the longest entry that names it or a package
+    above it), or None for a module outside pyggml."""
+    best, found = -1, None
+    for i, (_, names) in enumerate(LAYERS):
+        for n in names:
+            if (module == n or module.startswith(n + ".")) and len(n) > best:
+                best, found = len(n), i
+    return found
 
 
 def modules() -> dict[str, Path]:
@@ -112,22 +138,29 @@ def main() -> int:
     known = set(mods)
     graph: dict[str, set[str]] = {m: set() for m in mods}
     local_problems = []
+    upward = []
     n_edges = 0
     for name, path in mods.items():
         for target, in_function in imports(name, path, known):
             if target in known and target != name and target not in graph[name]:
                 graph[name].add(target)
                 n_edges += 1
+                lo, hi = layer_of(name), layer_of(target)
+                if name.startswith("pyggml.") or name == "pyggml":
+                    if lo is None:
+                        upward.append(f"{name}: in no layer (scripts/check_imports.py LAYERS)")
+                    elif hi is not None and hi > lo:
+                        upward.append(f"{name} ({LAYERS[lo][0]}) imports {target} ({LAYERS[hi][0]}), a higher layer")
             if in_function and (name, target) not in ALLOWED_LOCAL and not target.startswith("__future__"):
                 local_problems.append(f"{name}: imports {target} inside a function")
     found = cycles(graph)
     for comp in found:
         print("import cycle among: " + ", ".join(comp))
-    for p in local_problems:
+    for p in [*upward, *local_problems]:
         print(p)
     print(f"{len(mods)} modules, {n_edges} imports among them, {len(found)} cycle(s), "
-          f"{len(local_problems)} unexplained import(s) inside functions")
-    return 1 if found or local_problems else 0
+          f"{len(upward)} upward import(s), {len(local_problems)} unexplained import(s) inside functions")
+    return 1 if found or upward or local_problems else 0
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ st = pyggml.dl.status()["cuda"]
 print("cuda module:", "loaded" if st.loaded else f"not loaded: {st.error}")
 assert st.loaded or st.error, st
 try:
-    pyggml.device.device_by_name("CUDA0")
+    pyggml.backends.device.device_by_name("CUDA0")
 except pyggml.BackendNotAvailableError as e:
     print("device_by_name('CUDA0') ->", e)
 PY

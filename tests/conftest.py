@@ -169,7 +169,7 @@ def rpc_session():
     """``(server, registry)``: one pyggml RPC server on 127.0.0.1 serving its CPU, and the
     registry of its device, for the whole test session. ggml keeps an RPC device registered
     until the process ends, and its RPC client aborts the process when a device whose server has
-    stopped is used (pyggml.info() asks every device for its memory): so the server outlives
+    stopped is used (pyggml.backends.info() asks every device for its memory): so the server outlives
     every test that could enumerate devices. Skips in a build without RPC."""
     import pyggml
     from pyggml import rpc

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import pyggml
 from pyggml import Context, GGMLError, GGMLType, ffi
-from pyggml.ops import UNARY_OPS, op_constructors
-from pyggml.cpu import graph_compute
+from pyggml.core.ops import UNARY_OPS, op_constructors
+from pyggml.backends.cpu import graph_compute
 
 EXPECTED = (ValueError, TypeError, MemoryError, KeyError, GGMLError)
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I8, GGMLType.I64,

@@ -66,9 +66,9 @@ from pyggml import (
     Scheduler,
     Threadpool,
 )
-from pyggml import buffer as _buffer
-from pyggml.cpu import cpu_buffer_type, graph_compute
-from pyggml.device import device_by_name
+from pyggml.memory import buffer as _buffer
+from pyggml.backends.cpu import cpu_buffer_type, graph_compute
+from pyggml.backends.device import device_by_name
 from pyggml.impl import HostBuffer, PyBufferType, PyRegistry, register
 from pyggml.impl import numpy as numpy_backend
 from pyggml.raw import boundary, ffi, lib, threads as _threads
@@ -579,7 +579,7 @@ ne4 = st.lists(small_dim, min_size=1, max_size=4).map(lambda l: tuple(l + [1] * 
 any_ne = st.one_of(ne4, st.lists(st.sampled_from([0, 1, 2, 5]), min_size=1, max_size=4).map(
     lambda l: tuple(l + [1] * (4 - len(l)))))
 #: chain shapes, one in four with a zero (a graph of zero-byte tensors: placers place them
-#: themselves, pyggml.alloc)
+#: themselves, pyggml.backends.alloc)
 chain_ne = st.one_of(ne4, ne4, ne4, st.lists(st.sampled_from([0, 1, 2, 3]), min_size=1, max_size=4).filter(
     lambda l: 0 in l).map(lambda l: tuple(l + [1] * (4 - len(l)))))
 HUGE_NE = [(2**40, 2**30, 1, 1), (2**62, 1, 1, 1), (1 << 20, 1 << 20, 1 << 20, 1), (2**63 - 1, 2, 1, 1),
@@ -704,11 +704,11 @@ class PyggmlMachine(RuleBasedStateMachine):
             before = b.home
             now = self._introspect_home(b)
             if before is None or before == "dead" or isinstance(before, PlacerM):
-                # a placer places again what sits in any placer's memory (pyggml.alloc)
+                # a placer places again what sits in any placer's memory (pyggml.backends.alloc)
                 allowed: tuple[Any, ...] = (p,)
             elif b.nelements == 0 and (before == "arena" or isinstance(before, BufM)):
                 # zero bytes in an allocating context or at the NULL base of an empty buffer:
-                # data NULL, placeable (pyggml.alloc places zero-byte tensors without data)
+                # data NULL, placeable (pyggml.backends.alloc places zero-byte tensors without data)
                 allowed = (before, p)
             else:
                 allowed = (before,)

@@ -37,7 +37,7 @@ import numpy as np
 
 from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache, Scheduler
 from pyggml.impl import numpy as numpy_backend
-from pyggml.ops import host_array
+from pyggml.core.ops import host_array
 
 _REFUSALS = (ClosedError, MemoryError, ValueError)
 

@@ -29,10 +29,10 @@ from pyggml import (
     Scheduler,
     Threadpool,
 )
-from pyggml.cpu import cpu_buffer_type
-from pyggml.device import device_by_name
+from pyggml.backends.cpu import cpu_buffer_type
+from pyggml.backends.device import device_by_name
 from pyggml.impl import numpy as numpy_backend
-from pyggml.cpu import graph_compute
+from pyggml.backends.cpu import graph_compute
 
 F32 = GGMLType.F32
 _PAGE = os.sysconf("SC_PAGE_SIZE")

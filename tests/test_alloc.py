@@ -1,4 +1,4 @@
-"""pyggml.alloc: the graph allocator and the lifetime of what it places."""
+"""pyggml.backends.alloc: the graph allocator and the lifetime of what it places."""
 from __future__ import annotations
 
 import gc
@@ -131,7 +131,7 @@ def test_placing_a_graph_that_reads_a_closed_buffer_raises_closed_error(run_isol
     Both raise ClosedError now, as Scheduler does; the graph built again on live memory works."""
     r = run_isolated("""
         from pyggml import ClosedError, Context, GGMLType, GraphAllocator
-        from pyggml.cpu import cpu_buffer_type
+        from pyggml.backends.cpu import cpu_buffer_type
         plan, work = Context(1 << 20, no_alloc=True), Context(1 << 20, no_alloc=True)
         t = plan.new_tensor(GGMLType.F32, [8, 8])
         buf = plan.alloc_tensors(cpu_buffer_type())
@@ -154,7 +154,7 @@ def test_an_empty_tensor_after_a_placement_that_allocated_nothing(run_isolated):
     chunk), then the same graph with a zero-element tensor added: ggml-alloc needed no bigger
     buffer, allocated none, and aborted placing the 0-byte tensor in the missing chunk
     (GGML_ASSERT(buffer), ggml-backend.cpp; scripts/fuzz.sh seed 104). Zero-byte tensors are
-    placed by pyggml before ggml places the rest (pyggml.alloc); the graph computes."""
+    placed by pyggml before ggml places the rest (pyggml.backends.alloc); the graph computes."""
     r = run_isolated("""
         import numpy as np
         from pyggml import Context, CPUBackend, GGMLType, GraphAllocator

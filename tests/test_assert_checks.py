@@ -21,13 +21,13 @@ import pytest
 
 import pyggml
 from pyggml import ClosedError, Context, CPUBackend
-from pyggml.alloc import GraphAllocator
-from pyggml.backend import Backend
-from pyggml.buffer import Buffer
-from pyggml.cpu import cpu_buffer_from_array
-from pyggml.gguf import GGUFWriter
-from pyggml.sched import Scheduler
-from pyggml.utils import compare_graph_backend, tensor_alloc, view_init
+from pyggml.backends.alloc import GraphAllocator
+from pyggml.backends.backend import Backend
+from pyggml.memory.buffer import Buffer
+from pyggml.backends.cpu import cpu_buffer_from_array
+from pyggml.core.gguf import GGUFWriter
+from pyggml.backends.sched import Scheduler
+from pyggml.backends.utils import compare_graph_backend, tensor_alloc, view_init
 
 
 @pytest.fixture
@@ -345,7 +345,7 @@ class TestBackendAllocSched:
             cpu_buffer_from_array(raw[1:65])
 
     def test_events(self, cpu):  # ggml_backend_event_* (the CPU device has no events)
-        from pyggml.event import Event
+        from pyggml.backends.event import Event
 
         with pytest.raises(ValueError, match="events"):
             Event(pyggml.Device.of(cpu))
@@ -363,7 +363,7 @@ class TestGGUF:
                 w.add_value("", 1)
 
     def test_reader(self, tmp_path):  # gguf_get_val_* typed getters, key ids
-        from pyggml.gguf import GGUFFile, GGUFValueType, write_gguf
+        from pyggml.core.gguf import GGUFFile, GGUFValueType, write_gguf
 
         path = tmp_path / "x.gguf"
         write_gguf(path, {"a.b": 3}, {"t": np.zeros(4, np.float32)})
@@ -429,7 +429,7 @@ def gap(reason: str):
 
 def test_gap_g1_tensor_copy_unplaced_view():  # G1 (fixed): ggml-backend.cpp:205 ggml_backend_buffer_get_type
     assert_raised("""
-        from pyggml.backend import Backend
+        from pyggml.backends.backend import Backend
         c = Context(1 << 20, no_alloc=True)
         a, b = c.new_tensor("f32", [8]), c.new_tensor("f32", [4])
         c.alloc_tensors(CPUBackend(1))
@@ -506,7 +506,7 @@ def test_g6_element_count_check_is_ggmls():
     result through."""
     from pyggml import ffi, lib
     from pyggml._trial import trial
-    from pyggml.ops import _check_nelements
+    from pyggml.core.ops import _check_nelements
     shapes = [[2**62, 1], [2**61, 3], [1, 2**62 - 1], [1, 2**62], [3, (2**63 - 1) // 3 - 1],
               [3, (2**63 - 1) // 3], [0, 2**40, 2**40], [2**40, 0, 2**40], [2**20, 0, 2**20, 2**20],
               [2**21, 2**21, 2**21], [2**21, 2**21, 2**20]]
@@ -552,7 +552,7 @@ def test_gap_g7_build_backward(case):  # G7 (fixed): ggml.c ggml_compute_backwar
 
 PYBUFT_PRELUDE = PRELUDE + """
 from pyggml.impl import HostBuffer, PyBufferType
-from pyggml.alloc import GraphAllocator
+from pyggml.backends.alloc import GraphAllocator
 class Padded(PyBufferType):
     def get_name(self): return "PADDED"
     def alloc_buffer(self, size): return HostBuffer(size)
@@ -644,12 +644,12 @@ def test_flash_attn_k_without_vec_dot_is_refused():
 
 PYBACKEND_PRELUDE = PRELUDE + """
 from pyggml import GGMLType, Scheduler
-from pyggml.cpu import cpu_buffer_type
-from pyggml.device import device_by_name
+from pyggml.backends.cpu import cpu_buffer_type
+from pyggml.backends.device import device_by_name
 from pyggml.impl import HostBuffer, PyBackend, PyBufferType, PyDevice, PyRegistry, register
-from pyggml.ops import host_array
-from pyggml.alloc import GraphAllocator
-from pyggml.utils import graph_copy
+from pyggml.core.ops import host_array
+from pyggml.backends.alloc import GraphAllocator
+from pyggml.backends.utils import graph_copy
 MODE = None
 
 class AddBackend(PyBackend):
@@ -739,8 +739,8 @@ def test_fixed_gaps_do_not_over_refuse():
     view_init copies, a scheduler one slot above nodes + leafs allocates, and a scheduler
     computes a node the kernel table accepts (F32 sum_rows) against NumPy."""
     from pyggml import Scheduler
-    from pyggml.backend import Backend
-    from pyggml.utils import view_init
+    from pyggml.backends.backend import Backend
+    from pyggml.backends.utils import view_init
     with CPUBackend(1) as cpu:
         c = Context(1 << 20, no_alloc=True)
         a, b = c.new_tensor("f32", [8]), c.new_tensor("f32", [4])

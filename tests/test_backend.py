@@ -1,4 +1,4 @@
-"""pyggml.backend: compute checks, async copies, graph plans."""
+"""pyggml.backends.backend: compute checks, async copies, graph plans."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ from conftest import compiler
 
 import pyggml
 from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
-from pyggml.cpu import graph_compute
+from pyggml.backends.cpu import graph_compute
 
 rng = np.random.default_rng(1)
 
@@ -22,7 +22,7 @@ def test_unsupported_type_is_refused_before_compute():
 def test_async_copies_plans_multi_buffers_and_backend_loading(tmp_path):
     import subprocess
 
-    from pyggml.registry import load_backend
+    from pyggml.backends.registry import load_backend
 
     x = rng.standard_normal((2, 8)).astype(np.float32)
     with CPUBackend() as be, Context.for_tensors(8, graph_size=8) as ctx:
@@ -46,7 +46,7 @@ def test_async_copies_plans_multi_buffers_and_backend_loading(tmp_path):
             plan.compute()
         np.testing.assert_array_equal(y.numpy(), x ** 2)
 
-    bufs = [pyggml.cpu.cpu_buffer_type().alloc_buffer(n) for n in (64, 128)]
+    bufs = [pyggml.backends.cpu.cpu_buffer_type().alloc_buffer(n) for n in (64, 128)]
     with pyggml.Buffer.multi(bufs) as multi:
         assert multi.is_multi_buffer and multi.size == 192
         multi.clear(7)

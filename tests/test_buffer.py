@@ -1,4 +1,4 @@
-"""pyggml.buffer: buffers over NumPy memory."""
+"""pyggml.memory.buffer: buffers over NumPy memory."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,12 +6,12 @@ import pytest
 
 import pyggml
 from pyggml import Context, CPUBackend, GraphAllocator
-from pyggml.device import device_by_type
+from pyggml.backends.device import device_by_type
 
 
 def test_backend_buffer_from_numpy_without_copy():
-    arr = pyggml.cpu.aligned_zeros(64, np.float32)
-    buf = pyggml.cpu.cpu_buffer_from_array(arr)
+    arr = pyggml.backends.cpu.aligned_zeros(64, np.float32)
+    buf = pyggml.backends.cpu.cpu_buffer_from_array(arr)
     assert buf.base == arr.__array_interface__["data"][0] and buf.size == arr.nbytes
     buf.clear(0)
     buf.numpy()[:4] = 1
@@ -19,7 +19,7 @@ def test_backend_buffer_from_numpy_without_copy():
     dev_buf = device_by_type("cpu").buffer_from_host_ptr(arr)
     assert dev_buf.size == arr.nbytes
     with pytest.raises(ValueError, match="aligned"):
-        pyggml.cpu.cpu_buffer_from_array(np.zeros(65, dtype=np.uint8)[1:])
+        pyggml.backends.cpu.cpu_buffer_from_array(np.zeros(65, dtype=np.uint8)[1:])
 
 
 # --- row indices in data (buffer.IndexCheck): checked before every compute
@@ -118,7 +118,7 @@ def _buffer_at(address, base_holds, size):
     misses = []
     try:
         for _ in range(256):
-            b = pyggml.cpu.cpu_buffer_type().alloc_buffer(size)
+            b = pyggml.backends.cpu.cpu_buffer_type().alloc_buffer(size)
             if b.ptr == address and b.base <= base_holds < b.base + b.size:
                 return b
             misses.append(b)
@@ -135,18 +135,18 @@ def test_a_closed_buffers_tensors_no_longer_point_at_its_address():
     with Context.for_tensors(4) as ctx:
         t = ctx.new_tensor("f32", [64])
         v = ctx.view(t, [16], offset=64)
-        buf = ctx.alloc_tensors(pyggml.cpu.cpu_buffer_type())
+        buf = ctx.alloc_tensors(pyggml.backends.cpu.cpu_buffer_type())
         address = buf.ptr
         assert t.ptr.buffer == address
         buf.close()
-        assert t.ptr.buffer == pyggml.buffer.FREED[0] and v.ptr.buffer in (pyggml.buffer.FREED[0], pyggml.raw.ffi.NULL)
+        assert t.ptr.buffer == pyggml.memory.buffer.FREED[0] and v.ptr.buffer in (pyggml.memory.buffer.FREED[0], pyggml.raw.ffi.NULL)
         with pytest.raises(pyggml.ClosedError, match="freed"):
             t.numpy()
     with CPUBackend(n_threads=1) as be, Context.for_tensors(8, graph_size=8) as ctx:
         a, y, g, galloc = _squares_placed(be, ctx, 64)
         address = y.buffer_ptr
         galloc.close()
-        assert a.ptr.buffer == y.ptr.buffer == pyggml.buffer.FREED[1] != address
+        assert a.ptr.buffer == y.ptr.buffer == pyggml.memory.buffer.FREED[1] != address
 
 
 def _squares_placed(be, ctx, n):
@@ -167,7 +167,7 @@ def test_a_tensor_of_a_closed_buffer_stays_closed_when_its_address_is_reused():
     with Context.for_tensors(4) as ctx:
         t = ctx.new_tensor("f32", [4096])
         v = ctx.view(t, [16], offset=64)
-        buf = ctx.alloc_tensors(pyggml.cpu.cpu_buffer_type())
+        buf = ctx.alloc_tensors(pyggml.backends.cpu.cpu_buffer_type())
         t.set(np.ones(4096, np.float32))
         address, data = buf.ptr, int(pyggml.raw.ffi.cast("uintptr_t", t.ptr.data))
         buf.close()

@@ -1,4 +1,4 @@
-"""pyggml.context: full contexts, closed contexts."""
+"""pyggml.core.context: full contexts, closed contexts."""
 from __future__ import annotations
 
 import os
@@ -169,7 +169,7 @@ def test_alloc_tensors_refuses_views_of_tensors_outside_backend_buffers(run_isol
     ClosedError (view_init would call through the freed buffer)."""
     r = run_isolated("""
         from pyggml import ClosedError, Context, GGMLType
-        from pyggml.cpu import cpu_buffer_type
+        from pyggml.backends.cpu import cpu_buffer_type
         F32 = GGMLType.F32
         def attempt(ctx, what):
             try:

@@ -1,4 +1,4 @@
-"""pyggml.cpu: the CPU backend (Ctrl-C)."""
+"""pyggml.backends.cpu: the CPU backend (Ctrl-C)."""
 from __future__ import annotations
 
 import itertools
@@ -12,7 +12,7 @@ import pytest
 
 import pyggml
 from pyggml import Context, CPUBackend, GGMLType
-from pyggml.cpu import cpu_kernel_supports
+from pyggml.backends.cpu import cpu_kernel_supports
 from pyggml.enums import Op
 
 
@@ -94,7 +94,7 @@ def test_the_abort_callback_is_asked_at_the_first_node_then_at_most_every_interv
     """ggml asks the CPU backend's abort callback after every node; pyggml's C throttle passes
     the question to Python after the first node of each compute and then at most once per
     ``ABORT_INTERVAL_US`` (a GIL round trip per node was a few % of a small model's compute)."""
-    from pyggml.cpu import ABORT_INTERVAL_US
+    from pyggml.backends.cpu import ABORT_INTERVAL_US
     with CPUBackend(n_threads=1) as be, Context.for_tensors(1100, graph_size=2048) as ctx:
         x = ctx.new_tensor(GGMLType.F32, [4]).set_input()
         y = x
@@ -398,8 +398,8 @@ def test_set_n_threads_goes_through_the_registry():
     (CPU, BLAS) and says False when not (a Python backend's registry); CPUBackend keeps its own
     n_threads (and threadpool clamp) in step."""
     from pyggml.impl import numpy as numpy_backend
-    from pyggml.backend import Backend
-    from pyggml.device import device_by_name
+    from pyggml.backends.backend import Backend
+    from pyggml.backends.device import device_by_name
 
     with CPUBackend(1) as cpu:
         assert cpu.set_n_threads(2) is True and cpu.n_threads == 2

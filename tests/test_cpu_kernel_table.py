@@ -1,4 +1,4 @@
-"""The CPU kernel table (pyggml.cpu._cpu_kernel_supports_raw) against ggml's CPU kernels.
+"""The CPU kernel table (pyggml.backends.cpu._cpu_kernel_supports_raw) against ggml's CPU kernels.
 
 For the checked op constructors, sources of several types and layouts (contiguous, transposed,
 permuted without being transposed, row-padded views, one-column transposes whose rows count as
@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from pyggml import Context, CPUBackend, GGMLType, lib
-from pyggml.cpu import _cpu_kernel_supports_raw
-from pyggml.tensor import EMPTY_OPS
+from pyggml.backends.cpu import _cpu_kernel_supports_raw
+from pyggml.core.tensor import EMPTY_OPS
 
 F32, F16, BF16, I32, I64, Q8 = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32,
                                 GGMLType.I64, GGMLType.Q8_0)

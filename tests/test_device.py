@@ -1,13 +1,13 @@
-"""pyggml.device and pyggml.registry: devices, registries, backend properties."""
+"""pyggml.backends.device and pyggml.backends.registry: devices, registries, backend properties."""
 from __future__ import annotations
 
 import pytest
 
 import pyggml
 from pyggml import BufferType, CPUBackend, Device, Registry
-from pyggml.device import device_by_name, device_by_type, devices
+from pyggml.backends.device import device_by_name, device_by_type, devices
 from pyggml.enums import BufferUsage, DeviceType
-from pyggml.registry import registries, registry_by_name
+from pyggml.backends.registry import registries, registry_by_name
 
 
 def test_registry_devices_and_backend_properties():

@@ -10,7 +10,7 @@ import pytest
 
 import pyggml
 from pyggml import dlpack
-from pyggml.cpu import aligned_zeros
+from pyggml.backends.cpu import aligned_zeros
 
 
 def _addr(a: np.ndarray) -> int:

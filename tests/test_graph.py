@@ -1,4 +1,4 @@
-"""pyggml.graph: graph size checks and backward graphs against NumPy."""
+"""pyggml.core.graph: graph size checks and backward graphs against NumPy."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 import pyggml
 from pyggml import Context, GGMLType
-from pyggml.cpu import graph_compute
+from pyggml.backends.cpu import graph_compute
 
 rng = np.random.default_rng(1)
 

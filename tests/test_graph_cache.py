@@ -1,4 +1,4 @@
-"""pyggml.graph_cache: graphs built once per key, computed again with new inputs."""
+"""pyggml.backends.graph_cache: graphs built once per key, computed again with new inputs."""
 from __future__ import annotations
 
 import numpy as np

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pyggml
-from pyggml.info import format_info, info
+from pyggml.backends.info import format_info, info
 
 
 def test_info_reports_version_libraries_and_devices():

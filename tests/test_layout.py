@@ -26,3 +26,18 @@ def test_the_checker_sees_a_cycle_and_a_local_import(tmp_path):
                    "from . import x\ndef f():\n    from .y import z\n")
     assert mod.imports("p.m", src, {"p.x", "p.y", "p.t"}) == [("typing", False), ("p.t", False), ("p.x", False),
                                                              ("p.y", True)]  # type-only imports count
+
+
+def test_the_layers_go_one_way():
+    """The layers are folders (memory, core, backends) above the raw layer and the base modules;
+    the checker places every module and would report an import of a higher layer."""
+    spec = importlib.util.spec_from_file_location("check_imports", ROOT / "scripts" / "check_imports.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    order = [mod.layer_of(m) for m in ("pyggml.errors", "pyggml.raw.boundary", "pyggml.types",
+                                       "pyggml.memory.buffer", "pyggml.core.tensor",
+                                       "pyggml.backends.sched", "pyggml.opt.loop")]
+    assert order == sorted(order) and len(set(order)) == len(order)
+    for name in mod.modules():
+        if name.startswith("pyggml."):
+            assert mod.layer_of(name) is not None, name

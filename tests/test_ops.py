@@ -1,4 +1,4 @@
-"""pyggml.ops: op constructors against NumPy, and the checks that replace ggml's asserts."""
+"""pyggml.core.ops: op constructors against NumPy, and the checks that replace ggml's asserts."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 import pyggml
 from pyggml import Context, GGMLType, ffi, lib
-from pyggml.cpu import graph_compute
+from pyggml.backends.cpu import graph_compute
 
 rng = np.random.default_rng(1)
 
@@ -120,7 +120,7 @@ def test_convolution_pooling_padding_and_flash_attention_match_numpy():
 
 
 def test_python_function_as_a_ggml_op():
-    from pyggml.ops import host_array
+    from pyggml.core.ops import host_array
 
     x = rng.standard_normal((6, 10)).astype(np.float32)
     y = rng.standard_normal((6, 10)).astype(np.float32)
@@ -151,7 +151,7 @@ def test_python_function_as_a_ggml_op():
 def test_every_op_of_ggml_h_is_reachable_and_tried_in_a_fork_first():
     """Ops without a checked method go through Context.op: ggml aborting in a forked trial
     (construction or CPU compute) becomes ValueError with ggml's message."""
-    from pyggml.ops import op_constructors
+    from pyggml.core.ops import op_constructors
 
     assert len(op_constructors()) > 200
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
@@ -273,7 +273,7 @@ def test_ne_and_type_known_to_the_constructors_are_the_ones_ggml_wrote():
         ctx.view(a, [8, 3], offset=0), ctx.view(a, [4]), ctx.view(h, [8, 2, 2], [16, 96]),
         ctx.get_rows(a, rows), ctx.get_rows(w, ids), ctx.get_rows(tab, ids),
         ctx.rope(a, pos, 4), ctx.rope(h, pos, 8, mode=lib.GGML_ROPE_TYPE_NEOX),
-        *(ctx.unary(name, a) for name in pyggml.ops.UNARY_OPS),
+        *(ctx.unary(name, a) for name in pyggml.core.ops.UNARY_OPS),
     ]
     for t in made:
         assert t.ne == tuple(t.ptr.ne), t
@@ -365,10 +365,10 @@ def test_dim_0_of_a_block_quantized_tensor_cannot_move():
 
 
 def test_blas_kernel_table_refuses_what_ggml_blas_computes_wrong():
-    """pyggml.blas.blas_kernel_supports (pure ne/nb conditions, checked in any build):
+    """pyggml.backends.blas.blas_kernel_supports (pure ne/nb conditions, checked in any build):
     ggml-blas's OUT_PROD reads a transposed src1 as the transpose of a packed matrix (a padded
     one gave wrong values), and its MUL_MAT asserts an ordered result (an empty batch aborted)."""
-    from pyggml.blas import blas_kernel_supports
+    from pyggml.backends.blas import blas_kernel_supports
 
     with Context.for_tensors(16) as ctx:
         a = ctx.new_tensor(GGMLType.F32, [64, 40])

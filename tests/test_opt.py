@@ -21,9 +21,9 @@ import pytest
 from conftest import ROOT
 import pyggml
 from pyggml import lib, opt
-from pyggml.device import device_by_name
+from pyggml.backends.device import device_by_name
 from pyggml.enums import DeviceType
-from pyggml.gguf import GGUFFile
+from pyggml.core.gguf import GGUFFile
 from pyggml.types import GGMLType
 
 
@@ -435,7 +435,7 @@ def test_fit_bad_sizes_and_losses():
 def test_fit_refuses_a_gradient_layout_the_cpu_kernel_would_scramble():
     """A pool followed by a permute (the flatten of ggml's MNIST CNN) hands POOL_2D_BACK a
     permuted gradient, which ggml's CPU kernel reads as packed planes: fit refuses the model
-    before training, and says how to fix it (pyggml.cpu's kernel table)."""
+    before training, and says how to fix it (pyggml.backends.cpu's kernel table)."""
     def forward(ctx, x):                                     # x: ne [32, batch]
         img = ctx.reshape(x, 4, 4, 2, x.ne[1])
         p = ctx.pool_2d(ctx.mul(img, w), "max", 2, 2, 2, 2)  # ne [2, 2, 2, batch]

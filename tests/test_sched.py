@@ -1,4 +1,4 @@
-"""pyggml.sched: the scheduler, its eval callback and its checks."""
+"""pyggml.backends.sched: the scheduler, its eval callback and its checks."""
 from __future__ import annotations
 
 import numpy as np
@@ -188,7 +188,7 @@ def test_a_zero_byte_tensor_after_a_placement_that_allocated_nothing(run_isolate
     no chunk), then the graph with a zero-element tensor added: ggml-alloc needed no bigger
     buffer, allocated none, and aborted placing the 0-byte tensor in the missing chunk
     (GGML_ASSERT(buffer), ggml-backend.cpp). Zero-byte tensors are placed by pyggml before ggml
-    places the rest (pyggml.alloc); the graph computes (NumPy reference)."""
+    places the rest (pyggml.backends.alloc); the graph computes (NumPy reference)."""
     r = run_isolated("""
         import numpy as np
         from pyggml import Context, CPUBackend, GGMLType, Scheduler

@@ -1,4 +1,4 @@
-"""pyggml.tensor: ne/shape, NumPy round trips, zero-copy views, op parameters."""
+"""pyggml.core.tensor: ne/shape, NumPy round trips, zero-copy views, op parameters."""
 from __future__ import annotations
 
 import gc
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pyggml import ClosedError, Context, GGMLType, lib
-from pyggml.cpu import graph_compute
+from pyggml.backends.cpu import graph_compute
 
 rng = np.random.default_rng(1)
 
@@ -145,7 +145,7 @@ def test_nodes_made_by_checked_op_constructors_have_every_slot_set():
     """ops._make_known builds the Tensor of a new node itself (hot path, no C reads): a slot
     added to Tensor and not set there would raise AttributeError later, far from here."""
     import pyggml
-    from pyggml.tensor import Tensor
+    from pyggml.core.tensor import Tensor
 
     with pyggml.Context.for_tensors(16) as ctx:
         a = ctx.new_tensor("f32", [4, 2])

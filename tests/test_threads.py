@@ -472,9 +472,9 @@ def test_new_objects_are_wrapped_under_the_context_lock(monkeypatch):
     generation under the context's lock: after it, another thread's reset and new tensor may lie
     there, and the wrapper would pair that tensor's ne with the new generation (threads fuzzer
     seed 702: GGML_ASSERT(ggml_can_mul_mat) in an op whose checks had passed)."""
-    import pyggml.context
-    from pyggml.graph import Graph
-    from pyggml.tensor import Tensor
+    import pyggml.core.context
+    from pyggml.core.graph import Graph
+    from pyggml.core.tensor import Tensor
 
     seen: list[bool] = []
 
@@ -490,8 +490,8 @@ def test_new_objects_are_wrapped_under_the_context_lock(monkeypatch):
             seen.append(ctx._lock._is_owned())
             super().__init__(ptr, ctx, *args)
 
-    monkeypatch.setattr(pyggml.context, "Tensor", Watched)
-    monkeypatch.setattr(pyggml.context, "Graph", WatchedGraph)
+    monkeypatch.setattr(pyggml.core.context, "Tensor", Watched)
+    monkeypatch.setattr(pyggml.core.context, "Graph", WatchedGraph)
     with Context.for_tensors(4, graph_size=4) as ctx:
         ctx.new_tensor("f32", [4]).name = "t"
         ctx.get_tensor("t")

@@ -23,8 +23,8 @@ import pytest
 from conftest import ROOT, docs_python_blocks
 
 import pyggml
-from pyggml import ops
-from pyggml._unchecked_ops import UNCHECKED_OPS, UncheckedOps
+from pyggml.core import ops
+from pyggml.core._unchecked_ops import UNCHECKED_OPS, UncheckedOps
 
 README_BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
 #: the Python blocks of the documentation's pages (docs/), those not run by tests/test_docs.py too

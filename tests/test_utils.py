@@ -1,4 +1,4 @@
-"""pyggml.utils: graph copies, backend comparison, tensors over NumPy memory."""
+"""pyggml.backends.utils: graph copies, backend comparison, tensors over NumPy memory."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,7 @@ rng = np.random.default_rng(1)
 
 
 def test_graph_copy_and_compare_graph_backend():
-    from pyggml.utils import compare_graph_backend, graph_copy
+    from pyggml.backends.utils import compare_graph_backend, graph_copy
 
     x = rng.standard_normal((3, 16)).astype(np.float32)
     with CPUBackend() as be1, CPUBackend() as be2, Context.for_tensors(16, graph_size=16) as ctx:
@@ -46,15 +46,15 @@ def test_graph_copy_and_compare_graph_backend():
 
 
 def test_tensor_from_numpy_shares_memory_and_tensor_alloc():
-    from pyggml.utils import tensor_alloc, tensor_from_numpy, view_init
+    from pyggml.backends.utils import tensor_alloc, tensor_from_numpy, view_init
 
     with Context(1 << 16) as host_ctx, CPUBackend() as be:  # context memory is not a buffer
         h = host_ctx.from_numpy(np.ones(4, dtype=np.float32))
         g = host_ctx.new_graph(4).build_forward(host_ctx.sqr(h))
         with pytest.raises(ValueError, match="not in a backend buffer"):
-            pyggml.utils.graph_copy(be, g)
+            pyggml.backends.utils.graph_copy(be, g)
 
-    arr = pyggml.cpu.aligned_zeros((2, 8), np.float32)
+    arr = pyggml.backends.cpu.aligned_zeros((2, 8), np.float32)
     with Context.for_tensors(8) as ctx, CPUBackend() as be:
         t = tensor_from_numpy(ctx, arr)
         arr[1, 3] = 5.0

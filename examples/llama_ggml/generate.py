@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from pyggml.gguf import GGUFFile
+from pyggml.core.gguf import GGUFFile
 
 from .hparams import HParams, ModelError
 from .model import LlamaModel

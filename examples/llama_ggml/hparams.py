@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pyggml.gguf import GGUFFile
+from pyggml.core.gguf import GGUFFile
 from pyggml.types import GGMLType
 
 __all__ = ["HParams", "ModelError", "expected_tensors"]

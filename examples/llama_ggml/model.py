@@ -26,8 +26,8 @@ import numpy as np
 
 import pyggml
 from pyggml import Context, CPUBackend, GGMLType, Scheduler, Tensor, ffi, lib
-from pyggml.device import device_by_name
-from pyggml.gguf import GGUFFile
+from pyggml.backends.device import device_by_name
+from pyggml.core.gguf import GGUFFile
 from pyggml.impl import numpy as numpy_backend
 
 from .hparams import HParams, ModelError, check_tensors
@@ -97,7 +97,7 @@ class LlamaModel:
     ``to_float``), for checking the graph against a float32 reference without the error of the
     quantized matmuls (which quantize the activations too); about 5x the memory of Q4_1.
     ``interruptible``: keep pyggml's Ctrl-C check inside the CPU backend's computation (a C
-    throttle that asks Python at most every 10 ms, :data:`pyggml.cpu.ABORT_INTERVAL_US`; it
+    throttle that asks Python at most every 10 ms, :data:`pyggml.backends.cpu.ABORT_INTERVAL_US`; it
     used to call Python after every node, and was off by default then). False: Ctrl-C stops
     generation when the current graph returns.
 
@@ -336,7 +336,7 @@ class LlamaModel:
     def _compute(self, step: _Step) -> None:
         t0 = time.perf_counter()
         # the same graph again: the scheduler keeps its allocation and its checks of the graph
-        # (pyggml.sched), so this is ggml's compute plus a check of the graph's memory in C
+        # (pyggml.backends.sched), so this is ggml's compute plus a check of the graph's memory in C
         step.sched.compute(step.graph)
         self.t_compute += time.perf_counter() - t0
         self.n_compute += 1

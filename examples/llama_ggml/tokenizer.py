@@ -49,7 +49,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 class GGUFTokenizer:
     """Text <-> token ids for the vocabulary of a GGUF file.
 
-    ``metadata`` is a :class:`pyggml.gguf.GGUFMetadata` (or any mapping with the same keys).
+    ``metadata`` is a :class:`pyggml.core.gguf.GGUFMetadata` (or any mapping with the same keys).
     Attributes: ``bos_id``, ``eos_id`` (None when the file has none), ``add_bos`` (prepend BOS
     when encoding: ``tokenizer.ggml.add_bos_token``, default False), ``n_vocab``.
     Raises :class:`ModelError` for a tokenizer model other than ``gpt2`` or missing keys, and

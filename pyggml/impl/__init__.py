@@ -7,10 +7,10 @@ does not define stays NULL, so ggml's own fallback applies (e.g. no ``synchroniz
 synchronous backend). Abstract methods are the slots ggml calls unconditionally. ``api_version``
 is ``GGML_BACKEND_API_VERSION``.
 
-Methods receive pyggml objects, lent for the call: :class:`~pyggml.tensor.Tensor` (``ne``,
+Methods receive pyggml objects, lent for the call: :class:`~pyggml.core.tensor.Tensor` (``ne``,
 ``nb``, ``op``, ``src``, ``op_params`` and ``params``, the op parameters decoded per op;
-:func:`pyggml.ops.host_array` gives a NumPy view of host data), :class:`~pyggml.graph.Graph`,
-:class:`~pyggml.buffer_type.BufferType`, ``memoryview`` for raw bytes.
+:func:`pyggml.core.ops.host_array` gives a NumPy view of host data), :class:`~pyggml.core.graph.Graph`,
+:class:`~pyggml.memory.buffer_type.BufferType`, ``memoryview`` for raw bytes.
 
 **Failures**: an exception in any method becomes that slot's failure value (``graph_compute``
 -> ``GGML_STATUS_FAILED``, allocation -> NULL, ``supports_op`` -> false...) and is re-raised by

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..raw import boundary, callbacks, ffi
-from ..tensor import BorrowScope
+from ..core.tensor import BorrowScope
 
 __all__ = ["Impl", "LIVE", "addr", "make_struct", "fill_iface", "lent", "safe", "SIZE_MAX"]
 

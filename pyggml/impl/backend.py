@@ -5,9 +5,9 @@ import abc
 import uuid
 from typing import Any
 
-from ..graph import Graph
+from ..core.graph import Graph
 from ..raw import ffi, lib
-from ..tensor import Tensor, tensor_arg
+from ..core.tensor import Tensor, tensor_arg
 from ._vtable import LIVE, Impl, addr, lent, make_struct, safe, slot_arity
 
 

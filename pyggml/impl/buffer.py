@@ -8,10 +8,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..buffer_type import BufferType
-from ..cpu import aligned_zeros
+from ..memory.buffer_type import BufferType
+from ..backends.cpu import aligned_zeros
 from ..raw import callbacks, ffi, lib
-from ..tensor import EMPTY_OPS, Tensor
+from ..core.tensor import EMPTY_OPS, Tensor
 from ._vtable import LIVE, SIZE_MAX, Impl, addr, fill_iface, lent, make_struct, safe
 
 __all__ = ["PyBuffer", "HostBuffer", "PyBufferType"]
@@ -172,7 +172,7 @@ class PyBufferType(Impl):
     goes in one buffer of this type, which fills the ``alloc_buffer_n`` and ``get_alloc_size_n``
     slots (ggml >= 0.26: ``ggml_backend_alloc_ctx_tensors_from_buft``, i.e.
     ``Context.alloc_tensors``, and its ``_size`` twin call them for a context's tensors).
-    ``tensors`` is a list of :class:`~pyggml.tensor.Tensor` (lent for the call); return one entry
+    ``tensors`` is a list of :class:`~pyggml.core.tensor.Tensor` (lent for the call); return one entry
     per tensor: an ``int`` byte offset (a multiple of :meth:`get_alignment`) for each tensor that
     needs memory here (no data, not a view), ``None`` for the others. pyggml checks the layout
     (length, alignment, overlaps, ``get_max_size``: ValueError from the pyggml call otherwise),
@@ -206,7 +206,7 @@ class PyBufferType(Impl):
         return self._c
 
     def as_buffer_type(self) -> BufferType:
-        """This buffer type as a pyggml :class:`~pyggml.buffer_type.BufferType`, which keeps it
+        """This buffer type as a pyggml :class:`~pyggml.memory.buffer_type.BufferType`, which keeps it
         alive."""
         return BufferType(self._c, keep=self)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from ..buffer_type import BufferType
+from ..memory.buffer_type import BufferType
 from ..enums import DeviceType, member
 from ..raw import ffi, lib
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 from ._vtable import LIVE, Impl, addr, lent, make_struct
 from .backend import PyBackend
 from .buffer import PyBufferType

@@ -10,11 +10,11 @@ import numpy as np
 
 
 from .._cobject import CObject
-from ..context import Context
+from ..core.context import Context
 from ..enums import GGMLType
 from ..raw import callbacks, ffi, lib
 from ..raw.boundary import calling
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 from .dataset import Dataset, _borrowed_tensor, _Lender
 from .model import GRAPH_SIZE, Model, ModelGraph, _compute_mem
 from .optimizer import (
@@ -36,7 +36,7 @@ __all__ = ["OptContext"]
 def _check_graph(g: ModelGraph, loss_type: Loss, build_type: BuildType, opt_period: int = 1) -> None:
     """Build, in a scratch context, what ``ggml_opt_init`` will build (loss, and for training
     the backward graph) with pyggml's checked ops and
-    :meth:`~pyggml.graph.Graph.build_backward`, so that anything ggml would abort on raises here;
+    :meth:`~pyggml.core.graph.Graph.build_backward`, so that anything ggml would abort on raises here;
     and check the node counts against ggml-opt's graph size. Without gradient accumulation
     (``opt_period`` 1) ggml's optimizer steps read each parameter's gradient as built, at the
     parameter's strides: a gradient that is a transposed or permuted view is refused."""

@@ -11,7 +11,7 @@ from .. import types
 from .._cobject import CObject
 from ..enums import GGMLType
 from ..raw import ffi, lib
-from ..tensor import BorrowScope, Tensor
+from ..core.tensor import BorrowScope, Tensor
 
 
 __all__ = ["one_hot", "Dataset"]
@@ -28,7 +28,7 @@ _OPT_CONTEXT_T = ffi.typeof("ggml_opt_context_t")
 class _Lender(BorrowScope):
     """What the tensors of a ggml-opt object (a dataset's data and labels, an opt context's
     labels, loss, pred, ncorrect, gradient accumulators) are borrowed from: their structs live in
-    contexts private to ggml-opt, so no pyggml :class:`~pyggml.context.Context` holds them. The
+    contexts private to ggml-opt, so no pyggml :class:`~pyggml.core.context.Context` holds them. The
     scope closes with the object (the tensors then raise ClosedError); it keeps the object alive
     while a tensor lives."""
 

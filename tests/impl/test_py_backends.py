@@ -12,8 +12,8 @@ import pytest
 
 import pyggml
 from pyggml import ClosedError, Context, CPUBackend, GGMLType, Scheduler
-from pyggml.cpu import cpu_buffer_type
-from pyggml.device import device_by_name
+from pyggml.backends.cpu import cpu_buffer_type
+from pyggml.backends.device import device_by_name
 from pyggml.enums import DeviceType
 from pyggml.impl import (
     HostBuffer,
@@ -26,7 +26,7 @@ from pyggml.impl import (
 )
 from pyggml.impl._vtable import slot_arity
 from pyggml.impl.numpy import NumpyDevice
-from pyggml.ops import host_array
+from pyggml.core.ops import host_array
 
 BINARY = {"ADD": np.add, "MUL": np.multiply}
 
@@ -110,10 +110,10 @@ def _expected(x, y):
 ARITH_SCRIPT = '''
 import numpy as np
 from pyggml import GGMLType
-from pyggml.cpu import cpu_buffer_type
+from pyggml.backends.cpu import cpu_buffer_type
 from pyggml.impl import PyBackend, PyDevice, PyRegistry
 from pyggml.impl._vtable import slot_arity
-from pyggml.ops import host_array
+from pyggml.core.ops import host_array
 
 
 class AddBackend(PyBackend):
@@ -349,7 +349,7 @@ def test_registration_is_undone_at_interpreter_exit(tmp_path):
         sys.path.insert(0, sys.argv[1])
         from test_py_backends import ArithDevice
         from pyggml.impl import PyRegistry, register
-        from pyggml.device import device_by_name
+        from pyggml.backends.device import device_by_name
         register(PyRegistry("EXITTEST", [ArithDevice("EXITTEST")]))
         be = device_by_name("EXITTEST").init()   # left open on purpose
         print("registered")

@@ -19,7 +19,7 @@ def test_ggml_log_goes_to_named_loggers(caplog, tmp_path):
 
 
 def test_a_raising_log_filter_is_raised_by_the_call_that_logged(tmp_path):
-    from pyggml.gguf import GGUFFile
+    from pyggml.core.gguf import GGUFFile
 
     class Refuse(logging.Filter):
         def filter(self, record):

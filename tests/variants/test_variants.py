@@ -23,10 +23,10 @@ from conftest import compiler, load_example
 
 import pyggml
 from pyggml import dl, lib, rpc
-from pyggml.device import device_by_name, device_by_type, devices
+from pyggml.backends.device import device_by_name, device_by_type, devices
 from pyggml.enums import DeviceType
-from pyggml.info import format_info, info
-from pyggml.registry import registry_by_name
+from pyggml.backends.info import format_info, info
+from pyggml.backends.registry import registry_by_name
 
 rng = np.random.default_rng(5)
 BUILT = dl.built_backends()
@@ -63,7 +63,7 @@ def test_asking_for_a_backend_the_build_lacks_says_so(backend, device):
     with pytest.raises(pyggml.BackendNotAvailableError, match=f"built without the {backend}"):
         registry_by_name(backend.upper() if backend != "vulkan" else "Vulkan")
     with pytest.raises(pyggml.BackendNotAvailableError, match=f"built without the {backend}"):
-        pyggml.device.init_by_name(device)
+        pyggml.backends.device.init_by_name(device)
 
 
 @pytest.mark.parametrize("backend", [b for b in BUILT if STATUS[b].error] or [None])
@@ -146,7 +146,7 @@ def _nmse(got: np.ndarray, ref: np.ndarray) -> float:
 def _compare_with_cpu(device_name: str, max_nmse: float):
     """Every computed node of a graph on ``device_name`` against the CPU backend, as upstream's
     test-backend-ops does (``max_nmse``: its tolerance, e.g. 5e-4 for MUL_MAT)."""
-    from pyggml.utils import compare_graph_backend
+    from pyggml.backends.utils import compare_graph_backend
 
     a = rng.standard_normal((64, 48)).astype(np.float32)
     b = rng.standard_normal((24, 48)).astype(np.float32)

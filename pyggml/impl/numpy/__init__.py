@@ -5,7 +5,7 @@ Its device ``NUMPY`` (type ``accel``) computes the ops of the kernel table
 in ``ops_*`` modules by op family, over :mod:`.memory` and :mod:`.math`) and claims an (op,
 types, params) combination only when it computes it correctly. It works on host memory: its
 buffer type is ggml's CPU buffer type, and it accepts any host buffer, so beside the CPU backend
-in a :class:`~pyggml.sched.Scheduler` no tensor is copied (its own buffer type,
+in a :class:`~pyggml.backends.sched.Scheduler` no tensor is copied (its own buffer type,
 :class:`NumpyBufferType`, is host memory owned by NumPy, which the CPU backend reads in place)::
 
     from pyggml.impl import numpy as numpy_backend
@@ -21,13 +21,13 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from ...backend import Backend
-from ...buffer_type import BufferType
-from ...device import device_by_name
+from ...backends.backend import Backend
+from ...memory.buffer_type import BufferType
+from ...backends.device import device_by_name
 from ...enums import TensorFlag
-from ...graph import Graph
+from ...core.graph import Graph
 from ...raw import ffi
-from ...tensor import EMPTY_OPS, Tensor
+from ...core.tensor import EMPTY_OPS, Tensor
 from .. import HostBuffer, PyBackend, PyBufferType, PyDevice, PyRegistry
 from .. import register as _register
 

@@ -8,9 +8,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ... import types as _types
-from ...buffer import host_array_owner
+from ...memory.buffer import host_array_owner
 from ...raw import ffi, lib
-from ...tensor import can_repeat
+from ...core.tensor import can_repeat
 
 # ---------------------------------------------------------------------------------------------
 # types
@@ -81,7 +81,7 @@ def _same_shape(a: Any, b: Any) -> bool:
 
 
 def _can_repeat(small: Any, big: Any) -> bool:
-    """ggml_can_repeat of two tensor structs (:func:`pyggml.tensor.can_repeat`)."""
+    """ggml_can_repeat of two tensor structs (:func:`pyggml.core.tensor.can_repeat`)."""
     return can_repeat(_ne(small), _ne(big))
 
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from ... import types as _types
 from ...raw import ffi, lib
-from ...tensor import op_name
+from ...core.tensor import op_name
 from .memory import _raw
 
 # ---------------------------------------------------------------------------------------------

@@ -33,14 +33,14 @@ from typing import Any, Union
 
 import numpy as np
 
-from . import _cobject
+from .. import _cobject
 from .context import Context
-from .enums import BufferUsage, GGUFValueType
-from .errors import ClosedError
-from .raw import ffi, lib
-from .raw.boundary import calling
+from ..enums import BufferUsage, GGUFValueType
+from ..errors import ClosedError
+from ..raw import ffi, lib
+from ..raw.boundary import calling
 from .tensor import Tensor, lookup_name_bytes
-from .types import GGMLType, TypeLike, _as_u8, _check_ne, block_size, ggml_type, nbytes, numpy_dtype, \
+from ..types import GGMLType, TypeLike, _as_u8, _check_ne, block_size, ggml_type, nbytes, numpy_dtype, \
     to_numpy, type_size
 
 __all__ = ["GGUFValueType", "TensorInfo", "GGUFMetadata", "GGUFFile", "GGUFWriter", "write_gguf",
@@ -330,7 +330,7 @@ class GGUFFile(_cobject.CObject):
 
     def load(self, where: Any, names: Sequence[str] | None = None) -> tuple[Context, dict[str, Tensor]]:
         """Load tensors straight into one backend buffer: a new ``no_alloc``
-        :class:`~pyggml.context.Context` with a :class:`~pyggml.tensor.Tensor` per tensor (same
+        :class:`~pyggml.core.context.Context` with a :class:`~pyggml.core.tensor.Tensor` per tensor (same
         name, type and ne), allocated on ``where`` (a Backend or BufferType:
         ``Context.alloc_tensors``, buffer usage "weights") and filled with the file's bytes
         (``ggml_backend_tensor_set``; no dequantization). ``names`` picks tensors (default: all).

@@ -8,25 +8,26 @@ split another graph, allocated by a graph allocator, computed on a backend), so 
 computed by a scheduler, then another graph, then the first again.
 
 Computing the graph the scheduler holds (allocated, unchanged, its memory alive) goes straight
-to ``ggml_backend_sched_graph_compute``: the checks run once per graph (see :mod:`pyggml.graph`).
+to ``ggml_backend_sched_graph_compute``: the checks run once per graph (see :mod:`pyggml.core.graph`).
 """
 from __future__ import annotations
 
 import functools
 from typing import Any, Callable, Sequence
 
-from . import _cobject, _trial, buffer
-from .raw import threads
+from .. import _cobject, _trial
+from ..memory import buffer
+from ..raw import threads
 from .alloc import Placer, placing
 from .backend import Backend, _callback_owners, _compute_lock, _memory_current
-from .buffer_type import BufferType
+from ..memory.buffer_type import BufferType
 from .cpu import CPUBackend, graph_trial_ops
 from .device import Device
-from .enums import DeviceType
-from .graph import Graph
-from .raw import callbacks, ffi, lib, requires
-from .raw.boundary import call_status, calling, check_status
-from .tensor import EMPTY_OPS, BorrowScope, Tensor, tensor_arg
+from ..enums import DeviceType
+from ..core.graph import Graph
+from ..raw import callbacks, ffi, lib, requires
+from ..raw.boundary import call_status, calling, check_status
+from ..core.tensor import EMPTY_OPS, BorrowScope, Tensor, tensor_arg
 
 __all__ = ["Scheduler", "MAX_BACKENDS", "EvalCallback", "CopyCallback"]
 
@@ -380,7 +381,7 @@ class Scheduler(_cobject.CObject, Placer):
 
     def _check_kernels(self, graph: Graph) -> None:
         """After the split: each node the scheduler put on a backend with a kernel table (CPU:
-        :func:`pyggml.cpu.cpu_kernel_supports`; BLAS: :func:`pyggml.blas.blas_kernel_supports`)
+        :func:`pyggml.backends.cpu.cpu_kernel_supports`; BLAS: :func:`pyggml.backends.blas.blas_kernel_supports`)
         must pass it; the table is stricter than the ``supports_op`` the scheduler asks (a node
         it refuses would abort in its kernel, or be computed wrong)."""
         tables = [b for b in self._backends if b._has_kernel_table]

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _cobject
-from .raw import ffi, lib
-from .raw.boundary import calling
+from .. import _cobject
+from ..raw import ffi, lib
+from ..raw.boundary import calling
 
 if TYPE_CHECKING:
     from .backend import Backend

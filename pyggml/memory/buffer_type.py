@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _cobject, buffer
+from .. import _cobject
+from . import buffer
 from .buffer import Buffer
-from .raw import ffi, lib
-from .raw.boundary import calling
+from ..raw import ffi, lib
+from ..raw.boundary import calling
 
 __all__ = ["BufferType"]
 
@@ -60,7 +61,7 @@ class BufferType(_cobject.CObject):
             return bool(lib.ggml_backend_buft_is_host(self.ptr))
 
     def alloc_size(self, tensor: _cobject.HasPtr) -> int:
-        """Bytes ``tensor`` (a :class:`~pyggml.tensor.Tensor`) needs in this buffer type
+        """Bytes ``tensor`` (a :class:`~pyggml.core.tensor.Tensor`) needs in this buffer type
         (``ggml_backend_buft_get_alloc_size``)."""
         with calling():
             return int(lib.ggml_backend_buft_get_alloc_size(self.ptr, tensor.ptr))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .device import devices
-from .raw import GGML_VERSION, LIB_DIR, PACKAGE_DIR, dl
+from ..raw import GGML_VERSION, LIB_DIR, PACKAGE_DIR, dl
 from .registry import registries
 
 __all__ = ["info", "format_info"]

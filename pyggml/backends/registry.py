@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import _cobject
+from .. import _cobject
 from .device import Device
-from .errors import BackendNotAvailableError, GGMLError
-from .raw import LIB_DIR, dl, ffi, lib
-from .raw.boundary import calling
+from ..errors import BackendNotAvailableError, GGMLError
+from ..raw import LIB_DIR, dl, ffi, lib
+from ..raw.boundary import calling
 
 __all__ = ["Registry", "registries", "registry_by_name", "load_backend", "unload_backend", "load_all"]
 

@@ -7,17 +7,18 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 from numpy.typing import DTypeLike
 
-from . import _cobject, _trial, buffer
+from .. import _cobject, _trial
+from ..memory import buffer
 from .backend import Backend
-from .buffer import Buffer
-from .buffer_type import BufferType
-from .errors import GGMLError
-from .raw import callbacks, dl, ffi, lib
-from .raw.boundary import calling
-from .tensor import Tensor, tensor_arg
+from ..memory.buffer import Buffer
+from ..memory.buffer_type import BufferType
+from ..errors import GGMLError
+from ..raw import callbacks, dl, ffi, lib
+from ..raw.boundary import calling
+from ..core.tensor import Tensor, tensor_arg
 
 if TYPE_CHECKING:
-    from .graph import Graph
+    from ..core.graph import Graph
 
 __all__ = ["CPUBackend", "Threadpool", "graph_compute", "cpu_buffer_type", "cpu_buffer_from_array", "cpu_kernel_supports",
            "aligned_zeros", "ABORT_INTERVAL_US"]
@@ -295,8 +296,8 @@ ABORT_INTERVAL_US = 10_000
 class CPUBackend(Backend):
     """The CPU backend (``ggml_backend_cpu_init``), owned.
 
-    Ctrl-C during :meth:`~pyggml.graph.Graph.compute` stops the computation within about
-    :data:`~pyggml.cpu.ABORT_INTERVAL_US` (10 ms; after the node running then) and raises
+    Ctrl-C during :meth:`~pyggml.core.graph.Graph.compute` stops the computation within about
+    :data:`~pyggml.backends.cpu.ABORT_INTERVAL_US` (10 ms; after the node running then) and raises
     KeyboardInterrupt: the backend's abort callback (``ggml_backend_cpu_set_abort_callback``,
     which ggml asks after every node) is a small C function that calls a Python function at
     most once per interval, so Python's SIGINT handler runs inside it and its exception

@@ -27,11 +27,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import _cobject
-from .enums import BufferUsage, member
-from .errors import ClosedError
-from .raw import ffi, lib
-from .raw.boundary import calling
+from .. import _cobject
+from ..enums import BufferUsage, member
+from ..errors import ClosedError
+from ..raw import ffi, lib
+from ..raw.boundary import calling
 
 
 __all__ = ["Buffer", "LiveBuffer", "track", "retire", "forget", "FREED", "lookup", "live_table", "graph_buffers",
@@ -82,7 +82,7 @@ _MAX_RETIRED = 4096
 #: a buffer of the user's and one of a graph allocator or scheduler: a new buffer that malloc puts
 #: at the freed one's address (struct and data) must not make them look placed in it
 FREED = (lib.pyggml_freed_buffer(0), lib.pyggml_freed_buffer(1))
-#: called with (buffer, stand-in) when a buffer is freed; pyggml.tensor, which knows the open
+#: called with (buffer, stand-in) when a buffer is freed; pyggml.core.tensor, which knows the open
 #: contexts, registers the function that points their tensors in it at the stand-in
 forgetters: list[Callable[[Any, Any], None]] = []
 #: held around every C call that allocates backend buffers together with pyggml's record of
@@ -106,8 +106,8 @@ LIFECYCLE = _Lifecycle()
 _table: list[Any] = [None, 0, -1]  # [C array of struct pyggml_live_buffer, length, version]
 _version = 0
 #: counts the times a placer forgot the places of tensors (data NULL again, to place them
-#: anew: pyggml.alloc.Placer._unplace): a check of another graph of those tensors, made while
-#: they had data, holds no longer (pyggml.backend)
+#: anew: pyggml.backends.alloc.Placer._unplace): a check of another graph of those tensors, made while
+#: they had data, holds no longer (pyggml.backends.backend)
 unplaced = 0
 
 
@@ -293,7 +293,7 @@ class IndexCheck:
     def of(cls, nodes: list[Any], saved: Any = None) -> "IndexCheck | None":
         """The check for node structs ``nodes`` (in graph order), or None. ``saved``: the
         sources as they were before a scheduler's split rewrote them to its copies (a
-        :class:`pyggml.graph.Graph`'s saved sources, ``GGML_MAX_SRC`` per node): the
+        :class:`pyggml.core.graph.Graph`'s saved sources, ``GGML_MAX_SRC`` per node): the
         indices are read in the tensors the user set, which the compute copies."""
         tensors, bounds, readers = [], [], []
         for k, p in enumerate(nodes):
@@ -408,7 +408,7 @@ class Buffer(_cobject.CObject):
         lib.ggml_backend_buffer_set_usage(self.ptr, member(BufferUsage, value))
 
     def alloc_size(self, tensor: _cobject.HasPtr) -> int:
-        """Bytes ``tensor`` (a :class:`~pyggml.tensor.Tensor`) takes in this buffer
+        """Bytes ``tensor`` (a :class:`~pyggml.core.tensor.Tensor`) takes in this buffer
         (``ggml_backend_buffer_get_alloc_size``)."""
         with calling():
             return int(lib.ggml_backend_buffer_get_alloc_size(self.ptr, tensor.ptr))

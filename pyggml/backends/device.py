@@ -13,17 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from . import _cobject, buffer
+from .. import _cobject
+from ..memory import buffer
 from .backend import Backend
 from .blas import BLASBackend
 from .cpu import CPUBackend
-from .buffer import Buffer
-from .buffer_type import BufferType
-from .enums import DeviceType, member
-from .errors import BackendNotAvailableError, GGMLError
-from .raw import dl, ffi, lib
-from .raw.boundary import calling
-from .tensor import Tensor, tensor_arg
+from ..memory.buffer import Buffer
+from ..memory.buffer_type import BufferType
+from ..enums import DeviceType, member
+from ..errors import BackendNotAvailableError, GGMLError
+from ..raw import dl, ffi, lib
+from ..raw.boundary import calling
+from ..core.tensor import Tensor, tensor_arg
 
 __all__ = ["Device", "DeviceProps", "devices", "device_by_name", "device_by_type", "init_by_name",
            "init_by_type", "init_best"]
@@ -110,7 +111,7 @@ class Device(_cobject.CObject):
 
     def init(self, params: str | None = None) -> Backend:
         """A new backend on this device (``ggml_backend_dev_init``); a
-        :class:`~pyggml.cpu.CPUBackend` for ggml's CPU device. GGMLError on failure (or what a
+        :class:`~pyggml.backends.cpu.CPUBackend` for ggml's CPU device. GGMLError on failure (or what a
         Python device's ``init_backend`` raised)."""
         with calling():
             ptr = lib.ggml_backend_dev_init(self.ptr, params.encode() if params else ffi.NULL)

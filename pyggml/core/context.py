@@ -3,7 +3,7 @@ unless ``no_alloc``, tensor data.
 
 A context is fixed-size: ggml asserts (and aborts the process) when it is full. :class:`Context`
 checks the free space before every tensor or graph it creates and raises :class:`MemoryError`
-instead. Op constructors are methods (:class:`pyggml.ops.Ops`), as in C: ``ctx.add(a, b)`` is
+instead. Op constructors are methods (:class:`pyggml.core.ops.Ops`), as in C: ``ctx.add(a, b)`` is
 ``ggml_add(ctx, a, b)``; the result lives in ``ctx``.
 
 The arena is allocated by pyggml (a NumPy array handed to ``ggml_init`` as ``mem_buffer``), so a
@@ -16,22 +16,24 @@ from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from . import _cobject, buffer, tensor as _tensor_mod, types
-from .raw import threads
-from .buffer import Buffer, check_tensor_memory
-from .buffer_type import BufferType
-from .errors import ClosedError, GGMLError
+from .. import _cobject, types
+from ..memory import buffer
+from . import tensor as _tensor_mod
+from ..raw import threads
+from ..memory.buffer import Buffer, check_tensor_memory
+from ..memory.buffer_type import BufferType
+from ..errors import ClosedError, GGMLError
 from .graph import Graph
 from .ops import Ops, _check_nelements
-from .raw import ffi, lib
-from .raw.boundary import calling
+from ..raw import ffi, lib
+from ..raw.boundary import calling
 from .tensor import Tensor
 
 __all__ = ["Context", "HasBufferType", "tensor_overhead", "DEFAULT_MEM_SIZE"]
 
 
 class HasBufferType(Protocol):
-    """What has a default buffer type: a :class:`~pyggml.backend.Backend` (built on contexts,
+    """What has a default buffer type: a :class:`~pyggml.backends.backend.Backend` (built on contexts,
     so this module names it through this)."""
 
     @property
@@ -237,7 +239,7 @@ class Context(_cobject.CObject, Ops):
 
     def get_tensor(self, name: str) -> Tensor:
         """``ggml_get_tensor``: the context's tensor named ``name`` (see :attr:`Tensor.name
-        <pyggml.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
+        <pyggml.core.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
         raw = _tensor_mod.lookup_name_bytes(name)
         with threads.using(self, gate=False):
             t = lib.ggml_get_tensor(self._live_ptr(), raw) if raw is not None else ffi.NULL

@@ -3,7 +3,7 @@ the large ``MUL_MAT`` and every ``OUT_PROD`` of a graph, the rest left to the CP
 
 ``ggml_backend_blas_device_supports_op`` accepts some layouts its kernels cannot compute: they
 abort (``GGML_ASSERT``) or read the data wrongly, silently. :func:`blas_kernel_supports` is the
-stricter answer; :class:`BLASBackend` and :class:`~pyggml.sched.Scheduler` refuse such a node
+stricter answer; :class:`BLASBackend` and :class:`~pyggml.backends.sched.Scheduler` refuse such a node
 with a ValueError before computing (found by a differential sweep of 44 layouts against NumPy
 and the CPU backend).
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from .backend import Backend
-from .raw import dl, lib
-from .tensor import Tensor, tensor_arg
+from ..raw import dl, lib
+from ..core.tensor import Tensor, tensor_arg
 
 __all__ = ["BLASBackend", "blas_kernel_supports"]
 

@@ -5,7 +5,7 @@ device's library alive. :meth:`Backend.graph_compute` computes a graph; before t
 of a graph on a backend it checks everything ggml would assert on or misuse (every tensor has
 data in live memory, the backend supports every node, the graph's memory still holds it) and
 keeps what it found on the graph: computing the unchanged graph again costs a few attribute
-reads on top of ggml's own call (see :mod:`pyggml.graph`).
+reads on top of ggml's own call (see :mod:`pyggml.core.graph`).
 """
 from __future__ import annotations
 
@@ -13,17 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _cobject, buffer
-from .raw import threads
-from .buffer import Buffer
-from .buffer_type import BufferType
-from .errors import ClosedError
-from .raw import ffi, lib
-from .raw.boundary import call_status, calling, check_status
-from .tensor import EMPTY_OPS, Tensor, tensor_arg
+from .. import _cobject
+from ..memory import buffer
+from ..raw import threads
+from ..memory.buffer import Buffer
+from ..memory.buffer_type import BufferType
+from ..errors import ClosedError
+from ..raw import ffi, lib
+from ..raw.boundary import call_status, calling, check_status
+from ..core.tensor import EMPTY_OPS, Tensor, tensor_arg
 
 if TYPE_CHECKING:
-    from .graph import Graph
+    from ..core.graph import Graph
 
 __all__ = ["Backend", "GraphPlan"]
 
@@ -46,7 +47,7 @@ def _copy_arg(t: Tensor) -> Any:
     p = _tensor_with_data(t)
     if p.buffer == ffi.NULL:
         raise ValueError(f"view {t._label()} has no buffer of its own (made after its source was "
-                         "allocated): give it one with pyggml.utils.view_init first")
+                         "allocated): give it one with pyggml.backends.utils.view_init first")
     return p
 
 
@@ -271,7 +272,7 @@ class Backend(_cobject.CObject):
     def tensor_copy(src: Tensor, dst: Tensor) -> None:
         """``ggml_backend_tensor_copy`` between any buffers; layouts must match. Raises
         ValueError for a tensor outside a backend buffer, a view without a buffer of its own
-        (see :func:`pyggml.utils.view_init`) and differing layouts."""
+        (see :func:`pyggml.backends.utils.view_init`) and differing layouts."""
         ps, pd = _copy_arg(src), _copy_arg(dst)
         if not _same_layout(src, dst):
             raise ValueError("tensor_copy needs tensors of the same type, ne and nb")
@@ -290,7 +291,7 @@ class Backend(_cobject.CObject):
     # --- compute
     def _check_graph(self, graph: "Graph", n_nodes: int) -> _Checked:
         """Check the whole graph once: everything ggml would assert on or misuse. The memory of
-        every node and source is checked in one C call (:func:`pyggml.buffer.check_graph_memory`)."""
+        every node and source is checked in one C call (:func:`pyggml.memory.buffer.check_graph_memory`)."""
         contexts = graph.check_contexts()  # before anything walks the graph's tensors
         if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
             graph.restore_sources()

@@ -4,7 +4,7 @@ A :class:`GraphCache` holds graphs built by your function, one per *key* (usuall
 shapes, e.g. a padded sequence length and a batch size), at most ``max_graphs`` of them (least
 recently used first out). Computing a cached graph costs setting its inputs, ggml's compute and
 reading its outputs: the graph is not rebuilt, and its checks are not repeated (see
-:mod:`pyggml.graph`). Inputs are set and outputs read by name::
+:mod:`pyggml.core.graph`). Inputs are set and outputs read by name::
 
     def build(ctx, T, B):                      # called once per key (T, B)
         tokens = ctx.new_tensor("i32", [T, B]).set_input()
@@ -32,15 +32,15 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from . import types
+from .. import types
 from .alloc import GraphAllocator
 from .backend import Backend
-from .context import Context
-from .enums import GGMLType
-from .errors import ClosedError
-from .graph import Graph
+from ..core.context import Context
+from ..enums import GGMLType
+from ..errors import ClosedError
+from ..core.graph import Graph
 from .sched import Scheduler
-from .tensor import Tensor
+from ..core.tensor import Tensor
 
 __all__ = ["GraphCache", "CachedGraph", "BuildFn"]
 
@@ -80,8 +80,8 @@ def _one_at_a_time(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 class GraphCache:
     """Graphs built by ``build`` once per key, computed on ``backend`` (through one
-    :class:`~pyggml.alloc.GraphAllocator`), by ``scheduler``, or each by a
-    :class:`~pyggml.sched.Scheduler` of its own over ``backends`` (in priority order, the CPU
+    :class:`~pyggml.backends.alloc.GraphAllocator`), by ``scheduler``, or each by a
+    :class:`~pyggml.backends.sched.Scheduler` of its own over ``backends`` (in priority order, the CPU
     last; the graph's ``graph_size`` is the scheduler's too).
 
     ``build(ctx, *key)`` makes the graph's tensors in ``ctx`` (a ``no_alloc`` context of

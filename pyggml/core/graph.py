@@ -1,8 +1,8 @@
 """ggml compute graphs (``struct ggml_cgraph``): nodes (tensors computed by an op) and leafs
 (inputs, weights, constants), built from the result tensors.
 
-A graph is built here and computed by a backend (:meth:`pyggml.backend.Backend.graph_compute`,
-as in ggml) or a scheduler (:meth:`pyggml.sched.Scheduler.compute`). Those check a graph once
+A graph is built here and computed by a backend (:meth:`pyggml.backends.backend.Backend.graph_compute`,
+as in ggml) or a scheduler (:meth:`pyggml.backends.sched.Scheduler.compute`). Those check a graph once
 and keep the result on the graph object: the check is not repeated while the graph, its
 allocation and the memory its tensors live in stay unchanged (:attr:`Graph.version` counts the
 changes made through pyggml; ``ggml_graph_n_nodes`` catches raw ``ggml_build_forward_expand``
@@ -15,19 +15,19 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Protocol
 
-from . import _cobject, _trial
-from .raw import threads
+from .. import _cobject, _trial
+from ..raw import threads
 from . import tensor as _tensor
-from .enums import Op, TensorFlag
-from .errors import ClosedError
-from .raw import ffi, lib
+from ..enums import Op, TensorFlag
+from ..errors import ClosedError
+from ..raw import ffi, lib
 from .tensor import GGML_INTERNAL, BorrowScope, Tensor, context_of, tensor_arg
 
 __all__ = ["Graph", "Computer"]
 
 
 class Computer(Protocol):
-    """What computes a graph: a :class:`~pyggml.backend.Backend` (or a scheduler's ``compute``
+    """What computes a graph: a :class:`~pyggml.backends.backend.Backend` (or a scheduler's ``compute``
     wrapped); :meth:`Graph.compute` takes one."""
 
     def graph_compute(self, graph: "Graph") -> None: ...
@@ -83,7 +83,7 @@ _MAX_SRC = int(lib.GGML_MAX_SRC)
 
 class Graph(_cobject.CObject):
     """A graph borrowed from the context that holds it (``ggml_new_graph_custom``; make one
-    with :meth:`pyggml.context.Context.new_graph`). ``size``: the most nodes (and the most
+    with :meth:`pyggml.core.context.Context.new_graph`). ``size``: the most nodes (and the most
     leafs) it can hold."""
 
     _kind = "graph"
@@ -99,7 +99,7 @@ class Graph(_cobject.CObject):
         self._n_leafs = 0
         self._keep: list[Any] = []
         self._deps: dict[Any, int] = {}  # contexts its tensors come from -> their generation then
-        # set by allocators, schedulers and backends (pyggml.alloc, pyggml.sched, pyggml.backend)
+        # set by allocators, schedulers and backends (pyggml.backends.alloc, pyggml.backends.sched, pyggml.backends.backend)
         self.placed_by: Any = None    # the allocator or scheduler that placed it last
         self.computed = False         # computed since it was placed
         self.split_by: Any = None     # the scheduler that split it (it rewrote node sources)
@@ -109,8 +109,8 @@ class Graph(_cobject.CObject):
         self._root_leafs: list[Any] | None = None
         # caches of what other modules work out once per graph version (keyed by it)
         self._io_flags: tuple[Any, tuple[tuple[int, ...], tuple[int, ...]]] | None = None  # io_flags()
-        self._zero_byte: Any = None    # pyggml.alloc: zero-byte tensors ggml-alloc would place
-        self._sched_loose: Any = None  # pyggml.sched: leafs pinned to the last backend
+        self._zero_byte: Any = None    # pyggml.backends.alloc: zero-byte tensors ggml-alloc would place
+        self._sched_loose: Any = None  # pyggml.backends.sched: leafs pinned to the last backend
 
     # ------------------------------------------------------------------ lifetime
     @property
@@ -395,7 +395,7 @@ class Graph(_cobject.CObject):
         leafs they read, by position: ggml-alloc's plan depends on them (inputs first, outputs
         never handed to an in-place node nor freed), but ``ggml_gallocr_alloc_graph`` keeps a
         plan while the counts and sizes fit, whatever the flags: placers plan again when they
-        changed (:mod:`pyggml.alloc`, :mod:`pyggml.sched`). Cached until the graph changes or
+        changed (:mod:`pyggml.backends.alloc`, :mod:`pyggml.backends.sched`). Cached until the graph changes or
         a flag is set through pyggml."""
         key = (self.version, int(lib.ggml_graph_n_nodes(self.ptr)), _tensor._io_epoch)
         cached = self._io_flags
@@ -445,7 +445,7 @@ class Graph(_cobject.CObject):
 
     def get_tensor(self, name: str) -> Tensor:
         """``ggml_graph_get_tensor``: the node or leaf named ``name`` (see :attr:`Tensor.name
-        <pyggml.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
+        <pyggml.core.tensor.Tensor.name>`); KeyError if none has that name, TypeError unless a str."""
         raw = _tensor.lookup_name_bytes(name)
         found = self._wrapped(lambda: [] if raw is None else [lib.ggml_graph_get_tensor(self.ptr, raw)])
         if not found:
@@ -482,8 +482,8 @@ class Graph(_cobject.CObject):
 
     # ------------------------------------------------------------------ compute
     def compute(self, backend: Computer) -> None:
-        """Compute the graph on ``backend``: :meth:`pyggml.backend.Backend.graph_compute`,
-        which says what is checked and raised (:func:`pyggml.cpu.graph_compute`: on a new CPU
+        """Compute the graph on ``backend``: :meth:`pyggml.backends.backend.Backend.graph_compute`,
+        which says what is checked and raised (:func:`pyggml.backends.cpu.graph_compute`: on a new CPU
         backend)."""
         backend.graph_compute(self)
 

@@ -6,16 +6,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import _cobject, buffer
+from .. import _cobject
+from ..memory import buffer
 from .backend import Backend
-from .buffer import Buffer
-from .context import Context
+from ..memory.buffer import Buffer
+from ..core.context import Context
 from .cpu import cpu_buffer_from_array
-from .errors import GGMLError
-from .graph import Graph
-from .raw import callbacks, ffi, lib
-from .raw.boundary import calling, check_status
-from .tensor import BorrowScope, Tensor, tensor_arg
+from ..errors import GGMLError
+from ..core.graph import Graph
+from ..raw import callbacks, ffi, lib
+from ..raw.boundary import calling, check_status
+from ..core.tensor import BorrowScope, Tensor, tensor_arg
 
 __all__ = ["GraphCopy", "graph_copy", "compare_graph_backend", "tensor_alloc", "view_init",
            "tensor_from_numpy", "from_dlpack"]
@@ -149,7 +150,7 @@ def tensor_from_numpy(ctx: Context, array: np.ndarray, name: str | None = None) 
     """A tensor in ``ctx`` (a ``no_alloc`` context) whose data *is* ``array``'s memory: no copy
     (``ggml_backend_cpu_buffer_from_ptr`` + ``ggml_backend_tensor_alloc``). Shape and dtype as
     :meth:`Context.from_numpy`; writes on either side are seen by the other. The array must be
-    C-contiguous, writable and 32-byte aligned (:func:`pyggml.cpu.aligned_zeros`); the context
+    C-contiguous, writable and 32-byte aligned (:func:`pyggml.backends.cpu.aligned_zeros`); the context
     keeps it alive. Raises ValueError otherwise."""
     if not ctx.no_alloc:
         raise ValueError("tensor_from_numpy needs a no_alloc context")

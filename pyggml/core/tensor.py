@@ -5,12 +5,12 @@ reversed: NumPy ``(rows, cols)`` is ggml ``ne = [cols, rows, 1, 1]``. :attr:`Ten
 :attr:`Tensor.nb` are always the four ggml values; :attr:`Tensor.shape` is the NumPy order with
 ggml's trailing 1s dropped (``ggml_n_dims``), so it has 1 to 4 entries.
 
-**Lifetime.** A :class:`Tensor` is borrowed from the :class:`~pyggml.context.Context` whose
+**Lifetime.** A :class:`Tensor` is borrowed from the :class:`~pyggml.core.context.Context` whose
 memory holds its struct, and keeps that context alive. It is valid while the context is open and
 has not been ``reset()`` since the tensor was made (the context's *generation*); after that every
 use raises :class:`~pyggml.errors.ClosedError`. Its data lives in the context (an allocating
 context) or in a backend buffer; reading or writing it checks that the buffer is alive
-(:mod:`pyggml.buffer`) and, for buffers a graph allocator or scheduler manages, that the memory
+(:mod:`pyggml.memory.buffer`) and, for buffers a graph allocator or scheduler manages, that the memory
 still belongs to this tensor's graph and, for a node, that the graph was computed since it was
 placed.
 
@@ -25,12 +25,13 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, TypeVar
 
 import numpy as np
 
-from . import _cobject, buffer, dlpack, types
-from .raw import threads
-from .enums import GGMLType, Op, TensorFlag
-from .errors import ClosedError
-from .raw import ffi, lib, requires
-from .raw.boundary import calling
+from .. import _cobject, dlpack, types
+from ..memory import buffer
+from ..raw import threads
+from ..enums import GGMLType, Op, TensorFlag
+from ..errors import ClosedError
+from ..raw import ffi, lib, requires
+from ..raw.boundary import calling
 
 _BF16 = GGMLType.BF16
 
@@ -159,7 +160,7 @@ def decode_op_params(p: Any) -> dict[str, Any]:
 
 class Arena(Protocol):
     """What a tensor is borrowed from, as this module sees it: a
-    :class:`~pyggml.context.Context` (the context module is built on tensors, so they name it
+    :class:`~pyggml.core.context.Context` (the context module is built on tensors, so they name it
     through this) or a :class:`BorrowScope`. ``_gen`` changes when it is reset or closed."""
 
     _gen: int
@@ -169,7 +170,7 @@ class Arena(Protocol):
 
 
 class _Ops(Protocol):
-    """The op constructors the operators call (:class:`pyggml.ops.Ops`, which a context has)."""
+    """The op constructors the operators call (:class:`pyggml.core.ops.Ops`, which a context has)."""
 
     def add(self, a: "Tensor", b: "Tensor") -> "Tensor": ...
     def sub(self, a: "Tensor", b: "Tensor") -> "Tensor": ...
@@ -212,7 +213,7 @@ def register_arena(ctx: Any, start: int, size: int) -> None:
 
 
 def _forget_buffer(buf: Any, freed: Any) -> None:
-    """:data:`pyggml.buffer.forgetters`: the tensors of every open context in ``buf`` point at
+    """:data:`pyggml.memory.buffer.forgetters`: the tensors of every open context in ``buf`` point at
     ``freed`` instead. Inside the gate (no context freed or reset meanwhile), without the
     contexts' locks: it runs inside placements, which hold some of them, and may run beside an
     op constructor appending to a context's list (it reads only finished tensors' fields)."""
@@ -314,7 +315,7 @@ def _closed_message(t: "Tensor") -> str:
 class Tensor(_cobject.CBorrowed):
     """A ggml tensor, borrowed from its context (see the module docstring).
 
-    Made by a :class:`~pyggml.context.Context` (``new_tensor``, op constructors), by a graph
+    Made by a :class:`~pyggml.core.context.Context` (``new_tensor``, op constructors), by a graph
     (``nodes``, ``leafs``) or given to a Python callback. ``Tensor(ptr, ctx)`` wraps a raw
     ``struct ggml_tensor *`` of ``ctx``.
     """
@@ -616,7 +617,7 @@ class Tensor(_cobject.CBorrowed):
     @property
     def buffer_ptr(self) -> Any:
         """The ``ggml_backend_buffer_t`` holding the data (``view_src``'s for views), or NULL;
-        once that buffer is freed, one of :data:`pyggml.buffer.FREED` (stand-ins). Compare it,
+        once that buffer is freed, one of :data:`pyggml.memory.buffer.FREED` (stand-ins). Compare it,
         do not dereference it."""
         p = self.ptr
         return p.view_src.buffer if p.view_src != ffi.NULL else p.buffer

@@ -1,14 +1,14 @@
-"""ggml op constructors as :class:`~pyggml.context.Context` methods, each checked first.
+"""ggml op constructors as :class:`~pyggml.core.context.Context` methods, each checked first.
 
 ``ctx.op(a, ...)`` calls ``ggml_op(ctx, a, ...)`` and returns the result node as a
-:class:`~pyggml.tensor.Tensor` living in ``ctx``. Before calling C, every method checks what
+:class:`~pyggml.core.tensor.Tensor` living in ``ctx``. Before calling C, every method checks what
 ggml would ``GGML_ASSERT`` on (shapes, types, contiguity, axes, free context memory) and raises
 ValueError/TypeError/MemoryError instead of letting the process abort. Whether a backend can
 *compute* a node (types it has kernels for) is checked when the graph is computed
-(:meth:`pyggml.backend.Backend.graph_compute`), with the backend's own ``supports_op``.
+(:meth:`pyggml.backends.backend.Backend.graph_compute`), with the backend's own ``supports_op``.
 
 Every other op constructor of the headers is a method too, ``ctx.<name>(...)``, with its C
-parameters (generated at build time into ``pyggml/_unchecked_ops.py``, a base class of
+parameters (generated at build time into ``pyggml/core/_unchecked_ops.py``, a base class of
 :class:`Ops`), or :meth:`Ops.op`; these are tried first in a forked copy of the process (see
 :mod:`pyggml._trial`). Shapes in docstrings are ggml ``ne`` order.
 
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from . import _trial, types
-from .raw import threads
+from .. import _trial, types
+from ..raw import threads
 from ._unchecked_ops import UncheckedOps
-from .buffer import host_array_owner
-from .enums import GGMLType, PoolOp, SortOrder
-from .raw import callbacks, ffi, lib, requires
-from .errors import ClosedError
+from ..memory.buffer import host_array_owner
+from ..enums import GGMLType, PoolOp, SortOrder
+from ..raw import callbacks, ffi, lib, requires
+from ..errors import ClosedError
 from .tensor import BorrowScope, Tensor, c_read, can_repeat, is_contiguous, row_strides, tensor_arg
 
 __all__ = ["Ops", "UNARY_OPS", "host_array", "op_constructors"]
@@ -395,10 +395,10 @@ def _ne(t: Tensor) -> list[int]:
 
 
 class Ops(UncheckedOps):
-    """The op constructors of a :class:`~pyggml.context.Context` (a mixin: ``self`` is the
+    """The op constructors of a :class:`~pyggml.core.context.Context` (a mixin: ``self`` is the
     context). Methods are named as in ggml.h without ``ggml_``. Those defined here are checked;
     the other op constructors of the headers are methods of the generated base class
-    :class:`~pyggml._unchecked_ops.UncheckedOps` (each calls :meth:`op`)."""
+    :class:`~pyggml.core._unchecked_ops.UncheckedOps` (each calls :meth:`op`)."""
 
     if TYPE_CHECKING:
         _ptr: Any

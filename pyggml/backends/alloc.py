@@ -23,18 +23,19 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from . import _cobject, buffer
-from .raw import threads
-from .buffer_type import BufferType
-from .enums import BufferUsage
-from .errors import ClosedError
-from .raw import ffi, lib
-from .raw.boundary import calling, check_status
-from .tensor import EMPTY_OPS, Tensor
+from .. import _cobject
+from ..memory import buffer
+from ..raw import threads
+from ..memory.buffer_type import BufferType
+from ..enums import BufferUsage
+from ..errors import ClosedError
+from ..raw import ffi, lib
+from ..raw.boundary import calling, check_status
+from ..core.tensor import EMPTY_OPS, Tensor
 
 if TYPE_CHECKING:
     from .backend import Backend
-    from .graph import Graph
+    from ..core.graph import Graph
 
 __all__ = ["GraphAllocator", "Placer"]
 
@@ -80,7 +81,7 @@ def placing(fn: _F) -> _F:
     locks of the placer, the graph, the contexts its tensors come from (``Graph.contexts``:
     ggml walks their tensor structs, so no reset or close of one meanwhile) and a scheduler's
     backends (another thread's compute of a graph placed by it waits, and waits for it; a close
-    of a backend the split asks waits) and :data:`pyggml.buffer.lifecycle`, and counted as a
+    of a backend the split asks waits) and :data:`pyggml.memory.buffer.lifecycle`, and counted as a
     change at its start and its end (``_cobject.changed``: a compute that checked its graph
     before taking its locks checks again)."""
     @functools.wraps(fn)
@@ -227,7 +228,7 @@ class Placer:
     @staticmethod
     def _check_outputs_memory(graph: "Graph") -> None:
         """ClosedError for an output of ``graph`` in a buffer that was closed: a leaf read by
-        no node is not seen by :func:`pyggml.buffer.check_graph_memory`, and placing it would
+        no node is not seen by :func:`pyggml.memory.buffer.check_graph_memory`, and placing it would
         ask its freed buffer for its type (scheduler) or leave it there."""
         for t in graph._keep:
             if isinstance(t, Tensor):
@@ -293,7 +294,7 @@ class Placer:
 
     def still_holds(self, p: Any) -> bool:
         """Whether tensor struct ``p`` is in this placer's memory as part of the graph it
-        placed last (:func:`pyggml.buffer.check_placements`)."""
+        placed last (:func:`pyggml.memory.buffer.check_placements`)."""
         g = self._graph
         return g is not None and not g.closed and p in self._placed_nodes
 

@@ -1,0 +1,1 @@
+"""The core of ggml (ggml.h, gguf.h): tensors, op constructors, graphs, contexts, GGUF files."""
