@@ -27,7 +27,7 @@ from .graph import Graph
 from .ops import Ops, _check_nelements
 from ..raw import ffi, lib
 from ..raw.boundary import calling
-from .tensor import Tensor
+from .tensor import Tensor, tensor_arg
 
 __all__ = ["Context", "HasBufferType", "tensor_overhead", "DEFAULT_MEM_SIZE"]
 
@@ -41,6 +41,8 @@ class HasBufferType(Protocol):
 
 DEFAULT_MEM_SIZE = 16 * 1024 * 1024
 _OVERHEAD = int(lib.ggml_tensor_overhead())
+_NONE = lib.GGML_OP_NONE
+_new_object = object.__new__
 _ALIGN = int(lib.GGML_MEM_ALIGN)
 #: the largest data size pyggml lets a tensor have (ggml computes sizes in size_t/int64)
 _MAX_BYTES = 2**62
@@ -267,6 +269,194 @@ class Context(_cobject.CObject, Ops):
                                   f"{self._mem_size} (make a larger Context)")
         # once raw code has the pointer, the next tensor asks ggml again (see ``ptr``)
         self._room = -1 if self._raw else self._room - need
+
+    # ------------------------------------------------------------------ nodes (op constructors)
+    def _node(self, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
+                    type: Any, contig: bool | None, args: tuple[Any, ...], need: int = _OVERHEAD) -> Tensor:
+        """The new node ``fn(*args)`` (``args[0]`` is ``self._ptr``: a call with one whole tuple costs
+        least), its ``ne`` and type as the caller computed them the way ggml.c does
+        (``tests/test_ops.py`` compares them with C's for every op that passes them), or read from
+        C when ``ne`` is None. ``contig`` True: the result is known to be contiguous (a new
+        tensor, or a reshape), so later contiguity checks of it need no C call (``Tensor._contig``).
+
+        The context's free space (``need`` bytes: the tensor structs the call makes) is checked
+        first. In a ``no_alloc`` context (the common case) that is all. In an allocating context the
+        node is made with allocation switched off, so its data size is known before any data is
+        taken from the arena; the context's space is checked again, then data is given with
+        ``ggml_new_buffer``. A context that made a node from another context's tensors keeps that
+        context alive and records its generation (``Context._deps``: a reset or close of that
+        context makes this one refuse new nodes until it is reset itself, since its nodes point at
+        memory that is gone). This is the hot path of every op constructor: it reads only Python
+        attributes besides the one C call."""
+        # threads take turns in a context's arena (ggml's is not thread-safe): its lock, and no
+        # close or reset meanwhile (they take every context's lock: pyggml.raw.threads). The fast path:
+        # every input is open and lives in this context or in a context it recorded as a
+        # dependency, the context has room by the count and makes no data. The inputs were checked
+        # before: again under the lock (another thread may have reset their context since)
+        p = None
+        lock = self._lock
+        if lock.acquire(False):  # else held elsewhere, or lent to this callback: the slow path
+            try:
+                deps = self._deps
+                for t in inputs:
+                    owner = t._owner
+                    if owner._gen != t._gen or (owner is not self and owner not in deps):
+                        break
+                else:
+                    room = self._room - need  # < 0: stale, closed, raw or running low
+                    if room >= 0 and self._no_alloc:
+                        self._room = room
+                        p = fn(*args)  # args[0]: self._ptr, read before the lock (None once closed)
+                        gen = self._gen  # the node's (a reset after the lock is let go makes another)
+            finally:
+                lock.release()
+        if p is None:
+            p, gen = self._node_slow(fn, inputs, args, need // _OVERHEAD)
+        if ne is None:
+            t = Tensor(p, self)
+            t._gen = gen  # a node of a reset context is closed, whatever its struct says now
+            return t
+        # the Tensor made here, not by Tensor.__init__ (which reads ne and type from C): every
+        # slot of Tensor.__slots__ is set (tests/test_tensor.py checks)
+        t = _new_object(Tensor)
+        t._ptr = p
+        t._owner = self
+        t._gen = gen
+        t._ne = ne
+        t._type = type
+        t._contig = contig
+        t._nb = None
+        return t
+
+    def _node_slow(self, fn: Any, inputs: Sequence[Tensor], args: tuple[Any, ...],
+                   n_objects: int) -> tuple[Any, int]:
+        """The node ``fn(*args)`` (``args[0]``: the context's pointer) and this context's generation,
+        where :meth:`_node`'s fast path does not go: with this context's lock; ClosedError if one of them is closed or reset (or
+        a context whose tensors this context's nodes read), MemoryError when this context is full; records the
+        dependencies; gives data in an allocating context."""
+        held = self._hold_for_node(inputs)
+        try:
+            room = self._room - _OVERHEAD * n_objects
+            if room < 0:
+                # asks ggml for the exact free space (MemoryError); ClosedError if a context whose
+                # tensors this one's nodes read was reset or closed (context._make_stale sends every
+                # op constructor here then)
+                self._reserve(0, n_objects)
+            else:
+                self._room = room
+            if self._no_alloc:
+                self._record_deps(inputs)
+                return fn(self._ptr, *args[1:]), self._gen
+            return self._node_allocating(fn, inputs, args[1:]), self._gen
+        finally:
+            held.__exit__()
+
+    def _hold_for_node(self, inputs: Sequence[Tensor]) -> threads.using:
+        """The lock of this context (no reset or close anywhere meanwhile: they take every context's
+        lock), then every input checked open (ClosedError, nothing held); the caller lets go
+        (``__exit__``)."""
+        held = threads.using(self, gate=False)
+        held.__enter__()
+        try:
+            if self._gen < 0:
+                raise ClosedError("this context is closed")
+            for t in inputs:
+                if t._owner._gen != t._gen:
+                    tensor_arg(t, "input")  # ClosedError
+        except BaseException:
+            held.__exit__()
+            raise
+        return held
+
+    def _record_deps(self, inputs: Sequence[Tensor]) -> list[Any]:
+        """Record that this context's new node reads the tensors of the inputs' owners (``Context._add_dep``),
+        after checking all of them: ClosedError (nothing recorded) if an owner's own nodes read
+        memory that is gone. Returns the owners that were not dependencies before."""
+        owners: list[Any] = [t._owner for t in inputs if t._owner is not self]
+        for owner in owners:
+            if getattr(owner, "_stale", False):
+                owner._check_deps()
+        deps = self._deps
+        new = [o for o in dict.fromkeys(owners) if o not in deps]
+        for owner in owners:
+            self._add_dep(owner)
+        return new
+
+    def _node_allocating(self, fn: Any, inputs: Sequence[Tensor], args: Sequence[Any]) -> Any:
+        """:func:`_make_known` in an allocating context: the node made with allocation off, then
+        given data. If the data does not fit (MemoryError), the nodes this call made stay in the
+        arena (ggml cannot take them back) but are made inert leafs (op NONE, no sources, not a
+        view), and the dependencies this call recorded are dropped: a refused op leaves nothing
+        that reads other contexts' tensors."""
+        c = self._ptr
+        new_deps = self._record_deps(inputs)
+        used = int(lib.ggml_used_mem(c))
+        lib.ggml_set_no_alloc(c, True)
+        try:
+            p = fn(c, *args)
+        finally:
+            lib.ggml_set_no_alloc(c, False)
+        try:
+            self._give_data(p)
+        except MemoryError:
+            self._make_inert(p, self._arena_lo + used)
+            for owner in new_deps:
+                self._drop_dep(owner)
+            raise
+        return p
+
+    def _make_inert(self, ptr: Any, lo: int) -> None:
+        """Make every tensor struct reachable from ``ptr`` that lies in this context's arena at or past
+        address ``lo`` (made by the failed call) a leaf that reads nothing."""
+        hi = self._arena_hi
+        todo, seen = [ptr], set()
+        while todo:
+            p = todo.pop()
+            if p == ffi.NULL or p in seen:
+                continue
+            seen.add(p)
+            if not lo <= int(ffi.cast("uintptr_t", p)) < hi:
+                continue
+            todo.extend(p.src)
+            todo.append(p.view_src)
+            for i in range(len(p.src)):
+                p.src[i] = ffi.NULL
+            if p.view_src != ffi.NULL:
+                p.view_src = ffi.NULL
+                p.view_offs = 0
+                p.data = ffi.NULL
+            p.op = _NONE
+
+    def _node_c(self, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:
+        """:func:`_make_known` with the node's ne and type read from C."""
+        return self._node(fn, inputs, None, None, None, (self._ptr, *args), _OVERHEAD * n_objects)
+
+    def _give_data(self, ptr: Any) -> None:
+        """Data for the new node of an allocating context and for any intermediate node the C
+        function made (conv_2d makes im2col, reshapes, a mul_mat...): all reachable from the result
+        without data yet, in creation order (arena addresses grow). Only tensors whose struct is in
+        this context's own arena: a source of another context without data (a tensor of a ``no_alloc``
+        context not allocated yet) stays without data, it is not given memory of this context."""
+        lo, hi = self._arena_lo, self._arena_hi
+        todo, seen = [ptr], {}
+        while todo:
+            p = todo.pop()
+            if p == ffi.NULL or p in seen or p.data != ffi.NULL:
+                continue
+            addr = int(ffi.cast("uintptr_t", p))
+            if not lo <= addr < hi:
+                continue
+            seen[p] = addr
+            todo.extend(p.src)
+            if p.view_src != ffi.NULL:
+                todo.append(p.view_src)
+        for p in sorted(seen, key=seen.__getitem__):
+            if p.data == ffi.NULL and p.view_src == ffi.NULL:
+                nbytes = int(lib.ggml_nbytes(p))
+                self._reserve(nbytes, 1)
+                p.data = lib.ggml_new_buffer(self._ptr, nbytes)
+            elif p.data == ffi.NULL and p.view_src.data != ffi.NULL:
+                p.data = ffi.cast("char *", p.view_src.data) + p.view_offs
 
     # ------------------------------------------------------------------ tensor creation
     def new_tensor(self, type: types.TypeLike, ne: Sequence[int], name: str | None = None) -> Tensor:

@@ -30,7 +30,6 @@ from ._unchecked_ops import UncheckedOps
 from ..memory.buffer import host_array_owner
 from ..enums import GGMLType, PoolOp, SortOrder
 from ..raw import callbacks, ffi, lib, requires
-from ..errors import ClosedError
 from .tensor import BorrowScope, Tensor, c_read, can_repeat, is_contiguous, row_strides, tensor_arg
 
 __all__ = ["Ops", "UNARY_OPS", "host_array", "op_constructors"]
@@ -149,176 +148,9 @@ def _check_nelements(ne: Sequence[int], what: str) -> None:
             cur *= n
 
 
-def _make_known(ctx: Any, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None,
-                type: Any, contig: bool | None, args: tuple[Any, ...], need: int = _OVERHEAD) -> Tensor:
-    """The new node ``fn(*args)`` (``args[0]`` is ``ctx._ptr``: a call with one whole tuple costs
-    least), its ``ne`` and type as the caller computed them the way ggml.c does
-    (``tests/test_ops.py`` compares them with C's for every op that passes them), or read from
-    C when ``ne`` is None. ``contig`` True: the result is known to be contiguous (a new
-    tensor, or a reshape), so later contiguity checks of it need no C call (``Tensor._contig``).
-
-    The context's free space (``need`` bytes: the tensor structs the call makes) is checked
-    first. In a ``no_alloc`` context (the common case) that is all. In an allocating context the
-    node is made with allocation switched off, so its data size is known before any data is
-    taken from the arena; the context's space is checked again, then data is given with
-    ``ggml_new_buffer``. A context that made a node from another context's tensors keeps that
-    context alive and records its generation (``Context._deps``: a reset or close of that
-    context makes this one refuse new nodes until it is reset itself, since its nodes point at
-    memory that is gone). This is the hot path of every op constructor: it reads only Python
-    attributes besides the one C call."""
-    # threads take turns in a context's arena (ggml's is not thread-safe): its lock, and no
-    # close or reset meanwhile (they take every context's lock: pyggml.raw.threads). The fast path:
-    # every input is open and lives in ``ctx`` or in a context ``ctx`` recorded as a
-    # dependency, the context has room by the count and makes no data. The inputs were checked
-    # before: again under the lock (another thread may have reset their context since)
-    p = None
-    lock = ctx._lock
-    if lock.acquire(False):  # else held elsewhere, or lent to this callback: the slow path
-        try:
-            deps = ctx._deps
-            for t in inputs:
-                owner = t._owner
-                if owner._gen != t._gen or (owner is not ctx and owner not in deps):
-                    break
-            else:
-                room = ctx._room - need  # < 0: stale, closed, raw or running low
-                if room >= 0 and ctx._no_alloc:
-                    ctx._room = room
-                    p = fn(*args)  # args[0]: ctx._ptr, read before the lock (None once closed)
-                    gen = ctx._gen  # the node's (a reset after the lock is let go makes another)
-        finally:
-            lock.release()
-    if p is None:
-        p, gen = _make_slow(ctx, fn, inputs, args, need // _OVERHEAD)
-    if ne is None:
-        t = Tensor(p, ctx)
-        t._gen = gen  # a node of a reset context is closed, whatever its struct says now
-        return t
-    # the Tensor made here, not by Tensor.__init__ (which reads ne and type from C): every
-    # slot of Tensor.__slots__ is set (tests/test_tensor.py checks)
-    t = _new_object(Tensor)
-    t._ptr = p
-    t._owner = ctx
-    t._gen = gen
-    t._ne = ne
-    t._type = type
-    t._contig = contig
-    t._nb = None
-    return t
-
-
-def _make_slow(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: tuple[Any, ...],
-               n_objects: int) -> tuple[Any, int]:
-    """The node ``fn(*args)`` (``args[0]``: the context's pointer) and ``ctx``'s generation,
-    where :func:`_make_known`'s fast path does not go: with ``ctx``'s lock; ClosedError if one of them is closed or reset (or
-    a context whose tensors ``ctx``'s nodes read), MemoryError when ``ctx`` is full; records the
-    dependencies; gives data in an allocating context."""
-    held = _hold_all(ctx, inputs)
-    try:
-        room = ctx._room - _OVERHEAD * n_objects
-        if room < 0:
-            # asks ggml for the exact free space (MemoryError); ClosedError if a context whose
-            # tensors this one's nodes read was reset or closed (context._make_stale sends every
-            # op constructor here then)
-            ctx._reserve(0, n_objects)
-        else:
-            ctx._room = room
-        if ctx._no_alloc:
-            _record_deps(ctx, inputs)
-            return fn(ctx._ptr, *args[1:]), ctx._gen
-        return _make_allocating(ctx, fn, inputs, args[1:]), ctx._gen
-    finally:
-        held.__exit__()
-
-
-def _hold_all(ctx: Any, inputs: Sequence[Tensor]) -> threads.using:
-    """The lock of ``ctx`` (no reset or close anywhere meanwhile: they take every context's
-    lock), then every input checked open (ClosedError, nothing held); the caller lets go
-    (``__exit__``)."""
-    held = threads.using(ctx, gate=False)
-    held.__enter__()
-    try:
-        if ctx._gen < 0:
-            raise ClosedError("this context is closed")
-        for t in inputs:
-            if t._owner._gen != t._gen:
-                tensor_arg(t, "input")  # ClosedError
-    except BaseException:
-        held.__exit__()
-        raise
-    return held
-
-
-def _record_deps(ctx: Any, inputs: Sequence[Tensor]) -> list[Any]:
-    """Record that ``ctx``'s new node reads the tensors of the inputs' owners (``Context._add_dep``),
-    after checking all of them: ClosedError (nothing recorded) if an owner's own nodes read
-    memory that is gone. Returns the owners that were not dependencies before."""
-    owners: list[Any] = [t._owner for t in inputs if t._owner is not ctx]
-    for owner in owners:
-        if getattr(owner, "_stale", False):
-            owner._check_deps()
-    deps = ctx._deps
-    new = [o for o in dict.fromkeys(owners) if o not in deps]
-    for owner in owners:
-        ctx._add_dep(owner)
-    return new
-
-
-def _make_allocating(ctx: Any, fn: Any, inputs: Sequence[Tensor], args: Sequence[Any]) -> Any:
-    """:func:`_make_known` in an allocating context: the node made with allocation off, then
-    given data. If the data does not fit (MemoryError), the nodes this call made stay in the
-    arena (ggml cannot take them back) but are made inert leafs (op NONE, no sources, not a
-    view), and the dependencies this call recorded are dropped: a refused op leaves nothing
-    that reads other contexts' tensors."""
-    c = ctx._ptr
-    new_deps = _record_deps(ctx, inputs)
-    used = int(lib.ggml_used_mem(c))
-    lib.ggml_set_no_alloc(c, True)
-    try:
-        p = fn(c, *args)
-    finally:
-        lib.ggml_set_no_alloc(c, False)
-    try:
-        _give_data(ctx, p)
-    except MemoryError:
-        _make_inert(ctx, p, ctx._arena_lo + used)
-        for owner in new_deps:
-            ctx._drop_dep(owner)
-        raise
-    return p
-
-
-def _make_inert(ctx: Any, ptr: Any, lo: int) -> None:
-    """Make every tensor struct reachable from ``ptr`` that lies in ``ctx``'s arena at or past
-    address ``lo`` (made by the failed call) a leaf that reads nothing."""
-    hi = ctx._arena_hi
-    todo, seen = [ptr], set()
-    while todo:
-        p = todo.pop()
-        if p == ffi.NULL or p in seen:
-            continue
-        seen.add(p)
-        if not lo <= int(ffi.cast("uintptr_t", p)) < hi:
-            continue
-        todo.extend(p.src)
-        todo.append(p.view_src)
-        for i in range(len(p.src)):
-            p.src[i] = ffi.NULL
-        if p.view_src != ffi.NULL:
-            p.view_src = ffi.NULL
-            p.view_offs = 0
-            p.data = ffi.NULL
-        p.op = _NONE
-
-
-def _make(ctx: Any, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:
-    """:func:`_make_known` with the node's ne and type read from C."""
-    return _make_known(ctx, fn, inputs, None, None, None, (ctx._ptr, *args), _OVERHEAD * n_objects)
-
-
 def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
     """An element-wise binary op constructor (``ggml_add``...): b tiles a; a's ne and type."""
-    def op(self: Any, a: Tensor, b: Tensor) -> Tensor:
+    def op(self: "Ops", a: Tensor, b: Tensor) -> Tensor:
         if a.__class__ is not Tensor or a._owner._gen != a._gen:  # _t inlined (hot path)
             a = _t(a, "a")
         if b.__class__ is not Tensor or b._owner._gen != b._gen:
@@ -327,37 +159,9 @@ def _binary_op(fn: Any, doc: str) -> Callable[[Any, Tensor, Tensor], Tensor]:
         if an != bn and not can_repeat(bn, an):
             raise ValueError(f"b (ne={list(bn)}) does not tile a (ne={list(an)}): ggml broadcasts "
                              "by repeating b, so each a.ne[i] must be a multiple of b.ne[i]")
-        return _make_known(self, fn, (a, b), an, a._type, True, (self._ptr, a._ptr, b._ptr))
+        return self._node(fn, (a, b), an, a._type, True, (self._ptr, a._ptr, b._ptr))
     op.__doc__ = doc
     return op
-
-
-def _give_data(ctx: Any, ptr: Any) -> None:
-    """Data for the new node of an allocating context and for any intermediate node the C
-    function made (conv_2d makes im2col, reshapes, a mul_mat...): all reachable from the result
-    without data yet, in creation order (arena addresses grow). Only tensors whose struct is in
-    ``ctx``'s own arena: a source of another context without data (a tensor of a ``no_alloc``
-    context not allocated yet) stays without data, it is not given memory of this context."""
-    lo, hi = ctx._arena_lo, ctx._arena_hi
-    todo, seen = [ptr], {}
-    while todo:
-        p = todo.pop()
-        if p == ffi.NULL or p in seen or p.data != ffi.NULL:
-            continue
-        addr = int(ffi.cast("uintptr_t", p))
-        if not lo <= addr < hi:
-            continue
-        seen[p] = addr
-        todo.extend(p.src)
-        if p.view_src != ffi.NULL:
-            todo.append(p.view_src)
-    for p in sorted(seen, key=seen.__getitem__):
-        if p.data == ffi.NULL and p.view_src == ffi.NULL:
-            nbytes = int(lib.ggml_nbytes(p))
-            ctx._reserve(nbytes, 1)
-            p.data = lib.ggml_new_buffer(ctx._ptr, nbytes)
-        elif p.data == ffi.NULL and p.view_src.data != ffi.NULL:
-            p.data = ffi.cast("char *", p.view_src.data) + p.view_offs
 
 
 _RESHAPE = (None, lib.ggml_reshape_1d, lib.ggml_reshape_2d, lib.ggml_reshape_3d, lib.ggml_reshape_4d)
@@ -412,6 +216,12 @@ class Ops(UncheckedOps):
 
         def _live_ptr(self) -> Any: ...
 
+        # the context makes the nodes (its arena, free space and dependencies): Context._node
+        def _node(self, fn: Any, inputs: Sequence[Tensor], ne: tuple[int, ...] | None, type: Any,
+                  contig: bool | None, args: tuple[Any, ...], need: int = ...) -> Tensor: ...
+
+        def _node_c(self, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor: ...
+
         @property
         def ptr(self) -> Any: ...
 
@@ -426,7 +236,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"unknown unary op {name!r}; known: {sorted(UNARY_OPS)}")
         if name in _UNARY_NEEDS_ROWS and not _rows_contiguous(a):
             raise ValueError(f"{name} needs a tensor with contiguous rows: use cont() first")
-        return _make_known(self, fn, (a,), a._ne, a._type, None, (self._ptr, a._ptr))
+        return self._node(fn, (a,), a._ne, a._type, None, (self._ptr, a._ptr))
 
     def neg(self, a: Tensor) -> Tensor:
         """``ggml_neg``: -a."""
@@ -553,7 +363,7 @@ class Ops(UncheckedOps):
         failure = _trial.trial(lambda: fn(ctx, *c_args))
         if failure is not None:
             raise ValueError(f"ggml_{name} would abort the process: {failure}")
-        out = _make(self, fn, inputs, *c_args, n_objects=8)
+        out = self._node_c(fn, inputs, *c_args, n_objects=8)
         self._recount()  # 8 objects was an estimate (conv_2d makes im2col, reshapes, mul_mat...)
         self._trial_ops.add(int(out._ptr.op))
         return out
@@ -570,54 +380,54 @@ class Ops(UncheckedOps):
         # ggml_is_padded_1d (static in ggml.c)
         if not (nb[0] == lib.ggml_type_size(a._type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]):
             raise ValueError("scale needs a tensor whose rows are packed: use cont() first")
-        return _make_known(self, lib.ggml_scale, (a,), ne, a._type, True, (self._ptr, a._ptr, float(s)))
+        return self._node(lib.ggml_scale, (a,), ne, a._type, True, (self._ptr, a._ptr, float(s)))
 
     def clamp(self, a: Tensor, min: float, max: float) -> Tensor:
         """``ggml_clamp``: a clipped to [min, max] (a new tensor since ggml 0.25; a view computed
         in place before)."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_clamp, (a,), a._ptr, float(min), float(max))
+        return self._node_c(lib.ggml_clamp, (a,), a._ptr, float(min), float(max))
 
     def clamp_inplace(self, a: Tensor, min: float, max: float) -> Tensor:
         """``ggml_clamp_inplace`` (ggml >= 0.25): a clipped to [min, max], written over a (a view
         of a)."""
         a = _t(a, "a")
-        return _make(self, requires("ggml_clamp_inplace"), (a,), a._ptr, float(min), float(max))
+        return self._node_c(requires("ggml_clamp_inplace"), (a,), a._ptr, float(min), float(max))
 
     def leaky_relu(self, a: Tensor, negative_slope: float) -> Tensor:
         """``ggml_leaky_relu``: a where a > 0, else negative_slope·a."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_leaky_relu, (a,), a._ptr, float(negative_slope), False)
+        return self._node_c(lib.ggml_leaky_relu, (a,), a._ptr, float(negative_slope), False)
 
     # ------------------------------------------------------------------ reductions
     def sum(self, a: Tensor) -> Tensor:
         """``ggml_sum``: sum of all elements, ne [1, 1, 1, 1]."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_sum, (a,), a._ptr)
+        return self._node_c(lib.ggml_sum, (a,), a._ptr)
 
     def sum_rows(self, a: Tensor) -> Tensor:
         """``ggml_sum_rows``: ne [n0, n1, n2, n3] -> [1, n1, n2, n3]."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_sum_rows, (a,), a._ptr)
+        return self._node_c(lib.ggml_sum_rows, (a,), a._ptr)
 
     def mean(self, a: Tensor) -> Tensor:
         """``ggml_mean``: mean along ne[0]: [n0, n1, n2, n3] -> [1, n1, n2, n3]."""
         a = _t(a, "a")
-        return _make(self, lib.ggml_mean, (a,), a._ptr)
+        return self._node_c(lib.ggml_mean, (a,), a._ptr)
 
     def argmax(self, a: Tensor) -> Tensor:
         """``ggml_argmax``: index of the largest value of each row, I32 [n1]. a must be a matrix."""
         a = _t(a, "a")
         if a._ne[2] != 1 or a._ne[3] != 1 or a._ne[0] > 2**31 - 1:
             raise ValueError("argmax needs a matrix (ne[2] == ne[3] == 1)")
-        return _make(self, lib.ggml_argmax, (a,), a._ptr)
+        return self._node_c(lib.ggml_argmax, (a,), a._ptr)
 
     def repeat(self, a: Tensor, like: Tensor) -> Tensor:
         """``ggml_repeat``: a tiled to ``like``'s ne."""
         a, like = _t(a, "a"), _t(like, "like")
         if not can_repeat(a._ne, like._ne):
             raise ValueError(f"a (ne={_ne(a)}) does not tile ne={_ne(like)}")
-        return _make(self, lib.ggml_repeat, (a, like), a._ptr, like._ptr)
+        return self._node_c(lib.ggml_repeat, (a, like), a._ptr, like._ptr)
 
     # ------------------------------------------------------------------ normalisation
     def norm(self, a: Tensor, eps: float = 1e-5) -> Tensor:
@@ -627,7 +437,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_norm, (a,), a._ne, a._type, True, (self._ptr, a._ptr, eps))
+        return self._node(lib.ggml_norm, (a,), a._ne, a._type, True, (self._ptr, a._ptr, eps))
 
     def rms_norm(self, a: Tensor, eps: float = 1e-6) -> Tensor:
         """``ggml_rms_norm``: a / sqrt(mean(a²) + eps) along ne[0]. Raises ValueError unless
@@ -637,7 +447,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"rms_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, _ggml_rms_norm, (a,), a._ne, a._type, True, (self._ptr, a._ptr, eps))
+        return self._node(_ggml_rms_norm, (a,), a._ne, a._type, True, (self._ptr, a._ptr, eps))
 
     def l2_norm(self, a: Tensor, eps: float = 1e-12) -> Tensor:
         """``ggml_l2_norm``: a / max(‖a‖₂, eps) along ne[0]. Raises ValueError unless eps >= 0."""
@@ -645,7 +455,7 @@ class Ops(UncheckedOps):
         eps = float(eps)
         if not eps >= 0:  # NaN too
             raise ValueError(f"l2_norm: eps must be >= 0, not {eps}")
-        return _make_known(self, lib.ggml_l2_norm, (a,), a._ne, a._type, None, (self._ptr, a._ptr, eps))
+        return self._node(lib.ggml_l2_norm, (a,), a._ne, a._type, None, (self._ptr, a._ptr, eps))
 
     def soft_max(self, a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
                  max_bias: float = 0.0) -> Tensor:
@@ -677,7 +487,7 @@ class Ops(UncheckedOps):
             inputs, m_ptr = (a, mask), mask._ptr
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
-        return _make_known(self, _ggml_soft_max_ext, inputs, a._ne, a._type, True,
+        return self._node(_ggml_soft_max_ext, inputs, a._ne, a._type, True,
                            (self._ptr, a._ptr, m_ptr, float(scale), float(max_bias)))
 
     # ------------------------------------------------------------------ matrix
@@ -705,7 +515,7 @@ class Ops(UncheckedOps):
         if a1 > b0:
             # else b's ne [b0, b1, b2, b3] bounds the result's [a1, b1, b2, b3] size by size
             _check_nelements((a1, b1, b2, b3), "mul_mat")
-        return _make_known(self, _ggml_mul_mat, (a, b), (a1, b1, b2, b3), _F32, True,
+        return self._node(_ggml_mul_mat, (a, b), (a1, b1, b2, b3), _F32, True,
                            (self._ptr, a._ptr, b._ptr))
 
     def out_prod(self, a: Tensor, b: Tensor) -> Tensor:
@@ -715,13 +525,13 @@ class Ops(UncheckedOps):
         if an[1] != bn[1] or not _divides(an[2], bn[2]) or not _divides(an[3], bn[3]) or c_read(a, lib.ggml_is_transposed):
             raise ValueError(f"cannot out_prod a ne={list(an)} with b ne={list(bn)}")
         _check_nelements((an[0], bn[0], bn[2], bn[3]), "out_prod")
-        return _make(self, lib.ggml_out_prod, (a, b), a._ptr, b._ptr)
+        return self._node_c(lib.ggml_out_prod, (a, b), a._ptr, b._ptr)
 
     # ------------------------------------------------------------------ shape ops (views)
     def cont(self, a: Tensor) -> Tensor:
         """``ggml_cont``: a contiguous copy of a."""
         a = _t(a, "a")
-        return _make_known(self, lib.ggml_cont, (a,), a._ne, a._type, True, (self._ptr, a._ptr))
+        return self._node(lib.ggml_cont, (a,), a._ne, a._type, True, (self._ptr, a._ptr))
 
     def cpy(self, a: Tensor, b: Tensor) -> Tensor:
         """``ggml_cpy``: copy a into b (converting the type); returns a view of b.
@@ -735,7 +545,7 @@ class Ops(UncheckedOps):
         if _overlaps(b, a):
             raise ValueError("cpy: a reads memory of b in another layout; ggml would copy the "
                              "elements over each other in an order of its threads: cont(a) first")
-        return _make(self, lib.ggml_cpy, (a, b), a._ptr, b._ptr)
+        return self._node_c(lib.ggml_cpy, (a, b), a._ptr, b._ptr)
 
     def cast(self, a: Tensor, type: types.TypeLike) -> Tensor:
         """``ggml_cast``: a converted to ggml ``type``."""
@@ -743,7 +553,7 @@ class Ops(UncheckedOps):
         t = types.ggml_type(type)
         if a._ne[0] % types.block_size(t):
             raise ValueError("ne[0] is not a multiple of the target type's block size")
-        return _make(self, lib.ggml_cast, (a,), a._ptr, t, n_objects=2)
+        return self._node_c(lib.ggml_cast, (a,), a._ptr, t, n_objects=2)
 
     def reshape(self, a: Tensor, *ne: int) -> Tensor:
         """``ggml_reshape_{1..4}d``: a view of contiguous ``a`` with ``ne`` (ggml order)."""
@@ -764,7 +574,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"cannot reshape {a.nelements} elements to ne={list(ne)}")
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "reshape")
-        return _make_known(self, _RESHAPE[n], (a,), (ne + _ONES[n]), a._type, True, (self._ptr, a._ptr, *ne))
+        return self._node(_RESHAPE[n], (a,), (ne + _ONES[n]), a._type, True, (self._ptr, a._ptr, *ne))
 
     def view(self, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None,
              offset: int = 0) -> Tensor:
@@ -803,9 +613,9 @@ class Ops(UncheckedOps):
         if not size or size >= _VIEW_SAFE_BYTES:  # else fewer than _NE_SAFE elements
             _check_nelements(ne, "view")
         if n == 1:
-            return _make_known(self, lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, None,
+            return self._node(lib.ggml_view_1d, (a,), (ne[0], 1, 1, 1), t, None,
                                (self._ptr, a._ptr, ne[0], offset))
-        return _make_known(self, _VIEW[n], (a,), (*ne, *_ONES[n]), t, None,
+        return self._node(_VIEW[n], (a,), (*ne, *_ONES[n]), t, None,
                            (self._ptr, a._ptr, *ne, *nb, offset))
 
     def permute(self, a: Tensor, *axes: int) -> Tensor:
@@ -825,7 +635,7 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements(ne, "permute")
-        return _make_known(self, _ggml_permute, (a,), ne, a._type, None, (self._ptr, a._ptr, *axes))
+        return self._node(_ggml_permute, (a,), ne, a._type, None, (self._ptr, a._ptr, *axes))
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``: swap ne[0] and ne[1] (a view). Raises ValueError for a
@@ -836,7 +646,7 @@ class Ops(UncheckedOps):
         count = n[0] * n[1] * n[2] * n[3]
         if not count or count >= _NE_SAFE:  # else any order of the sizes passes ggml's loop
             _check_nelements((n[1], n[0], n[2], n[3]), "transpose")
-        return _make_known(self, lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, None,
+        return self._node(lib.ggml_transpose, (a,), (n[1], n[0], n[2], n[3]), a._type, None,
                            (self._ptr, a._ptr))
 
     def concat(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
@@ -849,7 +659,7 @@ class Ops(UncheckedOps):
         if any(a._ne[d] != b._ne[d] for d in range(4) if d != dim):
             raise ValueError(f"concat along {dim}: ne {_ne(a)} and {_ne(b)} differ elsewhere")
         _check_nelements([a._ne[d] + (b._ne[d] if d == dim else 0) for d in range(4)], "concat")
-        return _make(self, lib.ggml_concat, (a, b), a._ptr, b._ptr, dim)
+        return self._node_c(lib.ggml_concat, (a, b), a._ptr, b._ptr, dim)
 
     # ------------------------------------------------------------------ indexing
     def get_rows(self, a: Tensor, rows: Tensor) -> Tensor:
@@ -863,7 +673,7 @@ class Ops(UncheckedOps):
         if rows._ne[0] > a._ne[1]:  # else a's ne bounds the result's ne size by size (_check_nelements)
             _check_nelements((a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]), "get_rows")
         # as ggml_get_rows: F32 unless a is I32
-        return _make_known(self, lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
+        return self._node(lib.ggml_get_rows, (a, rows), (a._ne[0], rows._ne[0], rows._ne[1], rows._ne[2]),
                            _I32 if a._type == _I32 else _F32, True, (self._ptr, a._ptr, rows._ptr))
 
     def set_rows(self, a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
@@ -885,7 +695,7 @@ class Ops(UncheckedOps):
         if _overlaps(a, b, False) or _overlaps(a, rows, False):
             raise ValueError("set_rows: b or rows read memory of a; ggml would write rows over "
                              "what it still reads: cont() them first")
-        return _make(self, lib.ggml_set_rows, (a, b, rows), a._ptr, b._ptr, rows._ptr)
+        return self._node_c(lib.ggml_set_rows, (a, b, rows), a._ptr, b._ptr, rows._ptr)
 
     def diag_mask_inf(self, a: Tensor, n_past: int) -> Tensor:
         """``ggml_diag_mask_inf``: -inf above the diagonal shifted by ``n_past`` (causal mask).
@@ -894,7 +704,7 @@ class Ops(UncheckedOps):
         n_past = int(n_past)
         if not 0 <= n_past < 2**31:
             raise ValueError(f"diag_mask_inf: n_past must be in 0..2**31-1, not {n_past}")
-        return _make(self, lib.ggml_diag_mask_inf, (a,), a._ptr, n_past)
+        return self._node_c(lib.ggml_diag_mask_inf, (a,), a._ptr, n_past)
 
     # ------------------------------------------------------------------ transformer pieces
     def rope(self, a: Tensor, pos: Tensor, n_dims: int, mode: int = 0, n_ctx_orig: int = 0,
@@ -926,7 +736,7 @@ class Ops(UncheckedOps):
                 raise ValueError("rope: freq_factors must be F32 with >= n_dims/2 entries")
             c = freq_factors._ptr
             inputs = (a, pos, freq_factors)
-        return _make_known(self, lib.ggml_rope_ext, inputs, a._ne, a._type, None,
+        return self._node(lib.ggml_rope_ext, inputs, a._ne, a._type, None,
                            (self._ptr, a._ptr, pos._ptr, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
                             ext_factor, attn_factor, beta_fast, beta_slow))
 
@@ -939,10 +749,10 @@ class Ops(UncheckedOps):
         if b is None:
             if a._ne[0] % 2:
                 raise ValueError("glu on one tensor needs an even ne[0] (it is split in halves)")
-            return _make(self, fn, (a,), a._ptr)
+            return self._node_c(fn, (a,), a._ptr)
         if not c_read(b, lib.ggml_is_contiguous_1) or a._ne != b._ne or a._type != b._type:
             raise ValueError("glu on two tensors needs contiguous tensors of the same ne and type")
-        return _make(self, fn_split, (a, b), a._ptr, b._ptr)
+        return self._node_c(fn_split, (a, b), a._ptr, b._ptr)
 
     def swiglu(self, a: Tensor, b: Tensor | None = None) -> Tensor:
         """``ggml_swiglu`` (a split in halves: silu(x)·g) or ``ggml_swiglu_split`` (silu(a)·b)."""
@@ -964,7 +774,7 @@ class Ops(UncheckedOps):
         if a._ne[0] > 2**31 - 1:
             raise ValueError("argsort rows are limited to 2**31-1 elements")
         order = SortOrder.DESC if descending else SortOrder.ASC
-        return _make(self, lib.ggml_argsort, (a,), a._ptr, order)
+        return self._node_c(lib.ggml_argsort, (a,), a._ptr, order)
 
     # ------------------------------------------------------------------ more model ops
     def pad(self, a: Tensor, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0,
@@ -976,7 +786,7 @@ class Ops(UncheckedOps):
             raise ValueError("pad sizes must be >= 0 (and left has 4 entries)")
         _check_nelements([n + l + r for n, l, r in zip(a._ne, lft, right)], "pad")
         args = [x for pair in zip(lft, right) for x in pair]
-        return _make(self, lib.ggml_pad_ext, (a,), a._ptr, *args)
+        return self._node_c(lib.ggml_pad_ext, (a,), a._ptr, *args)
 
     def interpolate(self, a: Tensor, ne: Sequence[int], mode: int = 0) -> Tensor:
         """``ggml_interpolate``: resize F32 ``a`` to ``ne`` (4 sizes, ggml order);
@@ -991,7 +801,7 @@ class Ops(UncheckedOps):
                 mode & lib.GGML_SCALE_FLAG_ANTIALIAS and (mode & 0xFF) != lib.GGML_SCALE_MODE_BILINEAR):
             raise ValueError(f"bad interpolate mode {mode:#x}")
         _check_nelements(ne, "interpolate")
-        return _make(self, lib.ggml_interpolate, (a,), a._ptr, *ne, mode)
+        return self._node_c(lib.ggml_interpolate, (a,), a._ptr, *ne, mode)
 
     def im2col(self, kernel: Tensor, x: Tensor, s0: int, s1: int, p0: int, p1: int,
                d0: int, d1: int, is_2d: bool, type: types.TypeLike = GGMLType.F16) -> Tensor:
@@ -1001,7 +811,7 @@ class Ops(UncheckedOps):
         t = types.ggml_type(type)
         if t not in (_F16, _F32):
             raise TypeError("im2col output must be F16 or F32")
-        return _make(self, lib.ggml_im2col, (kernel, x), kernel._ptr, x._ptr, s0, s1, p0, p1, d0, d1, is_2d, t)
+        return self._node_c(lib.ggml_im2col, (kernel, x), kernel._ptr, x._ptr, s0, s1, p0, p1, d0, d1, is_2d, t)
 
     def conv_1d(self, kernel: Tensor, x: Tensor, s0: int = 1, p0: int = 0, d0: int = 1) -> Tensor:
         """``ggml_conv_1d``: kernel ne [K, IC, OC] over x ne [L, IC, N] -> [OL, OC, N]."""
@@ -1012,7 +822,7 @@ class Ops(UncheckedOps):
         oc = kernel._ne[2]  # the nodes ggml_conv_1d makes after im2col: reshapes, mul_mat
         for ne in ((ic[0], ic[1] * ic[2]), (ic[1] * ic[2], oc), (ic[1], oc, ic[2])):
             _check_nelements(ne, "conv_1d")
-        return _make(self, lib.ggml_conv_1d, (kernel, x), kernel._ptr, x._ptr, s0, p0, d0, n_objects=6)
+        return self._node_c(lib.ggml_conv_1d, (kernel, x), kernel._ptr, x._ptr, s0, p0, d0, n_objects=6)
 
     def conv_2d(self, kernel: Tensor, x: Tensor, s0: int = 1, s1: int = 1, p0: int = 0,
                 p1: int = 0, d0: int = 1, d1: int = 1) -> Tensor:
@@ -1024,7 +834,7 @@ class Ops(UncheckedOps):
         oc, n = kernel._ne[3], ic[1] * ic[2] * ic[3]  # the nodes ggml_conv_2d makes after im2col
         for ne in ((ic[0], n), (n, oc), (ic[1], ic[2], ic[3], oc), (ic[1], ic[2], oc, ic[3])):
             _check_nelements(ne, "conv_2d")
-        return _make(self, lib.ggml_conv_2d, (kernel, x), kernel._ptr, x._ptr, s0, s1, p0, p1, d0, d1, n_objects=8)
+        return self._node_c(lib.ggml_conv_2d, (kernel, x), kernel._ptr, x._ptr, s0, s1, p0, p1, d0, d1, n_objects=8)
 
     def pool_1d(self, a: Tensor, op: str, k0: int, s0: int, p0: int = 0) -> Tensor:
         """``ggml_pool_1d``: ``op`` "max" or "avg" over windows of ``k0`` along ne[0]."""
@@ -1032,7 +842,7 @@ class Ops(UncheckedOps):
         if s0 < 1 or k0 < 1 or p0 < 0 or (a._ne[0] + 2 * p0 - k0) // s0 + 1 < 1:
             raise ValueError("pool_1d: kernel, stride and padding leave no output")
         _check_nelements(((a._ne[0] + 2 * p0 - k0) // s0 + 1, *a._ne[1:]), "pool_1d")
-        return _make(self, lib.ggml_pool_1d, (a,), a._ptr, _pool_op(op), k0, s0, p0)
+        return self._node_c(lib.ggml_pool_1d, (a,), a._ptr, _pool_op(op), k0, s0, p0)
 
     def pool_2d(self, a: Tensor, op: str, k0: int, k1: int, s0: int, s1: int,
                 p0: float = 0.0, p1: float = 0.0) -> Tensor:
@@ -1043,7 +853,7 @@ class Ops(UncheckedOps):
             raise ValueError("pool_2d: kernel, stride and padding leave no output")
         _check_nelements((int((a._ne[0] + 2 * p0 - k0) // s0 + 1), int((a._ne[1] + 2 * p1 - k1) // s1 + 1),
                           *a._ne[2:]), "pool_2d")
-        return _make(self, lib.ggml_pool_2d, (a,), a._ptr, _pool_op(op), k0, k1, s0, s1, float(p0), float(p1))
+        return self._node_c(lib.ggml_pool_2d, (a,), a._ptr, _pool_op(op), k0, k1, s0, s1, float(p0), float(p1))
 
     def flash_attn(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                    scale: float = 1.0, max_bias: float = 0.0, logit_softcap: float = 0.0) -> Tensor:
@@ -1070,7 +880,7 @@ class Ops(UncheckedOps):
         elif max_bias > 0:
             raise ValueError("max_bias > 0 needs a mask")
         _check_nelements((vn[0], qn[2], qn[1], qn[3]), "flash_attn")
-        return _make(self, lib.ggml_flash_attn_ext, inputs, q._ptr, k._ptr, v._ptr, m_ptr,
+        return self._node_c(lib.ggml_flash_attn_ext, inputs, q._ptr, k._ptr, v._ptr, m_ptr,
                      float(scale), float(max_bias), float(logit_softcap))
 
     def dsv4_hc_pre_gated(self, x: Tensor, gate: Tensor, scale: float = 1.0) -> Tensor:
@@ -1084,21 +894,21 @@ class Ops(UncheckedOps):
         xn, gn = x._ne, gate._ne
         if xn[1] < 1 or xn[3] != 1 or gn[:3] != xn[:3] or gn[3] != 1:
             raise ValueError(f"dsv4_hc_pre_gated: x ne={list(xn)} and gate ne={list(gn)} must be the same [n_embd, hc, n_tokens]")
-        return _make(self, fn, (x, gate), x._ptr, gate._ptr, float(scale))
+        return self._node_c(fn, (x, gate), x._ptr, gate._ptr, float(scale))
 
     def top_k(self, a: Tensor, k: int) -> Tensor:
         """``ggml_top_k``: I32 indices of the ``k`` largest values of each row."""
         a = _t(a, "a")
         if not 1 <= k <= a._ne[0]:
             raise ValueError(f"top_k: k must be in 1..{a._ne[0]}")
-        return _make(self, lib.ggml_top_k, (a,), a._ptr, int(k), n_objects=2)
+        return self._node_c(lib.ggml_top_k, (a,), a._ptr, int(k), n_objects=2)
 
     def cumsum(self, a: Tensor) -> Tensor:
         """``ggml_cumsum``: running sum along ne[0] (F32)."""
         a = _t(a, "a")
         if a._type != _F32:
             raise TypeError("cumsum needs an F32 tensor")
-        return _make(self, lib.ggml_cumsum, (a,), a._ptr)
+        return self._node_c(lib.ggml_cumsum, (a,), a._ptr)
 
     def timestep_embedding(self, timesteps: Tensor, dim: int, max_period: int = 10000) -> Tensor:
         """``ggml_timestep_embedding``: sinusoidal embeddings [dim, n] of F32 timesteps [n]."""
@@ -1106,7 +916,7 @@ class Ops(UncheckedOps):
         if dim < 1 or max_period < 1 or t.n_dims != 1:
             raise ValueError("timestep_embedding: dim, max_period >= 1 and a vector of timesteps")
         _check_nelements((int(dim), t._ne[0]), "timestep_embedding")
-        return _make(self, lib.ggml_timestep_embedding, (t,), t._ptr, int(dim), int(max_period))
+        return self._node_c(lib.ggml_timestep_embedding, (t,), t._ptr, int(dim), int(max_period))
 
     def cross_entropy_loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         """``ggml_cross_entropy_loss``: mean over rows of -Σ labels·log softmax(logits)
@@ -1114,7 +924,7 @@ class Ops(UncheckedOps):
         a, b = _t(logits, "logits"), _t(labels, "labels")
         if a._ne != b._ne:
             raise ValueError("cross_entropy_loss: logits and labels must have the same shape")
-        return _make(self, lib.ggml_cross_entropy_loss, (a, b), a._ptr, b._ptr)
+        return self._node_c(lib.ggml_cross_entropy_loss, (a, b), a._ptr, b._ptr)
 
     def acc(self, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
         """``ggml_acc``: a copy of a with b added into the view (strides nb1..nb3, byte offset)."""
@@ -1127,7 +937,7 @@ class Ops(UncheckedOps):
         last = offset + 4 * (ne[0] - 1) + (ne[1] - 1) * nb1 + (ne[2] - 1) * nb2 + (ne[3] - 1) * nb3
         if b.nelements and (offset < 0 or min(nb1, nb2, nb3) < 0 or last + 4 > c_read(a, lib.ggml_nbytes)):
             raise ValueError("acc: the view of b reaches outside a")
-        return _make(self, lib.ggml_acc, (a, b), a._ptr, b._ptr, nb1, nb2, nb3, offset)
+        return self._node_c(lib.ggml_acc, (a, b), a._ptr, b._ptr, nb1, nb2, nb3, offset)
 
     # ------------------------------------------------------------------ Python ops
     def map_custom(self, fn: Callable[..., None], *args: Tensor, n_tasks: int = -1) -> Tensor:
@@ -1161,7 +971,7 @@ class Ops(UncheckedOps):
         cb = callbacks.Callback(f"ggml_custom{len(ts)}_op_t", trampoline, owner=self)
         self._callbacks.append(cb)  # lives as long as the node, i.e. the context
         c_fn = (lib.ggml_map_custom1, lib.ggml_map_custom2, lib.ggml_map_custom3)[len(ts) - 1]
-        return _make(self, c_fn, ts, *(t._ptr for t in ts), cb.fn, n_tasks, cb.user_data)
+        return self._node_c(c_fn, ts, *(t._ptr for t in ts), cb.fn, n_tasks, cb.user_data)
 
     def arange(self, start: float, stop: float, step: float = 1.0) -> Tensor:
         """``ggml_arange``: F32 [ceil((stop - start) / step)], computed in float32 as ggml does.
@@ -1177,7 +987,7 @@ class Ops(UncheckedOps):
             raise ValueError(f"arange({start}, {stop}, {step}) has {q} elements: too many for a tensor")
         n = int(q)
         self._reserve(n * 4)
-        return _make(self, lib.ggml_arange, (), float(s0), float(s1), float(st))
+        return self._node_c(lib.ggml_arange, (), float(s0), float(s1), float(st))
 
 
 def _pool_op(op: str) -> int:
