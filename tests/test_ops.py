@@ -250,7 +250,7 @@ def test_functions_of_a_later_ggml_say_so():
 
 def test_ne_and_type_known_to_the_constructors_are_the_ones_ggml_wrote():
     """The op constructors compute a node's ne and type as ggml.c does instead of reading them
-    back (``_make_known``), and some mark their results contiguous (``Tensor._contig``, which
+    back (``Context._node``), and some mark their results contiguous (``Tensor._contig``, which
     later contiguity checks read instead of calling ``ggml_is_contiguous``); every such
     constructor, over shapes that tile, is checked here against the C struct."""
     ctx = pyggml.Context.for_tensors(256)
@@ -284,7 +284,7 @@ def test_ne_and_type_known_to_the_constructors_are_the_ones_ggml_wrote():
 
 def test_a_node_of_an_allocating_context_gives_no_data_to_another_contexts_tensors():
     """A node made in an allocating context from a view of another context's tensor that has no
-    data yet gave that tensor memory in the node's context's arena (ops._give_data walked every
+    data yet gave that tensor memory in the node's context's arena (Context._give_data walked every
     source without data): Tensor.set then wrote into a context that is not the tensor's, and
     after that context was closed the tensor read its freed arena with no error
     (scripts/fuzz.sh seed 102: t294.set was to raise ValueError, returned None)."""

@@ -142,7 +142,7 @@ def test_a_view_of_a_tensor_of_a_context_closed_since_is_closed(how):
 
 
 def test_nodes_made_by_checked_op_constructors_have_every_slot_set():
-    """ops._make_known builds the Tensor of a new node itself (hot path, no C reads): a slot
+    """Context._node builds the Tensor of a new node itself (hot path, no C reads): a slot
     added to Tensor and not set there would raise AttributeError later, far from here."""
     import pyggml
     from pyggml.core.tensor import Tensor

@@ -374,7 +374,7 @@ def test_a_compute_that_waited_for_a_placement_checks_its_graph_again():
 @pytest.mark.parametrize("how", ["reset", "close"])
 def test_a_reset_waits_for_op_constructors_of_contexts_that_read_its_tensors(how):
     """An op constructor whose inputs live in a context its own context already reads (the
-    weights) holds only its own context's lock (ops._make_known's fast path): so a reset
+    weights) holds only its own context's lock (Context._node's fast path): so a reset
     or close of the weights' context waits for the op constructors of every context whose nodes
     read them, directly or through another context's nodes, and leaves those contexts refusing
     new nodes. (Held here by hand: the lock an op constructor holds around its C call.)"""

@@ -101,7 +101,7 @@ class Context(_cobject.CObject, Ops):
         self._stale = False                # a context in _deps was reset or closed since
         self._trial_ops: set[int] = set()  # ops made by Ops.op without checks of their own
         self._arena_lo = int(self._arena.ctypes.data)  # the tensor structs of this context lie
-        self._arena_hi = self._arena_lo + size          # in [lo, hi) (ops._give_data)
+        self._arena_hi = self._arena_lo + size          # in [lo, hi) (Context._give_data)
         # ``_lock``: taken by whatever makes, walks or places the context's tensors (op
         # constructors without the gate: closes and resets take every context's lock)
         threads.register_context(self)
@@ -383,7 +383,7 @@ class Context(_cobject.CObject, Ops):
         return new
 
     def _node_allocating(self, fn: Any, inputs: Sequence[Tensor], args: Sequence[Any]) -> Any:
-        """:func:`_make_known` in an allocating context: the node made with allocation off, then
+        """:meth:`_node` in an allocating context: the node made with allocation off, then
         given data. If the data does not fit (MemoryError), the nodes this call made stay in the
         arena (ggml cannot take them back) but are made inert leafs (op NONE, no sources, not a
         view), and the dependencies this call recorded are dropped: a refused op leaves nothing
@@ -428,7 +428,7 @@ class Context(_cobject.CObject, Ops):
             p.op = _NONE
 
     def _node_c(self, fn: Any, inputs: Sequence[Tensor], *args: Any, n_objects: int = 1) -> Tensor:
-        """:func:`_make_known` with the node's ne and type read from C."""
+        """:meth:`_node` with the node's ne and type read from C."""
         return self._node(fn, inputs, None, None, None, (self._ptr, *args), _OVERHEAD * n_objects)
 
     def _give_data(self, ptr: Any) -> None:
