@@ -6,6 +6,7 @@ import gc
 import numpy as np
 import pytest
 
+from pyggml.backends.graph_run import run_of
 from pyggml import ClosedError, Context, CPUBackend, GGMLType, GraphAllocator, Scheduler
 
 rng = np.random.default_rng(1)
@@ -40,7 +41,7 @@ def test_allocators_stay_alive_with_their_tensors_and_closing_them_invalidates_d
         a.set(x)
         g.compute(be)
         np.testing.assert_array_equal(y.numpy(), x)
-        galloc = g.placed_by
+        galloc = run_of(g).placed_by
         galloc.close()
         with pytest.raises(ClosedError):
             y.numpy()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pyggml.backends.graph_run import run_of
 from pyggml import ClosedError, CPUBackend, GGMLType, GraphCache, Scheduler
 
 rng = np.random.default_rng(5)
@@ -152,7 +153,7 @@ def test_backends_give_each_graph_a_scheduler_of_its_own():
                 np.testing.assert_array_equal(cache.compute(n, x=x)["y"], x * x + x)
         a, b = cache.get(3), cache.get(5)
         assert a.scheduler is not None and b.scheduler is not None and a.scheduler is not b.scheduler
-        assert cache.latest is b and a.graph.split_by is a.scheduler and b.graph.split_by is b.scheduler
+        assert cache.latest is b and run_of(a.graph).split_by is a.scheduler and run_of(b.graph).split_by is b.scheduler
     assert a.scheduler.closed and b.scheduler.closed                    # closed with the cache
     with pytest.raises(ValueError, match="one of them"):
         GraphCache(build, backend=cpu, backends=[cpu])

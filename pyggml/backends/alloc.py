@@ -32,6 +32,7 @@ from ..errors import ClosedError
 from ..raw import ffi, lib
 from ..raw.boundary import calling, check_status
 from ..core.tensor import EMPTY_OPS, Tensor
+from .graph_run import restore_sources, run_of
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -48,7 +49,8 @@ def _zero_byte_tensors(graph: "Graph") -> list[Any]:
     sources and the outputs; not views), found once per graph version."""
     g = graph.ptr
     key = (graph.version, int(lib.ggml_graph_n_nodes(g)))
-    cached = graph._zero_byte
+    run = run_of(graph)
+    cached = run.zero_byte
     if cached is not None and cached[0] == key:
         return cached[1]  # type: ignore[no-any-return]
     seen: dict[Any, None] = {}
@@ -61,7 +63,7 @@ def _zero_byte_tensors(graph: "Graph") -> list[Any]:
         if isinstance(t, Tensor):
             seen[t._ptr] = None
     found = [p for p in seen if p.view_src == ffi.NULL and lib.ggml_nbytes(p) == 0]
-    graph._zero_byte = (key, found)
+    run.zero_byte = (key, found)
     return found
 
 
@@ -142,7 +144,7 @@ class Placer:
         if stale:
             if lib.pyggml_graph_unplace(g, ffi.new("ggml_backend_buffer_t[]", stale), len(stale)):
                 buffer.note_unplaced()
-            graph.checked.clear()
+            run_of(graph).checks.clear()
         for t in graph._keep:
             # outputs that are leafs read by no node (not seen above): the same, and a zero-byte
             # one placed at the NULL base of an empty buffer (data NULL, buffer set, which
@@ -188,7 +190,7 @@ class Placer:
         except BaseException:
             self._unplace_zero_byte(placed)
             raise
-        graph.checked.clear()
+        run_of(graph).checks.clear()
         return placed
 
     @staticmethod
@@ -251,19 +253,20 @@ class Placer:
         if placed and graph is not None:
             old = self._graph
             if old is not None and old is not graph:
-                old.checked.clear()
+                run_of(old).checks.clear()
             self._graph = graph
             self._placed_nodes = graph.node_set()  # tensors added later were not placed with it
             self._computed_too.clear()
-            graph.placed_by = self
-            graph.computed = False
-            graph.checked.clear()
+            run = run_of(graph)
+            run.placed_by = self
+            run.computed = False
+            run.checks.clear()
 
     def _track_buffers(self, graph: "Graph") -> None:
         """Record the buffers ggml allocated for this placer that ``graph``'s tensors are in."""
         bufts = set(self._buffer_types())
         outs = [t._ptr.buffer for t in graph._keep if isinstance(t, Tensor) and t._ptr.buffer != ffi.NULL]
-        if graph._sources is not None:
+        if run_of(graph).sources is not None:
             # split by a scheduler: nodes that read an input may read the split's copy of it
             # now, and no node the input itself: its buffer is found among the leafs
             outs += [p.buffer for p in graph.root_leafs() if p.buffer != ffi.NULL]
@@ -280,7 +283,7 @@ class Placer:
                 buffer.retire(rec.ptr, by_placer=True, sweep=sweep)
         self._records.clear()
         if self._graph is not None:
-            self._graph.checked.clear()
+            run_of(self._graph).checks.clear()
 
     def covers(self, graph: "Graph") -> bool:
         """Whether the memory holds ``graph``: all its tensors were in the graph placed last,
@@ -315,7 +318,7 @@ class Placer:
                               "allocate this tensor's graph again")
         g = self._graph
         assert g is not None  # still_holds
-        if not g.computed and _needs_compute(p) and not any(
+        if not run_of(g).computed and _needs_compute(p) and not any(
                 not h.closed and p in h.node_set() for h in self._computed_too):
             raise ValueError(f"tensor {tensor._label()} has not been computed yet: its graph was "
                              "allocated but not computed since (compute it first)")
@@ -362,8 +365,8 @@ class GraphAllocator(_cobject.CObject, Placer):
         self.ptr  # closed: ClosedError, before _unplace forgets where the graph's tensors are
         g = graph.ptr
         graph.check_contexts()
-        if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
-            graph.restore_sources()
+        if run_of(graph).split_by is not None:  # a scheduler rewrote its sources: put them back
+            restore_sources(graph)
         return g
 
     @placing

@@ -22,6 +22,7 @@ from ..errors import ClosedError
 from ..raw import ffi, lib
 from ..raw.boundary import call_status, calling, check_status
 from ..core.tensor import EMPTY_OPS, Tensor, tensor_arg
+from .graph_run import Checked, compute_lock, restore_sources, run_of
 
 if TYPE_CHECKING:
     from ..core.graph import Graph
@@ -59,80 +60,6 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
 def _check_range(t: Tensor, offset: int, size: int) -> None:
     if offset < 0 or size < 0 or offset + size > t.nbytes:
         raise ValueError(f"bytes [{offset}, {offset + size}) are outside tensor {t._label()} ({t.nbytes} bytes)")
-
-
-class _Checked:
-    """What a backend's check of a graph found, valid while nothing it depends on changes."""
-
-    __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced",
-                 "users", "locks", "backend", "valid_at", "lock", "owners")
-
-    def __init__(self, graph: "Graph", n_nodes: int, records: list[buffer.LiveBuffer],
-                 contexts: list[tuple[Any, int]], foreign: list[tuple[Any, Any]]):
-        self.indices = buffer.IndexCheck.of(graph.raw_nodes())  # run before each compute
-        self.foreign = foreign  # other placers whose memory holds tensors of the graph
-        self.version = graph.version
-        self.n_nodes = n_nodes
-        self.records = records
-        self.contexts = contexts
-        self.placer = graph.placed_by
-        self.unplaced = buffer.unplaced
-        # what computing the graph uses, locked around the C call (threads.using): its
-        # contexts, the owners of its buffers, its placer
-        self.users = (*(c for c, _ in contexts), *(r.owner for r in records), self.placer,
-                      *(o for o, _ in foreign))
-        self.locks: tuple[Any, ...] | None = None  # using(backend, graph, *users).locks, on first use
-        self.lock: threads.using | None = None     # a using of them (stateless: threads share it)
-        self.owners = _callback_owners(graph)      # to declare to calling() around a compute
-        # the backend object that checked (the key, its pointer, may be a new backend's once
-        # this one is closed: malloc gives the address again)
-        self.backend: Any = None
-        # threads.changes when this was last found valid: until the next close, reset or
-        # placement anywhere, only the graph's own version and node count need a look
-        self.valid_at = -1
-
-    def still_valid(self, graph: "Graph", n_nodes: int, seen: int) -> bool:
-        """Whether the check holds for ``graph`` of ``n_nodes`` nodes; ``seen``: the
-        ``threads.changes`` read before (while it has not moved since the check was last found
-        valid, only the graph's version and node count need a look)."""
-        if self.version != graph.version or self.n_nodes != n_nodes:
-            return False
-        if self.valid_at == seen:
-            return True
-        if self.placer is not graph.placed_by or self.unplaced != buffer.unplaced:
-            # a placer placing another graph forgot where some tensors were (data NULL), maybe
-            # this graph's: computing would run kernels on NULL (a crash: GraphAllocator.reserve
-            # of another graph of the same tensors)
-            return False
-        if not _memory_current(self.records, self.contexts):
-            return False
-        for owner, holding in self.foreign:
-            if owner.holding() is not holding:
-                return False
-        if self.placer is not None and not self.placer.covers(graph):
-            return False
-        self.valid_at = seen
-        return True
-
-
-def _memory_current(records: list[buffer.LiveBuffer], contexts: list[tuple[Any, int]]) -> bool:
-    """Whether the buffers a graph check found are all alive and its contexts all at the
-    generation it found (shared by backends' and schedulers' checks)."""
-    for rec in records:
-        if not rec.alive:
-            return False
-    for ctx, gen in contexts:
-        if ctx._gen != gen:
-            return False
-    return True
-
-
-def _compute_lock(graph: "Graph", *users: Any) -> threads.using:
-    """The :class:`~pyggml.raw.threads.using` of a compute of ``graph`` by ``users`` (backends,
-    contexts, buffer owners, placers): the graph's own lock is covered by its context's
-    (everything that changes a graph holds both), so that one instead, where it has one."""
-    owner = graph._owner
-    return threads.using(graph if owner._lock is None else owner, *users)
 
 
 class Backend(_cobject.CObject):
@@ -289,13 +216,14 @@ class Backend(_cobject.CObject):
             lib.ggml_backend_tensor_copy_async(self.ptr, dst_backend.ptr, ps, pd)
 
     # --- compute
-    def _check_graph(self, graph: "Graph", n_nodes: int) -> _Checked:
+    def _check_graph(self, graph: "Graph", n_nodes: int) -> Checked:
         """Check the whole graph once: everything ggml would assert on or misuse. The memory of
         every node and source is checked in one C call (:func:`pyggml.memory.buffer.check_graph_memory`)."""
         contexts = graph.check_contexts()  # before anything walks the graph's tensors
-        if graph.split_by is not None:  # a scheduler rewrote its sources: put them back
-            graph.restore_sources()
-        placer = graph.placed_by
+        run = run_of(graph)
+        if run.split_by is not None:  # a scheduler rewrote its sources: put them back
+            restore_sources(graph)
+        placer = run.placed_by
         if placer is not None and not placer.covers(graph):
             raise ClosedError("the graph allocator or scheduler that placed this graph has since "
                               "placed another one, or tensors were added to this graph after it was "
@@ -313,7 +241,8 @@ class Backend(_cobject.CObject):
             raise ValueError(f"backend {self.name} cannot compute node {t._label()} "
                              f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]}): "
                              f"{self._why_not(node)}")
-        return _Checked(graph, n_nodes, records, contexts, foreign)
+        return Checked(graph, self, n_nodes, records, contexts, buffer.IndexCheck.of(graph.raw_nodes()),
+                       foreign=foreign)
 
     #: whether :meth:`_kernel_ok` narrows what ggml's scheduler may give this backend (a table
     #: of what its kernels assume beyond its ``supports_op``: CPU, BLAS)
@@ -327,7 +256,7 @@ class Backend(_cobject.CObject):
         """What to say when this backend cannot compute node ``p`` (``_supports_raw`` false)."""
         return "its supports_op refuses the op or these types (compute it on another backend)"
 
-    def _prepare(self, graph: "Graph") -> tuple[Any, threads.using, _Checked]:
+    def _prepare(self, graph: "Graph") -> tuple[Any, threads.using, Checked]:
         """(the graph's C pointer, the held locks of what computing it uses, the check), after
         the check (cached on the graph) of everything computing it needs; the caller releases
         the locks (``__exit__``). Raises ValueError/ClosedError (holding nothing)."""
@@ -336,18 +265,18 @@ class Backend(_cobject.CObject):
             g = graph.ptr
             n_nodes = lib.ggml_graph_n_nodes(g)
             key = self.ptr
-            state = graph.checked.get(key)
-            if state is None or state.backend is not self or not state.still_valid(graph, n_nodes, seen):
+            checks = run_of(graph).checks
+            state = checks.get(key)
+            if state is None or state.by is not self or not state.still_valid(graph, n_nodes, seen):
                 # checked holding the backend, the graph and its contexts (no close or reset
                 # meanwhile), then round again to take the locks of all computing uses
                 with graph._holding(self), calling():  # calling: supports_op of a Python device
                     if threads.changes == seen:
-                        state = graph.checked[key] = self._check_graph(graph, n_nodes)
-                        state.backend = self
+                        state = checks[key] = self._check_graph(graph, n_nodes)
                 continue
             lock = state.lock
             if lock is None:
-                lock = _compute_lock(graph, self, *state.users)
+                lock = compute_lock(graph, self, *state.users)
                 state.locks, state.lock = lock.locks, lock
             lock.__enter__()
             if threads.changes == seen:  # nothing closed or placed anew while it waited
@@ -410,18 +339,10 @@ class Backend(_cobject.CObject):
         return "<Backend (closed)>" if self.closed else f"<Backend {self.name}>"
 
 
-def _callback_owners(graph: "Graph") -> tuple[Any, ...]:
-    """The owners to declare to :class:`~pyggml.raw.boundary.calling` for computing ``graph``:
-    its context when it made Python ops (``map_custom``, whose callbacks may run on ggml's
-    worker threads), else none (the other callbacks run on the calling thread; declaring no
-    owner skips a lock)."""
-    owner = graph._owner
-    return (owner,) if getattr(owner, "_callbacks", None) else ()
-
-
 def _mark_computed(graph: "Graph") -> None:
-    graph.computed = True
-    placer = graph.placed_by
+    run = run_of(graph)
+    run.computed = True
+    placer = run.placed_by
     if placer is not None and placer._graph is not graph:
         placer._computed_too.append(graph)
 

@@ -39,6 +39,7 @@ from ..core.context import Context
 from ..enums import GGMLType
 from ..errors import ClosedError
 from ..core.graph import Graph
+from .graph_run import run_of
 from .sched import Scheduler
 from ..core.tensor import Tensor
 
@@ -155,7 +156,7 @@ class GraphCache:
         graph = entry.graph
         s = self._sched(entry)
         if s is not None:
-            if not (s._graph is graph and s._is_alloc and graph.split_by is s):
+            if not (s._graph is graph and s._is_alloc and run_of(graph).split_by is s):
                 s.alloc_graph(graph)
         else:
             assert self._galloc is not None

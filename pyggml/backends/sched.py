@@ -19,10 +19,11 @@ from .. import _cobject, _trial
 from ..memory import buffer
 from ..raw import threads
 from .alloc import Placer, placing
-from .backend import Backend, _callback_owners, _compute_lock, _memory_current
+from .backend import Backend
 from ..memory.buffer_type import BufferType
 from .cpu import CPUBackend, graph_trial_ops
 from .device import Device
+from .graph_run import Checked, compute_lock, restore_sources, run_of, save_sources
 from ..enums import DeviceType
 from ..core.graph import Graph
 from ..raw import callbacks, ffi, lib, requires
@@ -41,32 +42,6 @@ EvalCallback = Callable[[Tensor, bool], bool]
 CopyCallback = Callable[[Backend, Tensor, Tensor, Graph], bool]
 
 _VIEW_OPS = frozenset(int(o) for o in EMPTY_OPS if o != lib.GGML_OP_NONE)
-
-
-class _SchedChecked:
-    __slots__ = ("version", "n_nodes", "records", "contexts", "indices", "trialed", "locks", "sched",
-                 "valid_at", "lock")
-
-    def __init__(self, graph: Graph, n_nodes: int, records: list[Any], contexts: list[tuple[Any, int]],
-                 indices: "buffer.IndexCheck | None"):
-        self.version, self.n_nodes, self.records, self.contexts = graph.version, n_nodes, records, contexts
-        self.indices = indices  # the row indices in data, checked before every compute
-        self.trialed = False  # the forked trial compute (Scheduler._trial_compute) was done
-        self.locks: tuple[Any, ...] | None = None  # what Scheduler._compute locks, on first use
-        self.sched: Any = None  # the scheduler that checked (its pointer, the key, may be reused)
-        # threads.changes when last found valid: until the next close, reset or placement
-        # anywhere, only the graph's version and node count need a look
-        self.valid_at = -1
-        self.lock: threads.using | None = None  # a using of ``locks`` (stateless: threads share it)
-
-    def still_valid(self, graph: Graph, n_nodes: int, seen: int) -> bool:
-        if self.version != graph.version or self.n_nodes != n_nodes:
-            return False
-        if self.valid_at != seen:
-            if not _memory_current(self.records, self.contexts):
-                return False
-            self.valid_at = seen
-        return True
 
 
 class Scheduler(_cobject.CObject, Placer):
@@ -136,7 +111,7 @@ class Scheduler(_cobject.CObject, Placer):
         self._retire()
         self._free_zero_byte_homes()
         if self._graph is not None:
-            self._graph.restore_sources()
+            restore_sources(self._graph)
         with calling():
             lib.ggml_backend_sched_free(ptr)
 
@@ -192,8 +167,8 @@ class Scheduler(_cobject.CObject, Placer):
         seen = threads.changes
         g = graph.ptr
         n_nodes = lib.ggml_graph_n_nodes(g)
-        state = graph.checked.get(self._ptr)
-        if state is not None and state.sched is self and state.still_valid(graph, n_nodes, seen):
+        state = run_of(graph).checks.get(self._ptr)
+        if state is not None and state.by is self and state.still_valid(graph, n_nodes, seen):
             return g
         # holding the scheduler, its backends, the graph and its contexts: no close or reset
         with graph._holding(self, *self._backends):
@@ -240,18 +215,18 @@ class Scheduler(_cobject.CObject, Placer):
                                      "that no backend of the scheduler can use for its op")
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
         saved = None
-        if graph._sources is not None:
+        run = run_of(graph)
+        if run.sources is not None:
             # split: nodes read the split's copies of tensors another backend cannot use, and
             # the compute copies the originals then: their memory must be live too (a closed
             # buffer of an input was read after its free), and row indices are read there
-            saved = graph._sources.saved
+            saved = run.sources.saved
             for p in graph.root_leafs():
                 rec = buffer.check_tensor_memory(p, functools.partial(buffer.label, p))
                 if rec is not None:
                     records.append(rec)
-        state = graph.checked[self._ptr] = _SchedChecked(graph, n_nodes, records, contexts,
-                                                             buffer.IndexCheck.of(nodes, saved))
-        state.sched = self
+        run.checks[self._ptr] = Checked(graph, self, n_nodes, records, contexts,
+                                        buffer.IndexCheck.of(nodes, saved), placed=False)
         return g
 
     def _take(self, graph: Graph) -> Any:
@@ -264,8 +239,9 @@ class Scheduler(_cobject.CObject, Placer):
         for b in self._backends:
             b.ptr  # a backend of the scheduler closed since: ClosedError (not a TypeError from cffi)
         graph.check_contexts()  # before anything walks the graph's tensors
-        if graph.split_by is not None and not (graph.split_by is self and self._graph is graph):
-            graph.restore_sources()
+        split_by = run_of(graph).split_by
+        if split_by is not None and not (split_by is self and self._graph is graph):
+            restore_sources(graph)
         self._unplace(graph)
         self._check_outputs_memory(graph)
         return self._check_graph(graph)
@@ -278,7 +254,8 @@ class Scheduler(_cobject.CObject, Placer):
         asserts (buffer_id >= 0). They are pinned to the last backend (the CPU one), which
         places them as a graph allocator would. Which leafs those are is worked out once per
         graph version."""
-        cached = graph._sched_loose
+        run = run_of(graph)
+        cached = run.sched_loose
         if cached is None or cached[0] != graph.version:
             leafs: dict[Any, None] = {}
             read = set()
@@ -292,7 +269,7 @@ class Scheduler(_cobject.CObject, Placer):
             for t in graph._keep:
                 if isinstance(t, Tensor) and t._ptr.op == lib.GGML_OP_NONE:
                     leafs[t._ptr] = None
-            cached = graph._sched_loose = (graph.version, [p for p in leafs if p not in read])
+            cached = run.sched_loose = (graph.version, [p for p in leafs if p not in read])
         if cached[1]:
             host = self._backends[-1]._ptr
             for p in cached[1]:
@@ -310,7 +287,7 @@ class Scheduler(_cobject.CObject, Placer):
         # which holds graph_size tensors, and fill it (an abort in ggml_hash_find_or_insert)
         self._reset()
         io = graph.io_flags()  # before the split rewrites the sources
-        saved = graph._save_sources(None)
+        saved = save_sources(graph, None)
         try:
             self._pin_loose_leafs(graph)
             with calling():
@@ -323,7 +300,7 @@ class Scheduler(_cobject.CObject, Placer):
                 if not ok:
                     raise MemoryError("ggml_backend_sched_reserve could not allocate the compute buffers")
         finally:
-            graph.restore_sources(saved)
+            restore_sources(graph, saved)
             if self._graph is graph:
                 self._graph = None
 
@@ -334,8 +311,8 @@ class Scheduler(_cobject.CObject, Placer):
         Raises MemoryError on failure, ValueError when the split puts on a CPU backend a node
         whose CPU kernel cannot compute it (the allocation is then reset)."""
         g = self._take(graph)
-        state = graph.checked.get(self._ptr)
-        if state is not None and state.sched is not self:  # another scheduler's, at this address
+        state = run_of(graph).checks.get(self._ptr)
+        if state is not None and state.by is not self:  # another scheduler's, at this address
             state = None
         self._check_pins(graph)
         self._reset()  # always: ggml's alloc_graph does not, and its hash set may hold a failed split's tensors
@@ -353,13 +330,13 @@ class Scheduler(_cobject.CObject, Placer):
             self.reserve(graph)
         zero = self._place_zero_byte(graph)
         self._pin_loose_leafs(graph)
-        graph._save_sources(self)
+        save_sources(graph, self)
         with calling():
             ok = lib.ggml_backend_sched_alloc_graph(self.ptr, g)
             self._broken = not ok
             if not ok:
                 self._unplace_zero_byte(zero)
-                graph.restore_sources()
+                restore_sources(graph)
                 self._placed(None, placed=False)
                 raise MemoryError("ggml_backend_sched_alloc_graph failed")
             self._is_alloc = True
@@ -377,7 +354,7 @@ class Scheduler(_cobject.CObject, Placer):
             self._unplace_zero_byte(zero)
             raise
         if state is not None:  # the check made before splitting still holds for the split graph
-            graph.checked[self._ptr] = state
+            run_of(graph).checks[self._ptr] = state
 
     def _check_kernels(self, graph: Graph) -> None:
         """After the split: each node the scheduler put on a backend with a kernel table (CPU:
@@ -411,7 +388,7 @@ class Scheduler(_cobject.CObject, Placer):
         old = self._graph
         self._graph = None
         if old is not None:
-            old.restore_sources()
+            restore_sources(old)
         if self._pins:
             for p, (t, b) in list(self._pins.items()):
                 if t._owner._gen != t._gen or b._ptr is None:  # its context or backend closed since
@@ -451,14 +428,14 @@ class Scheduler(_cobject.CObject, Placer):
             seen = threads.changes  # a close after this is seen below, under the locks
             for b in self._backends:
                 b.ptr  # a backend of the scheduler closed since the graph was placed: ClosedError
-            if not (self._is_alloc and self._graph is graph and graph.split_by is self):
+            if not (self._is_alloc and self._graph is graph and run_of(graph).split_by is self):
                 self.alloc_graph(graph)
                 seen = threads.changes  # its own change
             g = self._check_graph(graph)
-            state = graph.checked[self._ptr]
+            state = run_of(graph).checks[self._ptr]
             lock = state.lock
             if lock is None:
-                lock = _compute_lock(graph, self, *self._backends, *(c for c, _ in state.contexts),
+                lock = compute_lock(graph, self, *self._backends, *(c for c, _ in state.contexts),
                                     *(r.owner for r in state.records))
                 state.locks, state.lock = lock.locks, lock
             lock.__enter__()
@@ -472,7 +449,7 @@ class Scheduler(_cobject.CObject, Placer):
                 self._trial_compute(graph, g)
                 state.trialed = True
             self._stopped = False
-            owners = _callback_owners(graph)
+            owners = state.owners
             if owners or self._eval is not None or self._copy is not None:
                 mine = (self,) if self._eval is not None or self._copy is not None else ()
                 with calling(*owners, *mine, held=lock.locks):
@@ -482,7 +459,7 @@ class Scheduler(_cobject.CObject, Placer):
         finally:
             lock.__exit__()
         if not self._stopped:
-            graph.computed = True
+            run_of(graph).computed = True
         return not self._stopped
 
     def _trial_compute(self, graph: Graph, g: Any) -> None:

@@ -32,6 +32,7 @@ class Computer(Protocol):
 
     def graph_compute(self, graph: "Graph") -> None: ...
 
+_MAX_SRC = int(lib.GGML_MAX_SRC)
 _PARAM, _LOSS = int(TensorFlag.PARAM), int(TensorFlag.LOSS)
 _IO = int(TensorFlag.INPUT) | int(TensorFlag.OUTPUT)
 
@@ -63,24 +64,6 @@ def _has_backward(p: Any) -> bool:
     return True
 
 
-class _Sources:
-    """A graph's node sources as they were before a scheduler rewrote them (C helpers of the
-    extension copy them in one call)."""
-
-    __slots__ = ("saved", "n")
-
-    def __init__(self, g: Any):
-        n = int(lib.ggml_graph_n_nodes(g))
-        self.saved = ffi.new("struct ggml_tensor *[]", max(n * _MAX_SRC, 1))
-        self.n = lib.pyggml_graph_save_srcs(g, self.saved, n * _MAX_SRC)
-
-    def restore(self, g: Any) -> None:
-        lib.pyggml_graph_restore_srcs(g, self.saved, self.n)
-
-
-_MAX_SRC = int(lib.GGML_MAX_SRC)
-
-
 class Graph(_cobject.CObject):
     """A graph borrowed from the context that holds it (``ggml_new_graph_custom``; make one
     with :meth:`pyggml.core.context.Context.new_graph`). ``size``: the most nodes (and the most
@@ -99,18 +82,13 @@ class Graph(_cobject.CObject):
         self._n_leafs = 0
         self._keep: list[Any] = []
         self._deps: dict[Any, int] = {}  # contexts its tensors come from -> their generation then
-        # set by allocators, schedulers and backends (pyggml.backends.alloc, pyggml.backends.sched, pyggml.backends.backend)
-        self.placed_by: Any = None    # the allocator or scheduler that placed it last
-        self.computed = False         # computed since it was placed
-        self.split_by: Any = None     # the scheduler that split it (it rewrote node sources)
-        self._sources: _Sources | None = None  # the sources before that
-        self.checked: dict[Any, Any] = {}  # backend pointer -> what the backend's check found
+        #: what the backends layer keeps about the graph (where it is placed, whether computed,
+        #: each backend's check: :class:`pyggml.backends.graph_run.GraphRun`); None until then
+        self.run: Any = None
         self._node_set: frozenset[Any] | None = None
         self._root_leafs: list[Any] | None = None
         # caches of what other modules work out once per graph version (keyed by it)
         self._io_flags: tuple[Any, tuple[tuple[int, ...], tuple[int, ...]]] | None = None  # io_flags()
-        self._zero_byte: Any = None    # pyggml.backends.alloc: zero-byte tensors ggml-alloc would place
-        self._sched_loose: Any = None  # pyggml.backends.sched: leafs pinned to the last backend
 
     # ------------------------------------------------------------------ lifetime
     @property
@@ -126,7 +104,6 @@ class Graph(_cobject.CObject):
 
     def _changed(self) -> None:
         self.version += 1
-        self.checked.clear()
         self._node_set = None
         self._root_leafs = None
 
@@ -382,7 +359,7 @@ class Graph(_cobject.CObject):
             # and the outputs built that are leafs read by no node
             node_set = (frozenset(nodes) | frozenset(self._raw_leafs(nodes))
                         | frozenset(t._ptr for t in self._keep if isinstance(t, Tensor)))
-            saved = self._sources
+            saved = getattr(self.run, "sources", None)  # the sources a scheduler's split replaced
             if saved is not None:  # split by a scheduler: its sources read copies of the leafs
                 # (inputs copied to another backend); the leafs themselves are still the graph's
                 node_set |= frozenset(p for p in ffi.unpack(saved.saved, saved.n * _MAX_SRC)
@@ -451,34 +428,6 @@ class Graph(_cobject.CObject):
         if not found:
             raise KeyError(name)
         return found[0]
-
-    # ------------------------------------------------------------------ schedulers
-    def _save_sources(self, split_by: Any) -> "_Sources":
-        """Save the node sources before a scheduler splits the graph (it rewrites them to read
-        its copies); ``split_by``: the scheduler that will hold the split, if any."""
-        saved = _Sources(self.ptr)
-        if split_by is not None:
-            self._sources = saved
-            self.split_by = split_by
-        return saved
-
-    def restore_sources(self, saved: "_Sources | None" = None) -> None:
-        """Put back the node sources a scheduler rewrote (``saved``, else those saved when it
-        split this graph); a no-op if none did."""
-        saved = saved or self._sources
-        if saved is not None and self._ptr is not None:
-            # it writes into the nodes' structs: under the locks of their contexts (all at
-            # once), and only while none was reset or closed (another thread's tensors may lie
-            # there now)
-            contexts = self.contexts()
-            with threads.using(*(c for c, _ in contexts), gate=False):
-                if not self.closed and all(c._gen == gen for c, gen in contexts):
-                    saved.restore(self._ptr)
-        if saved is self._sources:
-            self._sources = None
-            if self.split_by is not None:
-                self.split_by = None
-                self.checked.clear()
 
     # ------------------------------------------------------------------ compute
     def compute(self, backend: Computer) -> None:

@@ -1,0 +1,168 @@
+"""What the backends layer keeps about a graph (:attr:`pyggml.core.graph.Graph.run`, a
+:class:`GraphRun`): the graph allocator or scheduler that placed it last and whether it was
+computed since, the scheduler that split it and the node sources that split rewrote, and what
+each backend's or scheduler's check of it found (:class:`Checked`: one kind for
+:class:`~pyggml.backends.backend.Backend`, :class:`~pyggml.backends.backend.GraphPlan` and
+:class:`~pyggml.backends.sched.Scheduler`). The core modules never look inside: a graph's
+``version`` tells a check whether the graph changed since.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.graph import Graph
+from ..memory import buffer
+from ..raw import ffi, lib, threads
+
+__all__ = ["GraphRun", "run_of", "Checked", "Sources", "save_sources", "restore_sources",
+           "callback_owners", "compute_lock"]
+
+_MAX_SRC = int(lib.GGML_MAX_SRC)
+
+
+class GraphRun:
+    """The backends layer's state of one graph (see the module docstring)."""
+
+    __slots__ = ("placed_by", "computed", "split_by", "sources", "checks", "zero_byte", "sched_loose")
+
+    def __init__(self) -> None:
+        self.placed_by: Any = None    # the graph allocator or scheduler that placed it last
+        self.computed = False         # computed since it was placed
+        self.split_by: Any = None     # the scheduler that split it (it rewrote node sources)
+        self.sources: Sources | None = None  # the sources before that
+        self.checks: dict[Any, Checked] = {}  # backend or scheduler pointer -> its check
+        self.zero_byte: Any = None    # (key, zero-byte tensors ggml-alloc would place): pyggml.backends.alloc
+        self.sched_loose: Any = None  # (version, leafs pinned to the last backend): pyggml.backends.sched
+
+
+def run_of(graph: Graph) -> GraphRun:
+    """``graph``'s :class:`GraphRun` (made on first use)."""
+    r = graph.run
+    if r is None:
+        r = graph.run = GraphRun()
+    return r  # type: ignore[no-any-return]
+
+
+class Sources:
+    """A graph's node sources as they were before a scheduler rewrote them (C helpers of the
+    extension copy them in one call)."""
+
+    __slots__ = ("saved", "n")
+
+    def __init__(self, g: Any):
+        n = int(lib.ggml_graph_n_nodes(g))
+        self.saved = ffi.new("struct ggml_tensor *[]", max(n * _MAX_SRC, 1))
+        self.n = lib.pyggml_graph_save_srcs(g, self.saved, n * _MAX_SRC)
+
+    def restore(self, g: Any) -> None:
+        lib.pyggml_graph_restore_srcs(g, self.saved, self.n)
+
+
+def save_sources(graph: Graph, split_by: Any) -> Sources:
+    """Save the node sources before a scheduler splits ``graph`` (it rewrites them to read its
+    copies); ``split_by``: the scheduler that will hold the split, if any."""
+    saved = Sources(graph.ptr)
+    if split_by is not None:
+        r = run_of(graph)
+        r.sources = saved
+        r.split_by = split_by
+    return saved
+
+
+def restore_sources(graph: Graph, saved: Sources | None = None) -> None:
+    """Put back the node sources a scheduler rewrote (``saved``, else those saved when it split
+    ``graph``); a no-op if none did."""
+    r = run_of(graph)
+    saved = saved or r.sources
+    if saved is not None and graph._ptr is not None:
+        # it writes into the nodes' structs: under the locks of their contexts (all at once),
+        # and only while none was reset or closed (another thread's tensors may lie there now)
+        contexts = graph.contexts()
+        with threads.using(*(c for c, _ in contexts), gate=False):
+            if not graph.closed and all(c._gen == gen for c, gen in contexts):
+                saved.restore(graph._ptr)
+    if saved is r.sources:
+        r.sources = None
+        if r.split_by is not None:
+            r.split_by = None
+            r.checks.clear()
+
+
+class Checked:
+    """What a backend's or scheduler's check of a graph found (``by``: the object that
+    checked), valid while nothing it depends on changes. A backend's check (``placed``) also
+    holds only while the graph stays placed where it was (the same placer, still holding it,
+    no tensor of it unplaced by another placer since); a scheduler places the graph itself
+    before each compute."""
+
+    __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced",
+                 "users", "locks", "by", "valid_at", "lock", "owners", "trialed", "placed")
+
+    def __init__(self, graph: Graph, by: Any, n_nodes: int, records: list[buffer.LiveBuffer],
+                 contexts: list[tuple[Any, int]], indices: buffer.IndexCheck | None, *,
+                 foreign: list[tuple[Any, Any]] = (), placed: bool = True):  # type: ignore[assignment]
+        self.by = by  # the object that checked (the key, its pointer, may be another's later)
+        self.version = graph.version
+        self.n_nodes = n_nodes
+        self.records = records
+        self.contexts = contexts
+        self.indices = indices  # the row indices in data, checked before every compute
+        self.foreign = list(foreign)  # other placers whose memory holds tensors of the graph
+        self.placed = placed
+        self.placer = run_of(graph).placed_by
+        self.unplaced = buffer.unplaced
+        # what computing the graph uses, locked around the C call (threads.using): its
+        # contexts, the owners of its buffers, its placer
+        self.users = (*(c for c, _ in contexts), *(r.owner for r in records), self.placer,
+                      *(o for o, _ in self.foreign))
+        self.locks: tuple[Any, ...] | None = None  # what a compute locks, on first use
+        self.lock: threads.using | None = None     # a using of them (stateless: threads share it)
+        self.owners = callback_owners(graph)       # to declare to calling() around a compute
+        self.trialed = False  # the forked trial compute (Scheduler._trial_compute) was done
+        # threads.changes when this was last found valid: until the next close, reset or
+        # placement anywhere, only the graph's own version and node count need a look
+        self.valid_at = -1
+
+    def still_valid(self, graph: Graph, n_nodes: int, seen: int) -> bool:
+        """Whether the check holds for ``graph`` of ``n_nodes`` nodes; ``seen``: the
+        ``threads.changes`` read before (while it has not moved since the check was last found
+        valid, only the graph's version and node count need a look)."""
+        if self.version != graph.version or self.n_nodes != n_nodes:
+            return False
+        if self.valid_at == seen:
+            return True
+        if self.placed and (self.placer is not run_of(graph).placed_by or self.unplaced != buffer.unplaced):
+            # a placer placing another graph forgot where some tensors were (data NULL), maybe
+            # this graph's: computing would run kernels on NULL (a crash: GraphAllocator.reserve
+            # of another graph of the same tensors)
+            return False
+        for rec in self.records:
+            if not rec.alive:
+                return False
+        for ctx, gen in self.contexts:
+            if ctx._gen != gen:
+                return False
+        for owner, holding in self.foreign:
+            if owner.holding() is not holding:
+                return False
+        if self.placed and self.placer is not None and not self.placer.covers(graph):
+            return False
+        self.valid_at = seen
+        return True
+
+
+def callback_owners(graph: Graph) -> tuple[Any, ...]:
+    """The owners to declare to :class:`~pyggml.raw.boundary.calling` for computing ``graph``:
+    its context when it made Python ops (``map_custom``, whose callbacks may run on ggml's
+    worker threads), else none (the other callbacks run on the calling thread; declaring no
+    owner skips a lock)."""
+    owner = graph._owner
+    return (owner,) if getattr(owner, "_callbacks", None) else ()
+
+
+def compute_lock(graph: Graph, *users: Any) -> threads.using:
+    """The :class:`~pyggml.raw.threads.using` of a compute of ``graph`` by ``users`` (backends,
+    contexts, buffer owners, placers): the graph's own lock is covered by its context's
+    (everything that changes a graph holds both), so that one instead, where it has one."""
+    owner = graph._owner
+    return threads.using(graph if owner._lock is None else owner, *users)
