@@ -49,6 +49,13 @@ stage_for() {  # stage_for NAME -> prints build/stage-NAME, refreshed from the w
     if [ -f "$s/.stage-files" ]; then  # files the checkout no longer has
         sort -z "$s/.stage-files" | comm -z -23 - "$list" | (cd "$s" && xargs -0 -r rm -f)
     fi
+    # Python files of the packages that git does not list: moved or deleted modules of an older
+    # checkout, and what an older build generated (the build writes its own again); and
+    # setuptools' own copy of the package (build/lib.*), which keeps modules that are gone and
+    # would put them back into the wheel
+    rm -rf "$s"/build/lib.* "$s"/build/bdist.*
+    (cd "$s" && find pyggml pyggml_build -name '*.py' -print0 2>/dev/null | sort -z) \
+        | comm -z -23 - "$list" | (cd "$s" && xargs -0 -r rm -f)
     tar -C "$root" --null -T "$list" -cf - | tar -C "$s" -xf -
     mv "$list" "$s/.stage-files"
     echo "$s"
