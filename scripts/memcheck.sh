@@ -11,7 +11,7 @@
 #        Default build/venv-blas/bin/python (scripts/check_variants.sh blas builds it, CPU
 #        x86-64-v3); any variant's venv works. EXAMPLES (per seed, 12), STEPS (per example, 30),
 #        LOGS (folder for the logs, default a new mktemp -d); WORKER=threads runs the threads
-#        fuzzer (tests/fuzz_threads_worker.py) instead, SECONDS per seed (60) on 4 threads
+#        fuzzer (tests/fuzz_threads_worker.py) instead, SEED_SECONDS per seed (60) on 4 threads
 # About a minute per seed (valgrind runs ~50x slower). Exit status 0 when valgrind saw no memory
 # error through ggml or pyggml and every seed passed. Not part of CI (needs valgrind).
 set -u
@@ -21,7 +21,7 @@ SEED=${2:-1}
 PYTHON=${PYTHON:-build/venv-blas/bin/python}
 EXAMPLES=${EXAMPLES:-12}
 WORKER=${WORKER:-state}
-SECONDS_PER_SEED=${SECONDS:-60}
+SECONDS_PER_SEED=${SEED_SECONDS:-60}  # (not SECONDS: bash counts the seconds since it started in it)
 STEPS=${STEPS:-30}
 LOGS=${LOGS:-$(mktemp -d -t pyggml-memcheck.XXXXXX)}
 mkdir -p "$LOGS"
