@@ -224,6 +224,45 @@ def test_threads_computing_on_one_backend_get_their_own_results():
     assert errors == []
 
 
+def test_threads_computing_one_graph_on_one_backend_leave_the_gate():
+    """The locks of a graph's compute are cached with its check and shared by the threads that
+    compute it: what a thread holds must not be kept there (the second thread's entry
+    overwrote the first's, so the first left the gate as the second: every later close
+    waited forever, or a close of another thread raised as if inside a call). The closes run
+    on a daemon thread: a regression fails the test instead of hanging it."""
+    from pyggml.raw import threads
+
+    be = CPUBackend(n_threads=1)
+    ctx = Context.for_tensors(8, graph_size=16)
+    galloc = GraphAllocator(be)
+    x, w, y, graph = _mlp_graph(ctx, 64, 4)
+    galloc.alloc_graph(graph)
+    x.set(np.ones((4, 64), np.float32))
+    w.set(np.eye(64, dtype=np.float32))
+    errors: list[BaseException] = []
+
+    def worker():
+        for _ in range(200):
+            be.graph_compute(graph)
+
+    workers = [_run(worker, errors) for _ in range(3)]
+    for t in workers:
+        t.join(120)
+    assert errors == [] and threads._readers == []
+    np.testing.assert_allclose(y.numpy(), np.tanh(np.ones((4, 64))), rtol=1e-5)
+
+    def close_all():
+        try:
+            for obj in (galloc, ctx, be):
+                obj.close()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+    closing = threading.Thread(target=close_all, daemon=True)
+    closing.start()
+    closing.join(20)
+    assert not closing.is_alive() and errors == [] and be.closed
+
+
 def test_threads_sharing_a_graph_cache_get_their_own_results():
     """GraphCache.compute sets the inputs, computes and reads the outputs as one step: threads
     take turns (else one thread's inputs would be computed for another)."""

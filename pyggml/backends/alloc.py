@@ -84,7 +84,7 @@ def placing(fn: _F) -> _F:
     ggml walks their tensor structs, so no reset or close of one meanwhile) and a scheduler's
     backends (another thread's compute of a graph placed by it waits, and waits for it; a close
     of a backend the split asks waits) and :data:`pyggml.memory.buffer.lifecycle`, and counted as a
-    change at its start and its end (``_cobject.changed``: a compute that checked its graph
+    change at its start and its end (``threads.changed``: a compute that checked its graph
     before taking its locks checks again)."""
     @functools.wraps(fn)
     def placed(self: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:

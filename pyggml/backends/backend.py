@@ -276,10 +276,10 @@ class Backend(_cobject.CObject):
                 continue
             lock = state.lock
             if lock is None:
-                lock = compute_lock(graph, self, *state.users)
-                state.locks, state.lock = lock.locks, lock
+                lock = state.lock = compute_lock(graph, self, *state.users)
             lock.__enter__()
-            if threads.changes == seen:  # nothing closed or placed anew while it waited
+            # nothing closed, placed anew or built into the graph while it waited
+            if threads.changes == seen and state.version == graph.version and lib.ggml_graph_n_nodes(g) == n_nodes:
                 break
             lock.__exit__()
         if state.indices is not None:  # data: checked before every compute

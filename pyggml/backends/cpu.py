@@ -274,11 +274,13 @@ class Threadpool(_cobject.CObject):
 
     def pause(self) -> None:
         """``ggml_threadpool_pause``."""
-        lib.ggml_threadpool_pause(self.ptr)
+        with calling():  # a call: no close meanwhile
+            lib.ggml_threadpool_pause(self.ptr)
 
     def resume(self) -> None:
         """``ggml_threadpool_resume``."""
-        lib.ggml_threadpool_resume(self.ptr)
+        with calling():  # a call: no close meanwhile
+            lib.ggml_threadpool_resume(self.ptr)
 
     def close(self) -> None:
         """Detach from every backend using the pool, then ``ggml_threadpool_free``."""
@@ -378,7 +380,8 @@ class CPUBackend(Backend):
         pool = self._threadpool
         if pool is not None and pool.n_threads < n:
             n = pool.n_threads
-        lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
+        with calling():  # a call: no close meanwhile
+            lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
 
     def set_threadpool(self, pool: Threadpool | None) -> None:
         """``ggml_backend_cpu_set_threadpool`` (None: ggml's own disposable threads). The
@@ -491,6 +494,6 @@ def cpu_buffer_from_array(array: np.ndarray) -> Buffer:
     addr = array.__array_interface__["data"][0]
     if addr % 32:
         raise ValueError("the array's memory must be 32-byte aligned (ggml asserts it): see aligned_zeros")
-    with buffer.lifecycle:
+    with calling(), buffer.lifecycle:  # the gate first, as every call
         ptr = lib.ggml_backend_cpu_buffer_from_ptr(ffi.from_buffer(array), array.nbytes)
         return Buffer(ptr, owned=True, keep=array)

@@ -60,8 +60,8 @@ class Device(_cobject.CObject):
     @classmethod
     def of(cls, obj: Backend | BufferType) -> "Device":
         """The device of a backend (``ggml_backend_get_device``) or of a buffer type
-        (``ggml_backend_buft_get_device``). Raises ValueError for a buffer type without a
-        device, TypeError for anything else."""
+        (``ggml_backend_buft_get_device``). Raises ValueError for one without a device (ggml's
+        CPU buffer type), ClosedError for a closed one, TypeError for anything else."""
         with calling():
             if isinstance(obj, Backend):
                 p = lib.ggml_backend_get_device(obj.ptr)
@@ -70,7 +70,7 @@ class Device(_cobject.CObject):
             else:
                 raise TypeError(f"Device.of takes a Backend or a BufferType, not {type(obj).__name__}")
         if p == ffi.NULL:
-            raise ValueError(f"buffer type {obj.name} belongs to no device")
+            raise ValueError(f"{obj._kind} {obj.name} belongs to no device")
         return cls(p)
 
     @property
@@ -143,7 +143,7 @@ class Device(_cobject.CObject):
         if not (array.flags.c_contiguous and array.flags.writeable):
             raise ValueError("the array must be writable and C-contiguous")
         size = array.nbytes
-        with buffer.lifecycle, calling():
+        with calling(), buffer.lifecycle:
             ptr = lib.ggml_backend_dev_buffer_from_host_ptr(self.ptr, ffi.from_buffer(array), size,
                                                             max_tensor_size or size)
             if ptr == ffi.NULL:

@@ -96,7 +96,7 @@ class Checked:
     before each compute."""
 
     __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced",
-                 "users", "locks", "by", "valid_at", "lock", "owners", "trialed", "placed")
+                 "users", "by", "valid_at", "lock", "owners", "trialed", "placed")
 
     def __init__(self, graph: Graph, by: Any, n_nodes: int, records: list[buffer.LiveBuffer],
                  contexts: list[tuple[Any, int]], indices: buffer.IndexCheck | None, *,
@@ -115,8 +115,7 @@ class Checked:
         # contexts, the owners of its buffers, its placer
         self.users = (*(c for c, _ in contexts), *(r.owner for r in records), self.placer,
                       *(o for o, _ in self.foreign))
-        self.locks: tuple[Any, ...] | None = None  # what a compute locks, on first use
-        self.lock: threads.using | None = None     # a using of them (stateless: threads share it)
+        self.lock: threads.using | None = None     # what a compute locks, on first use (threads share it)
         self.owners = callback_owners(graph)       # to declare to calling() around a compute
         self.trialed = False  # the forked trial compute (Scheduler._trial_compute) was done
         # threads.changes when this was last found valid: until the next close, reset or
@@ -153,11 +152,10 @@ class Checked:
 
 def callback_owners(graph: Graph) -> tuple[Any, ...]:
     """The owners to declare to :class:`~pyggml.raw.boundary.calling` for computing ``graph``:
-    its context when it made Python ops (``map_custom``, whose callbacks may run on ggml's
-    worker threads), else none (the other callbacks run on the calling thread; declaring no
-    owner skips a lock)."""
-    owner = graph._owner
-    return (owner,) if getattr(owner, "_callbacks", None) else ()
+    the contexts of its tensors that made Python ops (``map_custom``, whose callbacks may run on
+    ggml's worker threads), else none (the other callbacks run on the calling thread; declaring
+    no owner skips a lock)."""
+    return tuple(c for c, _ in graph.contexts() if getattr(c, "_callbacks", None))
 
 
 def compute_lock(graph: Graph, *users: Any) -> threads.using:

@@ -432,14 +432,15 @@ class Scheduler(_cobject.CObject, Placer):
                 self.alloc_graph(graph)
                 seen = threads.changes  # its own change
             g = self._check_graph(graph)
-            state = run_of(graph).checks[self._ptr]
+            state = run_of(graph).checks.get(self._ptr)
+            if state is None:  # another thread put the graph's sources back meanwhile
+                continue
             lock = state.lock
             if lock is None:
-                lock = compute_lock(graph, self, *self._backends, *(c for c, _ in state.contexts),
-                                    *(r.owner for r in state.records))
-                state.locks, state.lock = lock.locks, lock
+                lock = state.lock = compute_lock(graph, self, *self._backends, *state.users)
             lock.__enter__()
-            if threads.changes == seen:  # nothing closed or placed anew while it waited
+            # nothing closed, placed anew or built into the graph while it waited
+            if threads.changes == seen and state.version == graph.version and lib.ggml_graph_n_nodes(g) == state.n_nodes:
                 break
             lock.__exit__()
         try:
@@ -500,12 +501,14 @@ class Scheduler(_cobject.CObject, Placer):
     @property
     def n_splits(self) -> int:
         """Splits of the last graph (``ggml_backend_sched_get_n_splits``)."""
-        return int(lib.ggml_backend_sched_get_n_splits(self.ptr))
+        with calling():  # a call: no close meanwhile
+            return int(lib.ggml_backend_sched_get_n_splits(self.ptr))
 
     @property
     def n_copies(self) -> int:
         """``ggml_backend_sched_get_n_copies`` (pipeline-parallel copies)."""
-        return int(lib.ggml_backend_sched_get_n_copies(self.ptr))
+        with calling():  # a call: no close meanwhile
+            return int(lib.ggml_backend_sched_get_n_copies(self.ptr))
 
     def buffer_size(self, backend: Backend) -> int:
         """Bytes of ``backend``'s compute buffer (``ggml_backend_sched_get_buffer_size``)."""

@@ -41,7 +41,7 @@ class GraphCopy(_cobject.CObject):
         copy = None
         try:
             _check_in_buffers(graph)
-            with buffer.lifecycle:
+            with calling(), buffer.lifecycle:  # the gate first, as every call
                 with calling():
                     copy = lib.ggml_backend_graph_copy(backend.ptr, graph.ptr)
                 if copy.buffer != ffi.NULL:

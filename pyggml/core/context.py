@@ -110,7 +110,10 @@ class Context(_cobject.CObject, Ops):
     @classmethod
     def of(cls, obj: Tensor | Graph) -> "Context":
         """The context whose memory holds ``obj`` (a tensor or a graph). ValueError for one
-        that belongs to no pyggml context (lent to a callback, or ggml's own)."""
+        that belongs to no pyggml context (lent to a callback, or ggml's own), TypeError for
+        anything else."""
+        if not isinstance(obj, (Tensor, Graph)):
+            raise TypeError(f"Context.of takes a Tensor or a Graph, not {type(obj).__name__}")
         owner = obj._owner
         if not isinstance(owner, Context):
             raise ValueError(f"this {obj._kind} belongs to no pyggml context ({getattr(owner, 'name', owner)})")
@@ -147,17 +150,20 @@ class Context(_cobject.CObject, Ops):
     @property
     def mem_size(self) -> int:
         """Arena size in bytes (``ggml_get_mem_size``)."""
-        return int(lib.ggml_get_mem_size(self._live_ptr()))
+        with calling():  # a call: no close meanwhile
+            return int(lib.ggml_get_mem_size(self._live_ptr()))
 
     @property
     def used_mem(self) -> int:
         """Bytes in use (``ggml_used_mem``)."""
-        return int(lib.ggml_used_mem(self._live_ptr()))
+        with calling():  # a call: no close meanwhile
+            return int(lib.ggml_used_mem(self._live_ptr()))
 
     @property
     def no_alloc(self) -> bool:
         """Whether tensors get no data in the context (``ggml_get_no_alloc``)."""
-        return bool(lib.ggml_get_no_alloc(self._live_ptr()))
+        with calling():  # a call: no close meanwhile
+            return bool(lib.ggml_get_no_alloc(self._live_ptr()))
 
     def reset(self) -> None:
         """``ggml_reset``: forget every tensor and graph. Their Python objects raise ClosedError
@@ -176,7 +182,7 @@ class Context(_cobject.CObject, Ops):
     def _add_dep(self, owner: Any) -> None:
         """Record that nodes of this context read tensors of ``owner`` (a context or a borrow
         scope) in its current generation. Raises ClosedError if ``owner``'s own nodes read
-        memory that is gone (its tensors may point into it). The caller holds the locks of both."""
+        memory that is gone (its tensors may point into it). The caller holds this context's lock."""
         if getattr(owner, "_stale", False):
             owner._check_deps()
         self._deps.setdefault(owner, owner._gen)
@@ -606,7 +612,7 @@ class Context(_cobject.CObject, Ops):
                 raise ValueError("no tensor of this context needs allocation")
             if total >= 2**62:
                 raise MemoryError(f"alloc_tensors: the tensors of this context need {total} bytes")
-            with buffer.lifecycle, calling():
+            with calling(), buffer.lifecycle:
                 ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(self._live_ptr(), buft.ptr)
                 if ptr == ffi.NULL and total == 0:
                     # ggml makes no buffer of 0 bytes (nothing is allocated: it returns NULL)

@@ -21,6 +21,7 @@ from . import tensor as _tensor
 from ..enums import Op, TensorFlag
 from ..errors import ClosedError
 from ..raw import ffi, lib
+from ..raw.boundary import calling
 from .tensor import GGML_INTERNAL, BorrowScope, Tensor, context_of, tensor_arg
 
 __all__ = ["Graph", "Computer"]
@@ -265,7 +266,8 @@ class Graph(_cobject.CObject):
     @property
     def n_nodes(self) -> int:
         """``ggml_graph_n_nodes``."""
-        return int(lib.ggml_graph_n_nodes(self.ptr))
+        with calling():  # a call: no close meanwhile
+            return int(lib.ggml_graph_n_nodes(self.ptr))
 
     @property
     def uid(self) -> int:
@@ -433,7 +435,11 @@ class Graph(_cobject.CObject):
     def compute(self, backend: Computer) -> None:
         """Compute the graph on ``backend``: :meth:`pyggml.backends.backend.Backend.graph_compute`,
         which says what is checked and raised (:func:`pyggml.backends.cpu.graph_compute`: on a new CPU
-        backend)."""
+        backend). TypeError for something that computes no graph (``None``: use
+        :func:`pyggml.backends.cpu.graph_compute` for a new CPU backend)."""
+        if not hasattr(backend, "graph_compute"):
+            raise TypeError(f"Graph.compute takes a backend, not {type(backend).__name__} "
+                            "(pyggml.backends.cpu.graph_compute(graph) computes on a new CPU backend)")
         backend.graph_compute(self)
 
     def __repr__(self) -> str:

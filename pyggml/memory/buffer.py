@@ -91,7 +91,9 @@ forgetters: list[Callable[[Any, Any], None]] = []
 #: allocated at the freed address in between would be taken for the freed one (its tensors
 #: swept away while it computed: found by tests/fuzz_threads_worker.py). A buffer pyggml frees
 #: itself is retired first and needs no lock (finalizers free buffers). Re-entrant; held
-#: briefly, around C calls whose only Python callbacks are Python buffer types' own
+#: briefly, around C calls whose only Python callbacks are Python buffer types' own; always taken
+#: inside the gate (``with calling(), lifecycle:``), never before it (a close waiting at the gate
+#: would wait for a call that waits for it)
 lifecycle = threading.RLock()
 
 
@@ -401,11 +403,13 @@ class Buffer(_cobject.CObject):
     def usage(self) -> BufferUsage:
         """:class:`~pyggml.enums.BufferUsage` (``ggml_backend_buffer_get/set_usage``); set it with
         a member or a name (``"weights"``)."""
-        return BufferUsage(lib.ggml_backend_buffer_get_usage(self.ptr))
+        with calling():  # a call: no close meanwhile
+            return BufferUsage(lib.ggml_backend_buffer_get_usage(self.ptr))
 
     @usage.setter
     def usage(self, value: BufferUsage | str | int) -> None:
-        lib.ggml_backend_buffer_set_usage(self.ptr, member(BufferUsage, value))
+        with calling():  # a call: no close meanwhile
+            lib.ggml_backend_buffer_set_usage(self.ptr, member(BufferUsage, value))
 
     def alloc_size(self, tensor: _cobject.HasPtr) -> int:
         """Bytes ``tensor`` (a :class:`~pyggml.core.tensor.Tensor`) takes in this buffer
@@ -442,7 +446,7 @@ class Buffer(_cobject.CObject):
             if not b.owned or b.closed:
                 raise ValueError("a multi-buffer takes over open buffers pyggml owns")
         arr = ffi.new("ggml_backend_buffer_t[]", [b.ptr for b in buffers])
-        with lifecycle:
+        with calling(), lifecycle:  # the gate first, as every call
             ptr = lib.ggml_backend_multi_buffer_alloc_buffer(arr, len(buffers))
             multi = Buffer(ptr, owned=True, keep=buffers)
         for b in buffers:

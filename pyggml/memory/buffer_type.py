@@ -72,7 +72,7 @@ class BufferType(_cobject.CObject):
         allocation fails (or what a Python buffer type's ``alloc_buffer`` raised)."""
         if size < 0 or size > self.max_size:
             raise ValueError(f"buffer size {size} is outside 0..{self.max_size}")
-        with buffer.lifecycle, calling():
+        with calling(), buffer.lifecycle:
             ptr = lib.ggml_backend_buft_alloc_buffer(self.ptr, size)
             if ptr == ffi.NULL:
                 raise MemoryError(f"{self.name}: could not allocate {size} bytes")

@@ -45,7 +45,7 @@ _depth = 0                         # nested closes of the writer thread
 _writers = threading.Lock()       # one close or reset at a time
 _cond = threading.Condition(threading.Lock())
 _contexts: list["weakref.ref[Any]"] = []  # every context: closes take their locks
-_contexts_lock = threading.Lock()
+_contexts_lock = threading.RLock()  # re-entrant: a finalizer may run while it is held
 _deferred: list[Any] = []          # objects collected while their close would have waited
 
 
@@ -70,8 +70,9 @@ def changed() -> None:
 
 def register_context(ctx: Any) -> None:
     """Let closes and resets take ``ctx``'s lock (op constructors take only that one)."""
+    ref = weakref.ref(ctx)  # made outside the lock: a finalizer it runs may take the lock
     with _contexts_lock:
-        _contexts.append(weakref.ref(ctx))
+        _contexts.append(ref)
 
 
 def _context_locks() -> tuple[Any, ...]:
@@ -192,29 +193,22 @@ class using:
     """``with using(a, b, ...):`` around a call that uses the objects: inside the gate (no close
     or reset meanwhile), holding the objects' locks (None and objects without one skipped).
     ``gate=False``: the locks only, for contexts' op constructors and walks of their tensors
-    (a close takes every context's lock)."""
+    (a close takes every context's lock). Keeps no state of a thread: threads may share one (a
+    graph's check caches the one of its compute)."""
 
-    __slots__ = ("locks", "gate", "ident")
+    __slots__ = ("locks", "gate")
 
     def __init__(self, *objs: Any, gate: bool = True):
         self.locks = _locks_of(objs)
         self.gate = gate
 
-    @classmethod
-    def of(cls, locks: tuple[Any, ...]) -> "using":
-        """A :class:`using` (with the gate) of locks found before (``.locks`` of another)."""
-        u = cls.__new__(cls)
-        u.locks = locks
-        u.gate = True
-        return u
-
     def __enter__(self) -> None:
         if self.gate:
-            self.ident = _enter_gate()
+            ident = _enter_gate()
             try:
                 _take(self.locks)
             except BaseException:
-                _leave_gate(self.ident)
+                _leave_gate(ident)
                 raise
         else:
             _take(self.locks)
@@ -222,7 +216,7 @@ class using:
     def __exit__(self, *exc: object) -> None:
         _give_back(self.locks)
         if self.gate:
-            _leave_gate(self.ident)
+            _leave_gate(_ident())
 
     def hold(self) -> "Held":
         """Enter now; the :class:`Held` returned lets go on ``with`` exit (or ``release()``)."""
@@ -254,13 +248,14 @@ class closing:
     thread (a callback: C would go on with freed memory). Also a decorator of ``close`` and
     ``reset`` methods (:func:`closes`)."""
 
-    __slots__ = ("locks",)
+    __slots__ = ("locks", "nested")
 
     def __enter__(self) -> None:
         global _writer, _depth, changes
         ident = _ident()
         self.locks: tuple[Any, ...] = ()
-        if _writer == ident:
+        self.nested = _writer == ident
+        if self.nested:
             _depth += 1
             return
         if _inside_call(ident):
@@ -268,16 +263,23 @@ class closing:
                                "same thread (a callback): C may go on using what it frees")
         _writers.acquire()
         _writer = ident
-        with _cond:
-            while _readers:
-                _cond.wait(0.05)
-        self.locks = _context_locks()
-        _take(self.locks)
+        try:
+            with _cond:
+                while _readers:
+                    _cond.wait(0.05)
+            self.locks = _context_locks()
+            _take(self.locks)
+        except BaseException:  # (Ctrl-C while waiting): the gate opens again, nothing closed
+            _writer = None
+            with _cond:
+                _cond.notify_all()
+            _writers.release()
+            raise
         changes += 1
 
     def __exit__(self, *exc: object) -> None:
         global _writer, _depth, changes
-        if not self.locks and _depth:
+        if self.nested:
             _depth -= 1
             return
         changes += 1
@@ -318,26 +320,23 @@ def _close_deferred() -> None:
     global _writer
     if not _writers.acquire(False):
         return
-    ident = _ident()
+    got: list[Any] = []
     try:
         if _readers or _writer is not None:
             return
-        locks = _context_locks()
-        got = []
-        for lock in locks:
+        _writer = _ident()  # new calls of other threads wait from here on
+        if _readers:  # one entered meanwhile
+            return
+        for lock in _context_locks():
             if not lock.acquire(False):
-                break
+                return
             got.append(lock)
-        else:
-            _writer = ident
-            try:
-                while _deferred:
-                    _close_quietly(_deferred.pop())
-            finally:
-                _writer = None
+        while _deferred:
+            _close_quietly(_deferred.pop())
+    finally:
         for lock in got:
             lock.release()
-    finally:
+        _writer = None
         _writers.release()
         with _cond:
             _cond.notify_all()
