@@ -36,3 +36,12 @@ def test_registry_devices_and_backend_properties():
         assert Registry.of(Device.of(be)).get_proc_address("ggml_backend_set_n_threads") is not None
         with pytest.raises(ValueError, match="events"):
             pyggml.Event(Device.of(be))
+
+
+def test_going_up_a_layer_takes_only_its_own_kind():
+    """Registry.of, BufferType.of, Device.of and Context.of say what they take (TypeError), not
+    a cffi error about a pointer."""
+    from pyggml import Context
+    for fn, arg in ((Registry.of, "CPU"), (BufferType.of, 1), (Device.of, None), (Context.of, 0)):
+        with pytest.raises(TypeError, match="takes a"):
+            fn(arg)

@@ -37,7 +37,10 @@ class Registry(_cobject.CObject):
 
     @classmethod
     def of(cls, device: Device) -> "Registry":
-        """The registry (backend library) ``device`` belongs to (``ggml_backend_dev_backend_reg``)."""
+        """The registry (backend library) ``device`` belongs to (``ggml_backend_dev_backend_reg``).
+        Raises TypeError for anything but a :class:`Device`, ClosedError for a closed one."""
+        if not isinstance(device, Device):
+            raise TypeError(f"Registry.of takes a Device, not {type(device).__name__}")
         with calling():
             return cls(lib.ggml_backend_dev_backend_reg(device.ptr))
 

@@ -215,8 +215,10 @@ def register_arena(ctx: Any, start: int, size: int) -> None:
 def _forget_buffer(buf: Any, freed: Any) -> None:
     """:data:`pyggml.memory.buffer.forgetters`: the tensors of every open context in ``buf`` point at
     ``freed`` instead. Inside the gate (no context freed or reset meanwhile), without the
-    contexts' locks: it runs inside placements, which hold some of them, and may run beside an
-    op constructor appending to a context's list (it reads only finished tensors' fields)."""
+    contexts' locks: it runs inside placements, which hold some of them (waiting for the others
+    could deadlock), so it may run beside an op constructor that has linked a new tensor into
+    its context's list and not yet filled its struct (a known, narrow race: such a struct could
+    be marked as in freed memory)."""
     with threads.using():
         for _, _, ref in list(_ARENAS):
             ctx = ref()

@@ -32,7 +32,10 @@ class BufferType(_cobject.CObject):
 
     @classmethod
     def of(cls, buffer: Buffer) -> "BufferType":
-        """The type of ``buffer`` (``ggml_backend_buffer_get_type``)."""
+        """The type of ``buffer`` (``ggml_backend_buffer_get_type``). Raises TypeError for
+        anything but a :class:`~pyggml.memory.buffer.Buffer`, ClosedError for a closed one."""
+        if not isinstance(buffer, Buffer):
+            raise TypeError(f"BufferType.of takes a Buffer, not {type(buffer).__name__}")
         with calling():
             return cls(lib.ggml_backend_buffer_get_type(buffer.ptr), buffer)
 
