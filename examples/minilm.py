@@ -43,13 +43,12 @@ def _bucket(n: int) -> int:
 
 
 def device(name: str) -> pyggml.Device:
-    """The ggml device ``name`` (``numpy`` registers pyggml's NumPy backend first). Raises
-    :class:`pyggml.BackendNotAvailableError` saying why a device is missing."""
+    """The ggml device ``name`` (``numpy`` or ``TORCH0`` registers that pyggml Python backend
+    first). Raises :class:`pyggml.BackendNotAvailableError` saying why a device is missing."""
     from pyggml.backends.device import device_by_name
-    from pyggml.impl import numpy as numpy_backend
+    from pyggml.impl import register_builtin
 
-    if name.upper() == numpy_backend.NAME:
-        numpy_backend.register()
+    register_builtin(name)
     return device_by_name(name)
 
 

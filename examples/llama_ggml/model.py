@@ -28,7 +28,7 @@ import pyggml
 from pyggml import Context, CPUBackend, GGMLType, Scheduler, Tensor, ffi, lib
 from pyggml.backends.device import device_by_name
 from pyggml.core.gguf import GGUFFile
-from pyggml.impl import numpy as numpy_backend
+from pyggml.impl import register_builtin
 
 from .hparams import HParams, ModelError, check_tensors
 
@@ -38,11 +38,10 @@ KV_TYPES = {"f16": GGMLType.F16, "f32": GGMLType.F32}
 
 
 def init_backend(name: str) -> pyggml.Backend:
-    """A backend on the device ``name`` (``CUDA0``, ``Vulkan0``, ``RPC0``, ``NUMPY``..., case
-    insensitive); ``numpy`` registers pyggml's NumPy backend first. Raises
+    """A backend on the device ``name`` (``CUDA0``, ``Vulkan0``, ``RPC0``, ``NUMPY``, ``TORCH0``...,
+    case insensitive); ``numpy`` and ``TORCH0`` register that pyggml Python backend first. Raises
     :class:`pyggml.BackendNotAvailableError` (a KeyError) saying why a device is missing."""
-    if name.upper() == numpy_backend.NAME:
-        numpy_backend.register()
+    register_builtin(name)
     return device_by_name(name).init()
 
 

@@ -35,4 +35,22 @@ from .device import PyDevice
 from .registry import PyRegistry, register, unregister
 
 __all__ = ["PyRegistry", "PyDevice", "PyBufferType", "PyBuffer", "HostBuffer", "PyBackend",
-           "GraphOptimizeParams", "register", "unregister"]
+           "GraphOptimizeParams", "register", "unregister", "register_builtin", "BUILTIN"]
+
+#: pyggml's own Python backends: device-name prefix -> module (each has ``register()``)
+BUILTIN = {"NUMPY": "pyggml.impl.numpy", "TORCH": "pyggml.impl.torch"}
+
+
+def register_builtin(device_name: str) -> bool:
+    """Register the pyggml Python backend whose devices ``device_name`` names (``numpy``,
+    ``TORCH0``...; case insensitive) and return True; False for any other name (ggml's own
+    devices need no registration). Idempotent. Raises ImportError when that backend's optional
+    dependency (torch) is missing."""
+    import importlib
+
+    upper = device_name.upper()
+    for prefix, module in BUILTIN.items():
+        if upper.startswith(prefix):
+            importlib.import_module(module).register()
+            return True
+    return False
