@@ -232,6 +232,7 @@ class Backend(_cobject.CObject):
         buffer.check_graph_memory(g, need_data=True)
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
         foreign = buffer.check_placements(graph, records, placer)
+        self._check_buffers(records)
         supports = self._supports_raw
         for i in range(n_nodes):
             node = lib.ggml_graph_node(g, i)
@@ -243,6 +244,20 @@ class Backend(_cobject.CObject):
                              f"{self._why_not(node)}")
         return Checked(graph, self, n_nodes, records, contexts, buffer.IndexCheck.of(graph.raw_nodes()),
                        foreign=foreign)
+
+    def _check_buffers(self, records: list[buffer.LiveBuffer]) -> None:
+        """ValueError for a buffer of the graph this backend cannot read: ggml would hand its
+        kernels memory of another device (``ggml_backend_supports_buft``), or a meta device's
+        tensors, whose ``data`` are not addresses, to a backend other than a meta one."""
+        me = self._ptr
+        with calling():
+            is_meta = bool(lib.ggml_backend_is_meta(me))
+            for r in records:
+                buft = lib.ggml_backend_buffer_get_type(r.ptr)
+                if r.meta != is_meta or not lib.ggml_backend_supports_buft(me, buft):
+                    raise ValueError(f"backend {self.name} cannot use tensors in a buffer of type "
+                                     f"{ffi.string(lib.ggml_backend_buft_name(buft)).decode()}: compute the "
+                                     "graph on that buffer's backend, or use a Scheduler")
 
     #: whether :meth:`_kernel_ok` narrows what ggml's scheduler may give this backend (a table
     #: of what its kernels assume beyond its ``supports_op``: CPU, BLAS)

@@ -76,6 +76,15 @@ class Scheduler(_cobject.CObject, Placer):
             raise ValueError("the last backend of a scheduler must be a CPU backend")
         if len({b.ptr for b in backends}) != len(backends):
             raise ValueError("a backend appears twice")
+        if len(backends) > 1:
+            for b in backends:
+                if lib.ggml_backend_is_meta(b.ptr) and b.default_buffer_type.is_host:
+                    # ggml's CPU backend would take the meta tensors (their buffer type says
+                    # host) and read their data, which are not addresses
+                    raise ValueError(f"{b.name}: a meta device made of host devices cannot share a "
+                                     "scheduler (the other backends would read its tensors' data as "
+                                     "host memory); compute on it alone, or make it of devices with "
+                                     "memory of their own (GPUs, RPC)")
         if bufts is not None:
             bufts = list(bufts)
             if len(bufts) != len(backends):

@@ -667,8 +667,8 @@ class Tensor(_cobject.CBorrowed):
         buf = self.buffer_ptr
         if buf == ffi.NULL:
             return True
-        with calling():  # asks the buffer type
-            return bool(lib.ggml_backend_buffer_is_host(buf))
+        with calling():  # asks the buffer type; a meta buffer's data are not addresses
+            return bool(lib.ggml_backend_buffer_is_host(buf)) and not lib.ggml_backend_buffer_is_meta(buf)
 
     def numpy(self, copy: bool = True) -> np.ndarray:
         """The data as a NumPy array of shape :attr:`shape` (NumPy order).

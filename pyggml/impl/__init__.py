@@ -29,6 +29,8 @@ which turns a Python backend into a ggml backend module any ggml program can loa
 """
 from __future__ import annotations
 
+import importlib
+
 from .backend import GraphOptimizeParams, PyBackend
 from .buffer import HostBuffer, PyBuffer, PyBufferType
 from .device import PyDevice
@@ -46,8 +48,6 @@ def register_builtin(device_name: str) -> bool:
     ``TORCH0``...; case insensitive) and return True; False for any other name (ggml's own
     devices need no registration). Idempotent. Raises ImportError when that backend's optional
     dependency (torch) is missing."""
-    import importlib
-
     upper = device_name.upper()
     for prefix, module in BUILTIN.items():
         if upper.startswith(prefix):

@@ -45,9 +45,11 @@ def _str(p: Any) -> str:
 class LiveBuffer:
     """The record of one live buffer: its address range and the object that owns it (a
     :class:`Buffer`, a graph allocator or a scheduler; held weakly, so that the record does
-    not keep it alive). ``alive`` turns False when it is freed."""
+    not keep it alive). ``alive`` turns False when it is freed. ``meta``: a buffer of a meta
+    device (:mod:`pyggml.backends.meta`), whose tensors' ``data`` are tokens, not addresses (each
+    device's slice is in a buffer of that device): no address range to check them against."""
 
-    __slots__ = ("ptr", "base", "size", "_owner", "alive")
+    __slots__ = ("ptr", "base", "size", "_owner", "alive", "meta")
 
     def __init__(self, ptr: Any, owner: Any):
         self.ptr = ptr
@@ -55,6 +57,7 @@ class LiveBuffer:
         self.base = int(ffi.cast("uintptr_t", lib.ggml_backend_buffer_get_base(ptr))) if self.size else 0
         self._owner = weakref.ref(owner)
         self.alive = True
+        self.meta = bool(lib.ggml_backend_buffer_is_meta(ptr))
 
     @property
     def owner(self) -> Any:
@@ -67,6 +70,8 @@ class LiveBuffer:
 
     def holds(self, data: Any, nbytes: int) -> bool:
         """Whether ``nbytes`` at address ``data`` (cdata) lie inside this buffer."""
+        if self.meta:
+            return True
         addr = int(ffi.cast("uintptr_t", data))
         return self.base <= addr and addr + nbytes <= self.base + self.size
 
@@ -174,7 +179,7 @@ def live_table() -> tuple[Any, int]:
         recs = list(_LIVE.values())
         arr = ffi.new("struct pyggml_live_buffer[]", max(len(recs), 1))
         for i, r in enumerate(recs):
-            arr[i].buffer, arr[i].base, arr[i].size = r.ptr, r.base, r.size
+            arr[i].buffer, arr[i].base, arr[i].size = (r.ptr, 0, 2**64 - 1) if r.meta else (r.ptr, r.base, r.size)
         _table[:] = [arr, len(recs), _version]
     return _table[0], _table[1]
 
@@ -395,9 +400,18 @@ class Buffer(_cobject.CObject):
 
     @property
     def is_host(self) -> bool:
-        """Whether the memory is host memory (``ggml_backend_buffer_is_host``)."""
+        """Whether the memory is host memory (``ggml_backend_buffer_is_host``; a meta device's
+        buffer says so when all its devices' do, see :attr:`is_meta`)."""
         with calling():
             return bool(lib.ggml_backend_buffer_is_host(self.ptr))
+
+    @property
+    def is_meta(self) -> bool:
+        """Whether this is a meta device's buffer (``ggml_backend_buffer_is_meta``): each
+        tensor's slices are in buffers of the meta device's devices, and its ``data`` is no
+        address."""
+        with calling():
+            return bool(lib.ggml_backend_buffer_is_meta(self.ptr))
 
     @property
     def usage(self) -> BufferUsage:
@@ -460,8 +474,9 @@ class Buffer(_cobject.CObject):
 
     def numpy(self) -> np.ndarray:
         """Zero-copy ``uint8`` view of a host buffer's bytes (NumPy shape ``(size,)``); keeps the
-        buffer's memory alive. Raises ValueError for a device (non-host) buffer."""
-        if not self.is_host:
+        buffer's memory alive. Raises ValueError for a device (non-host) buffer, or a meta
+        device's (its bytes are in its devices' buffers)."""
+        if not self.is_host or self.is_meta:
             raise ValueError(f"buffer {self.name} is not in host memory")
         holder = host_array_owner(self.base, (self.size,), (1,), np.dtype(np.uint8), self)
         self._export(holder)

@@ -1,0 +1,143 @@
+"""pyggml.backends.meta: ggml's meta device (tensor parallelism) from Python, on the CPU device
+twice (the default build; over RPC devices in tests/examples/test_distributed.py). References
+are NumPy's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyggml import Context, CPUBackend, GGMLType, GraphAllocator, Scheduler
+from pyggml.backends.device import device_by_name
+from pyggml.backends.meta import MAX_DEVICES, MIRRORED, PARTIAL, SplitState, is_meta, meta_device
+
+rng = np.random.default_rng(7)
+CPU = device_by_name("CPU")
+
+
+class Policy:
+    """Split by tensor name; records what ggml asked for."""
+
+    def __init__(self, states):
+        self.states, self.asked = states, []
+
+    def __call__(self, t):
+        self.asked.append(t.name)
+        state = self.states.get(t.name, SplitState.mirrored())
+        return state(t) if callable(state) else state
+
+
+def _matmul_graph(backend, w, K, T):  # one matmul of a row-split weight
+    ctx = Context.for_tensors(8, graph_size=8)
+    x = ctx.new_tensor(GGMLType.F32, [K, T], name="x").set_input()
+    y = ctx.mul_mat(w, x).set_output()
+    g = ctx.new_graph(8).build_forward(y)
+    GraphAllocator(backend).alloc_graph(g)
+    return ctx, x, y, g
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.F32, GGMLType.Q8_0])
+@pytest.mark.parametrize("n_devices", [1, 2, 3])
+def test_row_then_column_parallel_mlp_matches_numpy(wtype, n_devices):
+    """An MLP as tensor parallelism splits it: w1 by rows (axis 1: each device computes some of
+    h), w2 by columns (axis 0: each device a partial sum of y, all-reduced before the residual
+    add reads it). The result is what the unsplit weights give."""
+    K, F, T = 64, 192, 3
+    W1 = rng.standard_normal((F, K)).astype(np.float32)
+    W2 = rng.standard_normal((K, F)).astype(np.float32)
+    X = rng.standard_normal((T, K)).astype(np.float32)
+    sizes = SplitState.even(1, F, n_devices, granularity=32).segments[0][0]  # the same F split
+    policy = Policy({"w1": SplitState.split(1, sizes), "w2": SplitState.split(0, sizes)})
+    be = meta_device([CPU] * n_devices, policy).init()
+    with be, Context.for_tensors(2) as wctx, Context.for_tensors(16, graph_size=16) as ctx:
+        w1 = wctx.new_tensor(wtype, [K, F], name="w1")
+        w2 = wctx.new_tensor(wtype, [F, K], name="w2")
+        wctx.alloc_tensors(be)
+        w1.set(W1)
+        w2.set(W2)
+        assert {"w1", "w2"} <= set(policy.asked)
+        x = ctx.new_tensor(GGMLType.F32, [K, T], name="x").set_input()
+        y = (ctx.mul_mat(w2, ctx.mul_mat(w1, x)) + x).set_output()
+        g = ctx.new_graph(16).build_forward(y)
+        GraphAllocator(be).alloc_graph(g)
+        x.set(X)
+        g.compute(be)
+        if wtype == GGMLType.F32:  # set scatters, get gathers
+            np.testing.assert_array_equal(w1.numpy(), W1)
+            np.testing.assert_array_equal(w2.numpy(), W2)
+        ref = (X @ w1.numpy().T) @ w2.numpy().T + X  # the weights as stored (Q8_0: dequantized)
+        tol = 1e-4 if wtype == GGMLType.F32 else 0.1  # Q8_0: ggml quantizes the activations too
+        np.testing.assert_allclose(y.numpy(), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+def test_uneven_split_by_weights():
+    s = SplitState.even(1, 100, 3, granularity=8, weights=[1, 2, 1])
+    assert s.axis == 1 and s.segments == (((24, 48, 28), 1),)
+    assert sum(s.segments[0][0]) == 100
+
+
+@pytest.mark.parametrize("bad, match", [
+    (SplitState.split(1, [10, 10]), "add up to 20, not ne\\[1\\] = 48"),
+    (SplitState.split(0, [40, 24]), "block size 32"),
+    (SplitState.split(2, [1, 0]), "has no axis 2"),
+    (SplitState(7), "neither 0..3"),
+    (SplitState(1, ()), "1 to 16 segments"),
+    (SplitState.split(1, [48]), "needs 2 sizes"),
+    (SplitState.split(1, [50, -2]), ">= 0"),
+    ("not a state", "returns a SplitState"),
+])
+def test_bad_policy_is_a_clear_error_of_the_call_that_asked(bad, match):
+    """ggml aborts on each of these; pyggml gives ggml a mirrored state and raises from the call
+    (``alloc_tensors``) that made ggml ask."""
+    be = meta_device([CPU, CPU], Policy({"w": bad})).init()
+    with be, Context.for_tensors(2) as wctx:
+        wctx.new_tensor(GGMLType.Q8_0, [64, 48], name="w")
+        with pytest.raises((ValueError, TypeError), match=match):
+            wctx.alloc_tensors(be)
+
+
+def test_policy_exception_reaches_the_caller():
+    def policy(t):
+        raise KeyError("no rule for " + t.name)
+
+    be = meta_device([CPU, CPU], policy).init()
+    with be, Context.for_tensors(2) as wctx:
+        wctx.new_tensor(GGMLType.F32, [8, 4], name="w")
+        with pytest.raises(KeyError, match="no rule for w"):
+            wctx.alloc_tensors(be)
+
+
+def test_meta_device_arguments():
+    with pytest.raises(ValueError, match="1 to 16"):
+        meta_device([], lambda t: SplitState.mirrored())
+    with pytest.raises(ValueError, match="1 to 16"):
+        meta_device([CPU] * (MAX_DEVICES + 1), lambda t: SplitState.mirrored())
+    with pytest.raises(TypeError, match="Devices"):
+        meta_device(["CPU"], lambda t: SplitState.mirrored())
+    with pytest.raises(TypeError, match="callable"):
+        meta_device([CPU], None)
+    dev = meta_device([CPU, CPU], lambda t: SplitState.mirrored())
+    assert is_meta(dev) and not is_meta(CPU)
+    with pytest.raises(ValueError, match="meta devices"):
+        meta_device([dev, CPU], lambda t: SplitState.mirrored())
+    assert MIRRORED == 10 and PARTIAL == 11  # ggml-backend.h
+
+
+def test_meta_memory_is_not_host_memory_to_python():
+    """A meta device of host devices says its buffer type is host memory, but its tensors'
+    data are not addresses: every way pyggml would read them as such refuses (each crashed)."""
+    be = meta_device([CPU, CPU], Policy({"w": SplitState.split(1, [2, 2])})).init()
+    with be, CPUBackend() as cpu, Context.for_tensors(2) as wctx:
+        w = wctx.new_tensor(GGMLType.F32, [8, 4], name="w")
+        buf = wctx.alloc_tensors(be)
+        assert buf.is_meta and be.default_buffer_type.is_host
+        with pytest.raises(ValueError, match="not in host memory"):
+            w.numpy(copy=False)
+        with pytest.raises(ValueError, match="not in host memory"):
+            buf.numpy()
+        with pytest.raises(BufferError):
+            np.from_dlpack(w)
+        with pytest.raises(ValueError, match="cannot share a scheduler"):
+            Scheduler([be, cpu])
+        ctx, x, y, g = _matmul_graph(be, w, 8, 2)
+        with ctx, pytest.raises(ValueError, match="cannot use tensors in a buffer of type Meta"):
+            g.compute(cpu)
