@@ -1,0 +1,209 @@
+"""Device memory for the torch backend: buffers that are torch tensors, and tensors seen as
+torch views of them.
+
+A :class:`TorchBuffer` is one ``uint8`` torch tensor on the backend's torch device; its base
+address (what ggml computes ``tensor->data`` from) is that tensor's ``data_ptr()``. A ggml tensor
+placed in it is seen, without a copy, as ``torch.as_strided`` of the buffer reinterpreted as the
+tensor's dtype: shape ``ne`` reversed, strides ``nb`` reversed divided by the element size,
+storage offset ``(data - base) / element size`` (:meth:`Views.tensor`). Quantized tensors are
+seen as rows of bytes (:meth:`Views.rows`).
+
+On the torch device ``cpu`` the buffers are host memory (``is_host``: ggml's CPU backend reads
+and writes them in place, they are real host pointers) and any other host buffer (ggml's CPU
+buffer type, a NumPy buffer) is seen too, through ``torch.frombuffer`` over its address range.
+On other devices (``cuda:N``, ``mps``...) only this backend's own buffers are seen; the
+scheduler copies inputs into them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...core.tensor import Tensor
+from ...raw import ffi, lib
+from .. import PyBuffer, PyBufferType
+from .._vtable import LIVE, addr
+
+__all__ = ["DTYPES", "TorchBuffer", "TorchBufferType", "Views", "generation"]
+
+_F32, _F16, _BF16, _F64 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16, lib.GGML_TYPE_F64
+_I8, _I16, _I32, _I64 = lib.GGML_TYPE_I8, lib.GGML_TYPE_I16, lib.GGML_TYPE_I32, lib.GGML_TYPE_I64
+
+#: ggml type -> torch dtype of its elements (the plain types)
+DTYPES: dict[int, torch.dtype] = {
+    _F32: torch.float32, _F16: torch.float16, _BF16: torch.bfloat16, _F64: torch.float64,
+    _I8: torch.int8, _I16: torch.int16, _I32: torch.int32, _I64: torch.int64}
+
+#: counts freed buffers: a backend drops its plans (which hold views, hence storage) when it
+#: changes, so freed device memory is not kept alive by a cached plan
+_freed = [0]
+
+
+def generation() -> int:
+    """How many :class:`TorchBuffer` have been freed in this process so far."""
+    return _freed[0]
+
+
+class TorchBuffer(PyBuffer):
+    """A buffer of ``size`` bytes: one ``uint8`` torch tensor on ``device``, its start aligned
+    to ``alignment`` bytes. ``data``: the 1-D ``uint8`` tensor of exactly ``size`` bytes."""
+
+    def __init__(self, device: torch.device, size: int, alignment: int):
+        self.device = device
+        raw = torch.zeros(max(size, 1) + alignment, dtype=torch.uint8, device=device)
+        pad = (-raw.data_ptr()) % alignment
+        self.data = raw[pad:pad + max(size, 1)]
+        self._addr = self.data.data_ptr()
+
+    def get_base(self) -> int:
+        return self._addr
+
+    def _span(self, tensor: Tensor, offset: int, size: int) -> torch.Tensor:
+        start = addr(tensor.ptr.data) - self._addr + offset
+        if start < 0 or start + size > self.data.numel():
+            raise ValueError("access outside the buffer")
+        return self.data[start:start + size]
+
+    def set_tensor(self, tensor: Tensor, data: memoryview, offset: int) -> None:
+        if data.nbytes:
+            src = torch.frombuffer(data, dtype=torch.uint8)
+            self._span(tensor, offset, data.nbytes).copy_(src)
+
+    def get_tensor(self, tensor: Tensor, out: memoryview, offset: int) -> None:
+        if out.nbytes:
+            dst = torch.frombuffer(out, dtype=torch.uint8)
+            dst.copy_(self._span(tensor, offset, out.nbytes))
+
+    def memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        if size:
+            self._span(tensor, offset, size).fill_(value)
+
+    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """A copy from another buffer of this backend (any torch device) or a host buffer."""
+        n = src.nbytes
+        if n != dst.nbytes:
+            return False
+        sp = src.ptr
+        other = LIVE.get(addr(sp.buffer)) if sp.buffer != ffi.NULL else None
+        if isinstance(other, TorchBuffer):
+            source = other.data[addr(sp.data) - other._addr:][:n]
+        elif sp.buffer != ffi.NULL and lib.ggml_backend_buffer_is_host(sp.buffer):
+            source = torch.frombuffer(ffi.buffer(sp.data, n), dtype=torch.uint8) if n else other
+        else:
+            return False
+        if n:
+            self._span(dst, 0, n).copy_(source)
+        return True
+
+    def clear(self, value: int) -> None:
+        self.data.fill_(value)
+
+    def free_buffer(self) -> None:
+        _freed[0] += 1
+        self.data = torch.empty(0, dtype=torch.uint8)
+
+
+class TorchBufferType(PyBufferType):
+    """Buffers of torch tensors on one torch device; host memory (``is_host``) for ``cpu``."""
+
+    ALIGNMENT = 128
+
+    def __init__(self, name: str, device: torch.device):
+        self.name, self.device = name, device
+        super().__init__()
+
+    def get_name(self) -> str:
+        return self.name
+
+    def get_alignment(self) -> int:
+        return self.ALIGNMENT
+
+    def is_host(self) -> bool:
+        return self.device.type == "cpu"
+
+    def alloc_buffer(self, size: int) -> TorchBuffer:
+        return TorchBuffer(self.device, size, self.ALIGNMENT)
+
+
+def _name(p: Any) -> str:
+    return ffi.string(p.name).decode("utf-8", "replace") or "(unnamed)"
+
+
+class Views:
+    """Torch views of the tensors of a graph on ``device`` (a cache per memory range, kept by
+    one plan). ``host``: whether host memory that is not a :class:`TorchBuffer` may be seen
+    (torch ``cpu`` only)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.host = device.type == "cpu"
+        self._typed: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self._foreign: dict[tuple[int, int], torch.Tensor] = {}
+        self._seen: dict[Any, torch.Tensor] = {}
+
+    def _bytes(self, p: Any) -> tuple[torch.Tensor, int]:
+        """(1-D uint8 tensor, byte offset of ``p``'s data in it)."""
+        if p.data == ffi.NULL:
+            raise ValueError(f"tensor {_name(p)} has no data: allocate the graph before computing it")
+        data = addr(p.data)
+        buf = p.buffer
+        own = LIVE.get(addr(buf)) if buf != ffi.NULL else None
+        if isinstance(own, TorchBuffer):
+            if own.device != self.device:
+                raise ValueError(f"tensor {_name(p)} is in a buffer on torch device {own.device}, "
+                                 f"not {self.device}")
+            return own.data, data - own._addr
+        if not self.host:
+            raise ValueError(f"tensor {_name(p)} is not in a buffer of this torch backend")
+        if buf != ffi.NULL and lib.ggml_backend_buffer_is_host(buf):
+            base = addr(lib.ggml_backend_buffer_get_base(buf))
+            size = int(lib.ggml_backend_buffer_get_size(buf))
+        elif buf == ffi.NULL:   # memory of a ggml context (no_alloc=False)
+            base, size = data, int(lib.ggml_nbytes(p))
+        else:
+            raise ValueError(f"tensor {_name(p)} is in a device buffer that torch cannot read")
+        key = (base, size)
+        t = self._foreign.get(key)
+        if t is None:
+            t = self._foreign[key] = torch.frombuffer(ffi.buffer(ffi.cast("void *", base), size),
+                                                      dtype=torch.uint8)
+        return t, data - base
+
+    def _typed_of(self, u8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        key = (u8.data_ptr(), dtype)
+        t = self._typed.get(key)
+        if t is None:
+            k = dtype.itemsize
+            t = self._typed[key] = u8[: u8.numel() - u8.numel() % k].view(dtype)
+        return t
+
+    def strided(self, p: Any, dtype: torch.dtype, ne: Any, nb: Any, offset: int = 0) -> torch.Tensor:
+        """A view of ``p``'s memory as ``dtype`` with ggml ``ne``/``nb`` (torch shape ``ne``
+        reversed), starting ``offset`` bytes after ``p``'s data. Raises ValueError when the
+        data, the offset or a stride is not a multiple of the element size."""
+        ne = [int(x) for x in ne]
+        nb = [int(x) for x in nb]
+        if 0 in ne:
+            return torch.empty(ne[::-1], dtype=dtype, device=self.device)
+        u8, start = self._bytes(p)
+        start += offset
+        k = dtype.itemsize
+        if start % k or nb[0] % k or nb[1] % k or nb[2] % k or nb[3] % k:
+            raise ValueError(f"tensor {_name(p)}: data or strides are not multiples of its element size")
+        typed = self._typed_of(u8, dtype)
+        return torch.as_strided(typed, ne[::-1], [b // k for b in nb[::-1]],
+                                typed.storage_offset() + start // k)
+
+    def tensor(self, p: Any) -> torch.Tensor:
+        """``p`` (a plain type) as a typed view of its memory, torch shape ``ne`` reversed (one
+        view per tensor struct: the structs do not change while a plan is built)."""
+        t = self._seen.get(p)
+        if t is None:
+            t = self._seen[p] = self.strided(p, DTYPES[p.type], p.ne, p.nb)
+        return t
+
+    def rows(self, p: Any) -> torch.Tensor:
+        """``p``'s rows as bytes, shape (ne3, ne2, ne1, row size) (rows of packed blocks)."""
+        rs = int(lib.ggml_row_size(p.type, p.ne[0]))
+        return self.strided(p, torch.uint8, (rs, p.ne[1], p.ne[2], p.ne[3]), (1, p.nb[1], p.nb[2], p.nb[3]))

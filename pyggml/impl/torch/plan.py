@@ -1,0 +1,79 @@
+"""Dispatch once, replay after: a graph's kernels bound once (a :class:`Plan`), run again while
+the graph is unchanged.
+
+The first compute of a graph builds its plan: for each node that computes something (not an
+empty op, ``TensorFlag.COMPUTE`` set) the kernel table binds a step on fixed torch views of the
+node and its sources (:func:`.table.build`); the steps run in graph order. A later compute of
+the same graph runs the same steps, with no op lookup, no view made and no parameter decoded:
+the Python cost per node is one call into torch.
+
+"The same graph" is decided as ggml-cuda decides whether to replay a captured CUDA graph
+(``ggml_cuda_graph_update_required``): plans are kept per first node; a graph whose ``uid`` is
+set (the scheduler gives each split a new one whenever it splits a graph) and equals the plan's
+is the same; otherwise the bytes of every node's ``struct ggml_tensor`` (op, type, ne, nb,
+op_params, flags, data, src and view pointers) and of every source that is not a node (its data
+pointer, ne, nb) must equal those recorded when the plan was built.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ...enums import TensorFlag
+from ...core.tensor import EMPTY_OPS
+from ...raw import ffi
+from .table import Step, build
+
+__all__ = ["Plan"]
+
+_COMPUTE = int(TensorFlag.COMPUTE)
+_SIZE = ffi.sizeof("struct ggml_tensor")
+
+
+def _signature(tensors: list[Any]) -> bytes:
+    return b"".join([ffi.buffer(p, _SIZE) for p in tensors])
+
+
+class Plan:
+    """The steps of one graph (``nodes``: its raw nodes in order) on ``views``
+    (:class:`.memory.Views`), with what identifies the graph: ``uid`` and the bytes of the
+    nodes and of their sources that are not nodes."""
+
+    def __init__(self, nodes: list[Any], uid: int, views: Any):
+        steps: list[Step] = []
+        node_set = set(nodes)
+        leafs: dict[Any, None] = {}
+        for p in nodes:
+            for s in p.src:
+                if s == ffi.NULL:
+                    break
+                if s not in node_set:
+                    leafs[s] = None
+            if p.op in EMPTY_OPS or not p.flags & _COMPUTE:
+                continue
+            step = build(p, views)
+            if step is not None:
+                steps.append(step)
+        self.steps = steps
+        self.uid = uid
+        self.n_nodes = len(nodes)
+        self.leafs = list(leafs)
+        self.node_bytes = _signature(nodes)
+        self.leaf_bytes = _signature(self.leafs)
+        self.views = views          # keeps the memory the steps see alive
+
+    def matches(self, uid: int, nodes: list[Any]) -> bool:
+        """Whether ``nodes`` (with graph ``uid``) are the graph this plan was built for."""
+        if len(nodes) != self.n_nodes:
+            return False
+        if uid != 0 and uid == self.uid:
+            return True
+        # the nodes first: equal nodes have the same sources, so the recorded leafs are alive
+        if _signature(nodes) != self.node_bytes or _signature(self.leafs) != self.leaf_bytes:
+            return False
+        self.uid = uid
+        return True
+
+    def run(self) -> None:
+        """Run the steps in order (an exception from torch propagates)."""
+        for step in self.steps:
+            step()

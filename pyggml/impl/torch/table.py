@@ -1,0 +1,85 @@
+"""The torch backend's kernel table: per ggml op, whether it is computed (``supports``) and how
+to bind it (``build``).
+
+A kernel is bound, not run: ``build(node, views)`` reads the node's metadata (types, ``ne``,
+``nb``, op_params), takes torch views of the node and of its sources (:class:`.memory.Views`)
+and returns a step, a callable of no arguments that computes the node from the *current* data
+of those views (or None: nothing to compute). The backend runs the steps of a graph in order
+and keeps them (:mod:`.plan`): a step must therefore read every data-dependent value (row
+indices, positions, AdamW parameters) when it runs, never when it is built.
+
+Supports rules: where the computation is the NumPy backend's (same types, same semantics), its
+rule is reused (:data:`pyggml.impl.numpy.OPS`), narrowed where torch computes less (quantized
+types: only those of :data:`.quant.DEQUANT`; no quantized destinations). Numerics follow ggml's
+CPU backend as the NumPy backend does (float32 compute, the destination rounded by torch's
+``copy_``: round-to-nearest-even for F16/BF16, truncation for integers; GELU through ggml's F16
+rounding), with torch's float32 math functions.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, NamedTuple
+
+from ...raw import ffi, lib
+from ..numpy import OPS as NUMPY_OPS
+
+__all__ = ["OPS", "OpImpl", "supports", "build", "supported_op_names", "Step"]
+
+#: a bound kernel: computes one node from the current data of its views
+Step = Callable[[], None]
+
+
+class OpImpl(NamedTuple):
+    """One entry of :data:`OPS`: ``supports(ptr) -> bool`` and ``build(ptr, views) -> Step |
+    None`` take the raw ``struct ggml_tensor *``; ``variant``/``variants`` name the sub-ops
+    computed (UNARY, GLU, ROPE...), checked before ``supports``."""
+    name: str
+    supports: Callable[[Any], bool]
+    build: Callable[[Any, Any], "Step | None"]
+    notes: str
+    variant: Callable[[Any], int] | None = None
+    variants: frozenset[int] = frozenset()
+
+
+#: GGML_OP_* -> :class:`OpImpl`
+OPS: dict[int, OpImpl] = {}
+
+
+def _add(name: str, sup: Callable[[Any], bool], build: Callable[[Any, Any], "Step | None"], notes: str, *,
+         variant: Callable[[Any], int] | None = None, variants: Iterable[int] = ()) -> None:
+    op = getattr(lib, f"GGML_OP_{name}")
+    OPS[op] = OpImpl(name, sup, build, notes, variant, frozenset(int(v) for v in variants))
+
+
+def numpy_rule(name: str) -> Callable[[Any], bool]:
+    """The NumPy backend's supports rule of op ``name`` (the same semantics)."""
+    return NUMPY_OPS[getattr(lib, f"GGML_OP_{name}")].supports
+
+
+def supports(p: Any) -> bool:
+    """Whether :func:`build` binds node ``p`` (a raw ``struct ggml_tensor *``) to a kernel that
+    computes it correctly. Only metadata is read. Never raises for a valid node."""
+    impl = OPS.get(int(p.op))
+    if impl is None:
+        return False
+    try:
+        if impl.variant is not None and impl.variant(p) not in impl.variants:
+            return False
+        return bool(impl.supports(p))
+    except (ValueError, KeyError, IndexError, ZeroDivisionError, OverflowError):
+        return False
+
+
+def build(p: Any, views: Any) -> "Step | None":
+    """The step computing node ``p`` on ``views`` (None: nothing to compute). Raises ValueError
+    for a node :func:`supports` rejects or whose memory torch cannot see."""
+    impl = OPS.get(int(p.op))
+    if impl is None or not supports(p):
+        name = ffi.string(p.name).decode("utf-8", "replace") or "(unnamed)"
+        raise ValueError(f"the torch backend cannot compute node {name} "
+                         f"({ffi.string(lib.ggml_op_desc(p)).decode()})")
+    return impl.build(p, views)
+
+
+def supported_op_names() -> list[str]:
+    """The names of the ops in :data:`OPS`, sorted."""
+    return sorted(impl.name for impl in OPS.values())
