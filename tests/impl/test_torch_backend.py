@@ -1,0 +1,320 @@
+"""pyggml.impl.torch: the ggml backend over torch tensors — its kernels against ggml's CPU
+backend, its memory, the plan replay, errors, scheduling beside the CPU, and MiniLM on it.
+
+The kernel cases are the NumPy backend's (tests/impl/test_numpy_kernels.py: each graph built
+twice from the same inputs, once computed by the CPU backend, once here; NMSE as
+test-backend-ops), with the graph computed by a torch backend on torch's ``cpu`` device instead
+of node by node with NumPy.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pyggml  # noqa: E402
+from pyggml import Context, CPUBackend, GGMLType, GraphAllocator, Scheduler, lib  # noqa: E402
+from pyggml.impl import _vtable  # noqa: E402
+from pyggml.impl import torch as torch_backend  # noqa: E402
+
+import test_numpy_kernels as K  # noqa: E402  (the NumPy backend's cases, same folder)
+
+os.environ.setdefault("PYGGML_TORCH_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="module")
+def backend():
+    be = torch_backend.init()
+    yield be
+    be.close()
+
+
+def py_backend(be):
+    """The :class:`TorchBackend` object behind a pyggml Backend."""
+    return _vtable.LIVE[_vtable.addr(be.ptr)]
+
+
+# ------------------------------------------------------------------------- kernels vs the CPU
+
+
+def _not_claimed(p) -> bool:
+    """What the torch backend deliberately leaves to others: quantized destinations (no
+    quantizer) and quantized sources it cannot dequantize (K-quants, IQ types)."""
+    if lib.ggml_is_quantized(p.type):
+        return True
+    return any(s != pyggml.ffi.NULL and lib.ggml_is_quantized(s.type) and s.type not in torch_backend.quant.DEQUANT
+               for s in p.src)
+
+
+@pytest.fixture
+def on_torch(backend, monkeypatch):
+    """Run the NumPy backend's kernel cases with the graph computed by the torch backend."""
+    def compute_torch(graph):
+        for n in graph.nodes:
+            if not torch_backend.supports(n.ptr):
+                if _not_claimed(n.ptr):
+                    pytest.skip(f"not claimed: {n.op_name} {n.type_name} of {[s.type_name for s in n.src]}")
+                raise AssertionError(f"torch backend does not support {n!r} srcs {[s.type_name for s in n.src]}")
+        for n in graph.nodes:
+            if not n.is_empty_op():      # (a PARAM leaf is a node too: its data is an input)
+                K.poison(n)
+        backend.graph_compute(graph)
+    monkeypatch.setattr(K, "compute_numpy", compute_torch)
+
+
+_CASES = [
+    "test_binary_f32", "test_binary_types", "test_binary_noncontiguous", "test_binary_into_inplace_view",
+    "test_add1_acc_set", "test_unary", "test_unary_bf16", "test_unary_on_permuted_view", "test_unary_xielu",
+    "test_math_ops", "test_clamp_leaky_scale", "test_glu", "test_swiglu_oai", "test_swiglu_clamp_limit",
+    "test_sum_and_rows", "test_argmax_argsort_topk", "test_count_equal", "test_repeat_concat",
+    "test_concat_noncontiguous", "test_repeat_back", "test_cpy_types", "test_cont_dup_and_view_destination",
+    "test_cpy_quantized", "test_norms", "test_group_norm_and_fused_rms_norm_mul", "test_mul_mat",
+    "test_mul_mat_quantized", "test_mul_mat_noncontiguous", "test_out_prod", "test_get_rows",
+    "test_get_rows_embedding_vector", "test_set_rows", "test_set_rows_f16_source", "test_diag_mask",
+    "test_soft_max", "test_soft_max_sinks", "test_rope", "test_rope_noncontiguous_and_back",
+    "test_pad_arange_timestep_fill_tri", "test_llama_block_graph", "test_bert_layer_graph",
+]
+for _name in _CASES:
+    globals()[_name.replace("test_", "test_kernel_", 1)] = pytest.mark.usefixtures("on_torch")(getattr(K, _name))
+del _name
+
+
+@pytest.mark.parametrize("tq", sorted(torch_backend.quant.DEQUANT), ids=K.tname)
+@pytest.mark.parametrize("ne", [([64, 5, 3, 2], [64, 4, 6, 2]), ([96, 7, 1, 1], [96, 3, 1, 1])])
+def test_quantized_mul_mat_and_get_rows_against_the_cpu(on_torch, tq, ne):
+    """Every quantized type the backend dequantizes, as weights of MUL_MAT (batches broadcast)
+    and as the table of GET_ROWS."""
+    na, nb = ne
+    K.check(lambda ctx, a, b: ctx.mul_mat(a, b), [(K.rand(na, seed=1), tq), (K.rand(nb, seed=2), K.F32)], tol=5e-4)
+    rows = np.array([[2, 0, 1, 2]], dtype=np.int32)
+    K.check(lambda ctx, a, r: ctx.get_rows(a, r),
+            [(K.rand([na[0], na[1]], seed=3), tq), (rows[0], K.I32)])
+
+
+def test_training_ops_against_the_cpu(on_torch):
+    """CROSS_ENTROPY_LOSS, its BACK and OPT_STEP_ADAMW (ggml's own graph ops)."""
+    logits, labels = K.rand([10, 6], seed=4), K.rand([10, 6], 0, 1, seed=5)
+    K.check(lambda ctx, a, b: K.wrap(ctx, lib.ggml_cross_entropy_loss(ctx.ptr, a.ptr, b.ptr)),
+            [(logits, K.F32), (labels, K.F32)])
+    K.check(lambda ctx, g, a, b: K.wrap(ctx, lib.ggml_cross_entropy_loss_back(ctx.ptr, g.ptr, a.ptr, b.ptr)),
+            [(np.array([0.7], np.float32), K.F32), (logits, K.F32), (labels, K.F32)])
+    w, g, m, v = (K.rand([8, 3], seed=s) for s in (6, 7, 8, 9))
+    prm = np.array([1e-2, 0.9, 0.999, 1e-8, 0.1, 1 / (1 - 0.9 ** 3), 1 / (1 - 0.999 ** 3)], np.float32)
+
+    def adamw(ctx, w, g, m, v, prm):
+        w.set_param()
+        return K.wrap(ctx, lib.ggml_opt_step_adamw(ctx.ptr, w.ptr, g.ptr, m.ptr, v.ptr, prm.ptr))
+    # v, a second moment, is >= 0
+    K.check(adamw, [(w, K.F32), (g, K.F32), (m, K.F32), (np.abs(v), K.F32), (prm, K.F32)])
+
+
+def test_supports_claims_only_what_it_computes():
+    """No quantized destination, no quantized type it cannot dequantize, no op without a kernel."""
+    with Context(1 << 20) as ctx:
+        a = ctx.new_tensor(GGMLType.F32, [64, 4])
+        q = ctx.new_tensor(GGMLType.Q4_K, [256, 4])
+        assert torch_backend.supports(ctx.mul_mat(ctx.new_tensor(GGMLType.Q8_0, [64, 4]), a).ptr)
+        assert not torch_backend.supports(ctx.mul_mat(q, ctx.new_tensor(GGMLType.F32, [256, 2])).ptr)
+        assert not torch_backend.supports(ctx.cpy(a, ctx.new_tensor(GGMLType.Q8_0, [64, 4])).ptr)
+        fa = ctx.flash_attn(ctx.new_tensor(GGMLType.F32, [64, 4, 2]), ctx.new_tensor(GGMLType.F32, [64, 8, 2]),
+                            ctx.new_tensor(GGMLType.F32, [64, 8, 2]))
+        assert not torch_backend.supports(fa.ptr)
+    assert "MUL_MAT" in torch_backend.supported_op_names()
+    assert set(K.numpy_ops.supported_op_names()) <= set(torch_backend.supported_op_names())
+
+
+# ------------------------------------------------------------------------- memory
+
+def test_buffers_are_torch_tensors_and_tensors_are_views_of_them(backend):
+    """A tensor allocated in the device's buffer is a torch view of the buffer's uint8 tensor:
+    set/get/memset go through torch, and the CPU backend reads the memory in place (is_host)."""
+    dev = pyggml.backends.device.device_by_name("TORCH0")
+    buft = dev.buffer_type
+    assert buft.is_host and buft.name == "TORCH0"
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    with Context.for_tensors(4) as ctx:
+        t = ctx.new_tensor(GGMLType.F32, [6, 4])
+        buf = ctx.alloc_tensors(buft)
+        pybuf = _vtable.LIVE[_vtable.addr(buf.ptr)]
+        assert isinstance(pybuf, torch_backend.memory.TorchBuffer)
+        t.set(x)
+        view = torch_backend.memory.Views(torch.device("cpu")).tensor(t.ptr)
+        assert view.shape == (1, 1, 4, 6)
+        np.testing.assert_array_equal(view[0, 0].numpy(), x)
+        view[0, 0, 1] = -1.0                               # the same memory, no copy
+        np.testing.assert_array_equal(t.numpy()[1], -np.ones(6, np.float32))
+        buf.clear(0)
+        assert not t.numpy().any()
+
+
+# ------------------------------------------------------------------------- plan and replay
+
+def _chain(be, n=8):
+    ctx = Context.for_tensors(2 * n + 8, graph_size=2 * n + 8)
+    x = ctx.new_tensor(GGMLType.F32, [16]).set_input()
+    y = x
+    for i in range(n):
+        y = ctx.add(y, x) if i % 2 == 0 else ctx.mul(y, x)
+    g = ctx.new_graph(n + 4).build_forward(y)
+    GraphAllocator(be).alloc_graph(g)
+    return ctx, x, y, g
+
+
+def _chain_ref(v, n=8):
+    y = v.copy()
+    for i in range(n):
+        y = y + v if i % 2 == 0 else y * v
+    return y
+
+
+def test_second_compute_replays_the_plan_and_reads_new_inputs(backend):
+    tb = py_backend(backend)
+    builds, replays = tb.n_builds, tb.n_replays
+    ctx, x, y, g = _chain(backend)
+    with ctx:
+        for k in range(3):
+            v = np.linspace(-1, 1, 16, dtype=np.float32) * (k + 1)
+            x.set(v)
+            g.compute(backend)
+            np.testing.assert_allclose(y.numpy(), _chain_ref(v), rtol=1e-6)
+        assert (tb.n_builds - builds, tb.n_replays - replays) == (1, 2)
+
+
+def test_a_changed_graph_builds_a_new_plan(backend):
+    tb = py_backend(backend)
+    ctx, x, y, g = _chain(backend)
+    with ctx:
+        v = np.ones(16, np.float32) * 0.5
+        x.set(v)
+        g.compute(backend)
+        builds = tb.n_builds
+        # the same graph allocated again elsewhere: data pointers change -> rebuild
+        GraphAllocator(backend).alloc_graph(g)
+        x.set(v)
+        g.compute(backend)
+        np.testing.assert_allclose(y.numpy(), _chain_ref(v), rtol=1e-6)
+        # an op parameter changed in place (same nodes, same pointers) -> rebuild too
+        s = ctx.scale(y, 2.0)
+        g2 = ctx.new_graph(16).build_forward(s)
+        GraphAllocator(backend).alloc_graph(g2)
+        x.set(v)
+        g2.compute(backend)
+        np.testing.assert_allclose(s.numpy(), 2 * _chain_ref(v), rtol=1e-6)
+        pyggml.ffi.cast("float *", s.ptr.op_params)[0] = 3.0
+        g2.compute(backend)
+        np.testing.assert_allclose(s.numpy(), 3 * _chain_ref(v), rtol=1e-6)
+        assert tb.n_builds == builds + 3
+
+
+def test_scheduler_splits_replay_by_uid_and_unsupported_ops_go_to_the_cpu(backend):
+    """Under ggml's scheduler: FLASH_ATTN_EXT (no torch kernel) runs on the CPU, the rest on
+    TORCH0, the results equal the CPU's alone; a second compute replays the splits' plans."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 5, 16), dtype=np.float32) for _ in range(3))
+    cpu = CPUBackend(n_threads=1)
+
+    def graph(ctx):
+        tq, tk, tv = (ctx.new_tensor(GGMLType.F32, [16, 5, 2]).set_input() for _ in range(3))
+        a = ctx.flash_attn(ctx.scale(tq, 0.5), tk, tv, None, scale=0.25)
+        out = ctx.rms_norm(a, 1e-6) * 2.0
+        return (tq, tk, tv), a, out, ctx.new_graph(32).build_forward(out)
+
+    with Context.for_tensors(32, graph_size=32) as ctx:
+        ins, _, out, g = graph(ctx)
+        GraphAllocator(cpu).alloc_graph(g)
+        for t, x in zip(ins, (q, k, v)):
+            t.set(x)
+        g.compute(cpu)
+        expected = out.numpy()
+    sched = Scheduler([backend, cpu])
+    tb = py_backend(backend)
+    with Context.for_tensors(32, graph_size=32) as ctx:
+        ins, fa, out, g = graph(ctx)
+        sched.alloc_graph(g)
+        for t, x in zip(ins, (q, k, v)):
+            t.set(x)
+        replays = tb.n_replays
+        sched.compute(g)
+        assert sched.get_tensor_backend(fa) is cpu and sched.get_tensor_backend(out) is backend
+        assert sched.n_splits >= 2
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+        for t, x in zip(ins, (q, k, v)):   # inputs' memory may be reused during a compute
+            t.set(x)
+        sched.compute(g)
+        assert tb.n_replays > replays
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+    sched.close()
+    cpu.close()
+
+
+# ------------------------------------------------------------------------- errors
+
+def test_a_torch_error_in_a_step_is_raised_by_the_compute(backend, monkeypatch):
+    """An exception torch raises while a node is computed (first compute or a replay) is raised
+    by the pyggml call that computed the graph; nothing is reported as success."""
+    add = lib.GGML_OP_ADD
+    impl = torch_backend.OPS[add]
+    calls = []
+
+    def build(p, v):
+        real = impl.build(p, v)
+
+        def step():
+            calls.append(1)
+            if len(calls) >= 2:      # the replay: a shape mismatch inside torch
+                torch.add(torch.ones(2), torch.ones(3))
+            real()
+        return step
+
+    monkeypatch.setitem(torch_backend.OPS, add, impl._replace(build=build))
+    with Context.for_tensors(4, graph_size=8) as ctx:
+        x = ctx.new_tensor(GGMLType.F32, [4]).set_input()
+        y = ctx.add(x, x)
+        g = ctx.new_graph(8).build_forward(y)
+        GraphAllocator(backend).alloc_graph(g)
+        x.set(np.ones(4, np.float32))
+        g.compute(backend)
+        np.testing.assert_array_equal(y.numpy(), 2 * np.ones(4, np.float32))
+        with pytest.raises(RuntimeError, match="size of tensor a"):
+            g.compute(backend)
+
+
+def test_out_of_range_rows_are_an_error_of_the_step():
+    """GET_ROWS / SET_ROWS check the row indices when the step runs (pyggml's Graph.compute
+    checks them before ggml is called; a C program loading the module reaches these checks)."""
+    views = torch_backend.memory.Views(torch.device("cpu"))
+    with Context(1 << 20) as ctx:
+        a = ctx.from_numpy(np.zeros((3, 4), np.float32))
+        r = ctx.from_numpy(np.array([0, 3], np.int32))
+        step = torch_backend.table.build(ctx.get_rows(a, r).ptr, views)
+        with pytest.raises(ValueError, match="get_rows: row index out of range"):
+            step()
+        r.set(np.array([2, 1], np.int32))
+        step()
+        dst = ctx.from_numpy(np.zeros((3, 4), np.float32))
+        step = torch_backend.table.build(ctx.set_rows(dst, ctx.from_numpy(np.ones((2, 4), np.float32)), r).ptr, views)
+        r.set(np.array([-1, 1], np.int32))
+        with pytest.raises(ValueError, match="set_rows: row index out of range"):
+            step()
+
+
+# ------------------------------------------------------------------------- a workload
+
+def test_minilm_embeddings_on_torch_match_the_cpu(minilm_dir, minilm_reference):
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    from conftest import load_example
+
+    minilm = load_example("minilm")
+    sentences, _ = minilm_reference
+    sentences = sentences[:8]
+    with minilm.MiniLM(minilm_dir, n_threads=2) as m:
+        expected = m.embed(sentences, batch_size=8)
+    torch_backend.register()
+    with minilm.MiniLM(minilm_dir, n_threads=2, backend="TORCH0") as m:
+        got = m.embed(sentences, batch_size=8)
+    cos = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cos.min() >= 0.9999
