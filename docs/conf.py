@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -53,6 +54,9 @@ rst_epilog = f"""
 # -- autodoc ------------------------------------------------------------------------------------
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# pyggml.impl.torch needs the optional torch: without it, its reference is made from a mock
+if importlib.util.find_spec("torch") is None:
+    autodoc_mock_imports = ["torch"]
 autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}
 autoclass_content = "both"
 add_module_names = False
@@ -62,7 +66,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     # the standard library, NumPy and cffi: no intersphinx (the build makes no network request)
     (r"py:.*", r"(builtins|os|sys|pathlib|typing|collections|enum|logging|math|threading|weakref|"
-               r"contextlib|subprocess|types|abc|pycparser|numpy|np|cffi|_cffi_backend)(\..*)?"),
+               r"contextlib|subprocess|types|abc|pycparser|numpy|np|cffi|_cffi_backend|torch)(\..*)?"),
     (r"py:.*", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|Path|PathLike|IntEnum|IntFlag|"
                r"ndarray|DTypeLike|ArrayLike|Self|Logger|TracebackType|FFI|CData)"),
     # type variables, and private helpers (not in this reference) that docstrings name

@@ -4,11 +4,11 @@ torch calls, a graph's calls bound once and replayed.
 Devices ``TORCH0``, ``TORCH1``... are torch devices: by default ``cuda:0``, ``cuda:1``... when
 ``torch.cuda.is_available()``, else ``cpu``; the environment variable ``PYGGML_TORCH_DEVICE``
 (a comma-separated list, e.g. ``"cpu"`` or ``"cuda:1,cpu"``) chooses them instead. Each has its
-own buffer type (:class:`~.memory.TorchBufferType`: buffers are ``uint8`` torch tensors, tensors
+own buffer type (``TorchBufferType``: buffers are ``uint8`` torch tensors, tensors
 are torch views of them, no copies) and computes the ops of its kernel table
-(:mod:`.table`; ``supported_op_names()``), claiming an (op, types, params) combination only when
+(:mod:`pyggml.impl.torch.table`; ``supported_op_names()``), claiming an (op, types, params) combination only when
 it computes it correctly. A graph's first compute binds each node to a torch call on fixed views
-(:class:`~.plan.Plan`); later computes of the unchanged graph replay the calls.
+(``Plan``, :mod:`pyggml.impl.torch.plan`); later computes of the unchanged graph replay the calls.
 
 On ``cpu`` the buffers are host memory (the CPU backend reads them in place) and the device
 reads any host buffer, so beside ggml's CPU backend in a :class:`~pyggml.backends.sched.Scheduler`
@@ -76,7 +76,7 @@ def torch_devices() -> list[torch.device]:
 
 
 class TorchBackend(PyBackend):
-    """Computes a graph by replaying its :class:`~.plan.Plan` (built on the first compute).
+    """Computes a graph by replaying its ``plan.Plan`` (built on the first compute).
     ``n_builds`` / ``n_replays`` count the computes that built a plan / reused one."""
 
     def __init__(self, device: "TorchDevice"):
@@ -178,7 +178,7 @@ class TorchDevice(PyDevice):
 
 
 def make_registry() -> PyRegistry:
-    """A new (unregistered) registry holding a :class:`TorchDevice` per :func:`torch_devices`."""
+    """A new (unregistered) registry holding a ``TorchDevice`` per :func:`torch_devices`."""
     return PyRegistry(NAME, [TorchDevice(i, d) for i, d in enumerate(torch_devices())])
 
 

@@ -1,12 +1,12 @@
 """Device memory for the torch backend: buffers that are torch tensors, and tensors seen as
 torch views of them.
 
-A :class:`TorchBuffer` is one ``uint8`` torch tensor on the backend's torch device; its base
+A ``TorchBuffer`` is one ``uint8`` torch tensor on the backend's torch device; its base
 address (what ggml computes ``tensor->data`` from) is that tensor's ``data_ptr()``. A ggml tensor
 placed in it is seen, without a copy, as ``torch.as_strided`` of the buffer reinterpreted as the
 tensor's dtype: shape ``ne`` reversed, strides ``nb`` reversed divided by the element size,
-storage offset ``(data - base) / element size`` (:meth:`Views.tensor`). Quantized tensors are
-seen as rows of bytes (:meth:`Views.rows`).
+storage offset ``(data - base) / element size`` (``Views.tensor``). Quantized tensors are
+seen as rows of bytes (``Views.rows``).
 
 On the torch device ``cpu`` the buffers are host memory (``is_host``: ggml's CPU backend reads
 and writes them in place, they are real host pointers) and any other host buffer (ggml's CPU
@@ -41,7 +41,7 @@ _freed = [0]
 
 
 def generation() -> int:
-    """How many :class:`TorchBuffer` have been freed in this process so far."""
+    """How many ``TorchBuffer`` have been freed in this process so far."""
     return _freed[0]
 
 
@@ -132,7 +132,7 @@ def _name(p: Any) -> str:
 
 class Views:
     """Torch views of the tensors of a graph on ``device`` (a cache per memory range, kept by
-    one plan). ``host``: whether host memory that is not a :class:`TorchBuffer` may be seen
+    one plan). ``host``: whether host memory that is not a ``TorchBuffer`` may be seen
     (torch ``cpu`` only)."""
 
     def __init__(self, device: torch.device):

@@ -1,9 +1,9 @@
-"""Dispatch once, replay after: a graph's kernels bound once (a :class:`Plan`), run again while
+"""Dispatch once, replay after: a graph's kernels bound once (a ``Plan``), run again while
 the graph is unchanged.
 
 The first compute of a graph builds its plan: for each node that computes something (not an
 empty op, ``TensorFlag.COMPUTE`` set) the kernel table binds a step on fixed torch views of the
-node and its sources (:func:`.table.build`); the steps run in graph order. A later compute of
+node and its sources (``table.build``); the steps run in graph order. A later compute of
 the same graph runs the same steps, with no op lookup, no view made and no parameter decoded:
 the Python cost per node is one call into torch.
 
@@ -35,7 +35,7 @@ def _signature(tensors: list[Any]) -> bytes:
 
 class Plan:
     """The steps of one graph (``nodes``: its raw nodes in order) on ``views``
-    (:class:`.memory.Views`), with what identifies the graph: ``uid`` and the bytes of the
+    (``memory.Views``), with what identifies the graph: ``uid`` and the bytes of the
     nodes and of their sources that are not nodes."""
 
     def __init__(self, nodes: list[Any], uid: int, views: Any):

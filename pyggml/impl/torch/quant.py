@@ -63,7 +63,7 @@ DEQUANT: dict[int, tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = {
 
 def dequantize(rows: torch.Tensor, qtype: int, n: int) -> torch.Tensor:
     """Rows of blocks ``rows`` (uint8, shape [..., row bytes]) of type ``qtype`` (a key of
-    :data:`DEQUANT`) as float32 values, shape [..., n] (``n``: values per row)."""
+    ``DEQUANT``) as float32 values, shape [..., n] (``n``: values per row)."""
     size, fn = DEQUANT[qtype]
     blocks = rows.reshape(*rows.shape[:-1], n // 32, size)
     return fn(blocks).reshape(*rows.shape[:-1], n)

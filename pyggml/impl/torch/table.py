@@ -2,15 +2,15 @@
 to bind it (``build``).
 
 A kernel is bound, not run: ``build(node, views)`` reads the node's metadata (types, ``ne``,
-``nb``, op_params), takes torch views of the node and of its sources (:class:`.memory.Views`)
+``nb``, op_params), takes torch views of the node and of its sources (``memory.Views``)
 and returns a step, a callable of no arguments that computes the node from the *current* data
 of those views (or None: nothing to compute). The backend runs the steps of a graph in order
-and keeps them (:mod:`.plan`): a step must therefore read every data-dependent value (row
+and keeps them (``plan``): a step must therefore read every data-dependent value (row
 indices, positions, AdamW parameters) when it runs, never when it is built.
 
 Supports rules: where the computation is the NumPy backend's (same types, same semantics), its
 rule is reused (:data:`pyggml.impl.numpy.OPS`), narrowed where torch computes less (quantized
-types: only those of :data:`.quant.DEQUANT`; no quantized destinations). Numerics follow ggml's
+types: only those of ``quant.DEQUANT``; no quantized destinations). Numerics follow ggml's
 CPU backend as the NumPy backend does (float32 compute, the destination rounded by torch's
 ``copy_``: round-to-nearest-even for F16/BF16, truncation for integers; GELU through ggml's F16
 rounding), with torch's float32 math functions.
@@ -29,7 +29,7 @@ Step = Callable[[], None]
 
 
 class OpImpl(NamedTuple):
-    """One entry of :data:`OPS`: ``supports(ptr) -> bool`` and ``build(ptr, views) -> Step |
+    """One entry of ``OPS``: ``supports(ptr) -> bool`` and ``build(ptr, views) -> Step |
     None`` take the raw ``struct ggml_tensor *``; ``variant``/``variants`` name the sub-ops
     computed (UNARY, GLU, ROPE...), checked before ``supports``."""
     name: str
@@ -40,7 +40,7 @@ class OpImpl(NamedTuple):
     variants: frozenset[int] = frozenset()
 
 
-#: GGML_OP_* -> :class:`OpImpl`
+#: GGML_OP_* -> ``OpImpl``
 OPS: dict[int, OpImpl] = {}
 
 
@@ -56,7 +56,7 @@ def numpy_rule(name: str) -> Callable[[Any], bool]:
 
 
 def supports(p: Any) -> bool:
-    """Whether :func:`build` binds node ``p`` (a raw ``struct ggml_tensor *``) to a kernel that
+    """Whether :func:`pyggml.impl.torch.table.build` binds node ``p`` (a raw ``struct ggml_tensor *``) to a kernel that
     computes it correctly. Only metadata is read. Never raises for a valid node."""
     impl = OPS.get(int(p.op))
     if impl is None:
@@ -81,5 +81,5 @@ def build(p: Any, views: Any) -> "Step | None":
 
 
 def supported_op_names() -> list[str]:
-    """The names of the ops in :data:`OPS`, sorted."""
+    """The names of the ops in ``OPS``, sorted."""
     return sorted(impl.name for impl in OPS.values())
