@@ -87,14 +87,14 @@ class TorchBuffer(PyBuffer):
         sp = src.ptr
         other = LIVE.get(addr(sp.buffer)) if sp.buffer != ffi.NULL else None
         if isinstance(other, TorchBuffer):
-            source = other.data[addr(sp.data) - other._addr:][:n]
-        elif sp.buffer != ffi.NULL and lib.ggml_backend_buffer_is_host(sp.buffer):
-            source = torch.frombuffer(ffi.buffer(sp.data, n), dtype=torch.uint8) if n else other
-        else:
-            return False
-        if n:
-            self._span(dst, 0, n).copy_(source)
-        return True
+            if n:
+                self._span(dst, 0, n).copy_(other.data[addr(sp.data) - other._addr:][:n])
+            return True
+        if sp.buffer != ffi.NULL and lib.ggml_backend_buffer_is_host(sp.buffer):
+            if n:
+                self._span(dst, 0, n).copy_(torch.frombuffer(ffi.buffer(sp.data, n), dtype=torch.uint8))
+            return True
+        return False
 
     def clear(self, value: int) -> None:
         self.data.fill_(value)

@@ -17,8 +17,11 @@ def _reader(p: Any, v: Any) -> Callable[[], torch.Tensor]:
     if _is_quant(p.type):
         rows, t, n = v.rows(p), p.type, _ne(p)[0]
         return lambda: dequantize(rows, t, n)
-    x = v.tensor(p)
-    return x.float
+    x: torch.Tensor = v.tensor(p)
+
+    def read() -> torch.Tensor:
+        return x.float()
+    return read
 
 
 def _weights_rule(name: str) -> Callable[[Any], bool]:

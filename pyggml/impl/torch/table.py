@@ -24,8 +24,9 @@ from ..numpy import OPS as NUMPY_OPS
 
 __all__ = ["OPS", "OpImpl", "supports", "build", "supported_op_names", "Step"]
 
-#: a bound kernel: computes one node from the current data of its views
-Step = Callable[[], None]
+#: a bound kernel: computes one node from the current data of its views (what it returns is
+#: ignored: a torch call with ``out=`` returns its destination)
+Step = Callable[[], object]
 
 
 class OpImpl(NamedTuple):
