@@ -6,6 +6,8 @@
     python examples/llama.py --prompt-file P.txt -n 16 --greedy --dump out.json
     python examples/llama.py --backend numpy "Hello" -n 8                # NumPy backend + CPU, scheduled
     python examples/llama.py --model other-llama.gguf --flash-attn --threads 4 "Once upon a time"
+    python examples/llama.py --rpc 10.0.0.2:50052 --rpc 10.0.0.3:50052 --devices RPC0,RPC1 \
+        --split tensor "Hello"                                            # one model, two machines
 
 Everything comes from the GGUF file: the ``llama.*`` hyperparameters, the weights (loaded into
 backend buffers as stored: Q4_1 / Q8_0 stay quantized and ggml's quantized ``mul_mat`` uses them),
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/llama_ggml,
 
 from llama_ggml import Llama, ModelError, Sampler  # noqa: E402
 from llama_ggml.generate import Generation, TextStream  # noqa: E402
+from llama_ggml.split import parse_weights  # noqa: E402
 
 __all__ = ["Llama", "Sampler", "ModelError", "main"]
 
@@ -46,7 +49,17 @@ def _parser() -> argparse.ArgumentParser:
                         "pyggml info`): it holds the weights and KV cache and runs what it supports, the CPU "
                         "the rest, under a ggml scheduler")
     p.add_argument("--rpc", metavar="HOST:PORT", action="append", default=[],
-                   help="add the devices of a pyggml/ggml RPC server (then --backend RPC0)")
+                   help="add the devices of a pyggml/ggml RPC server (`python -m pyggml.rpc` there), "
+                        "repeatable: they are RPC0, RPC1... in this order")
+    p.add_argument("--devices", metavar="DEV,DEV,...",
+                   help="split the model over these devices (e.g. RPC0,RPC1 or CUDA0,CUDA1,CPU) "
+                        "instead of --backend")
+    p.add_argument("--split", choices=["layer", "tensor"], default="layer",
+                   help="with --devices: whole layers per device (default; any devices), or every "
+                        "layer's heads and FFN over the devices through ggml's meta device (GPUs, "
+                        "RPC devices; uses flash attention)")
+    p.add_argument("--tensor-split", metavar="W,W,...",
+                   help="with --devices: one weight per device (default: equal), e.g. 3,1")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=2048, help="KV cache cells (default 2048)")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
@@ -96,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--ctx-size and --batch-size must be >= 1")
     if (a.prompt is None) == (a.prompt_file is None):
         p.error("give a prompt, or --prompt-file (not both)")
+    devices = [d.strip() for d in a.devices.split(",") if d.strip()] if a.devices else None
+    if devices and a.backend != "cpu":
+        p.error("give --devices or --backend, not both")
+    try:
+        weights = parse_weights(a.tensor_split, len(devices)) if devices else None
+    except ValueError as e:
+        p.error(str(e))
     try:
         sampler = Sampler(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, repeat_penalty=a.repeat_penalty,
                           repeat_last_n=a.repeat_last_n, seed=a.seed, greedy=a.greedy)
@@ -112,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             from pyggml import rpc
             for endpoint in a.rpc:
                 rpc.add_server(endpoint)
-        llm = Llama(a.model, backend=a.backend, n_threads=a.threads or _default_threads(), n_ctx=a.ctx_size,
+        llm = Llama(a.model, backend=a.backend, devices=devices, split=a.split, tensor_split=weights,
+                    n_threads=a.threads or _default_threads(), n_ctx=a.ctx_size,
                     n_batch=a.batch_size, flash_attn=a.flash_attn, kv_type=a.cache_type, dequantize=a.dequantize)
     except (ModelError, ValueError, OSError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -139,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         sys.stdout.write(stream.flush() + "\n")
         sys.stdout.flush()
-        _report(gen, llm, a.backend)
+        _report(gen, llm, "+".join(devices) + f" ({a.split} split)" if devices else a.backend)
         if a.dump:
             top5 = [int(i) for i in (-gen.prompt_logits).argsort(kind="stable")[:5]]
             a.dump.write_text(json.dumps({

@@ -141,3 +141,35 @@ def test_meta_memory_is_not_host_memory_to_python():
         ctx, x, y, g = _matmul_graph(be, w, 8, 2)
         with ctx, pytest.raises(ValueError, match="cannot use tensors in a buffer of type Meta"):
             g.compute(cpu)
+
+
+def test_a_graph_whose_views_ggml_dropped_is_refused():
+    """ggml's meta backend keeps the views of meta tensors (a KV cache view) of the graphs placed
+    since it last switched graphs; computing an older one aborted (``GGML_ASSERT(bcj.nodes[i])``).
+    pyggml refuses it; graphs placed before the switch, or rebuilt, compute."""
+    be = meta_device([CPU, CPU], Policy({"c": SplitState.split(0, [32, 32])})).init()
+    with be, Context.for_tensors(2) as wctx:
+        c = wctx.new_tensor(GGMLType.F32, [64, 8], name="c")
+        wctx.alloc_tensors(be)
+        C = rng.standard_normal((8, 64)).astype(np.float32)
+        c.set(C)
+
+        def graph(rows):
+            ctx = Context.for_tensors(8, graph_size=8)
+            y = ctx.scale(ctx.view(c, [64, rows], nb=[c.nb[1]]), 2.0).set_output()
+            g = ctx.new_graph(8).build_forward(y)
+            GraphAllocator(be).alloc_graph(g)
+            return ctx, g, y
+
+        (ca, a, ya), (cb, b, yb) = graph(2), graph(3)   # both placed before any compute
+        a.compute(be)
+        b.compute(be)                                   # views of both still kept
+        cc, c3, yc = graph(4)
+        c3.compute(be)                                  # placed after the switch: b's views dropped
+        with pytest.raises(ValueError, match="meta backend has dropped"):
+            b.compute(be)
+        c3.compute(be)                                  # the last one computes again
+        for y, rows in ((ya, 2), (yb, 3), (yc, 4)):
+            np.testing.assert_allclose(y.numpy(), 2 * C[:rows], rtol=1e-6)
+        for ctx in (ca, cb, cc):
+            ctx.close()

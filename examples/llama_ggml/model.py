@@ -26,11 +26,13 @@ import numpy as np
 
 import pyggml
 from pyggml import Context, CPUBackend, GGMLType, Scheduler, Tensor, ffi, lib
-from pyggml.backends.device import device_by_name
+from pyggml.backends.device import Device, device_by_name
+from pyggml.backends.meta import meta_device
 from pyggml.core.gguf import GGUFFile
 from pyggml.impl import register_builtin
 
 from .hparams import HParams, ModelError, check_tensors
+from .split import SPLIT_MODES, TensorSplit, layer_owners
 
 __all__ = ["LlamaModel", "init_backend"]
 
@@ -43,6 +45,18 @@ def init_backend(name: str) -> pyggml.Backend:
     :class:`pyggml.BackendNotAvailableError` (a KeyError) saying why a device is missing."""
     register_builtin(name)
     return device_by_name(name).init()
+
+
+_META: dict[tuple[object, ...], Device] = {}
+
+
+def _meta_device(devs: list[Device], policy: TensorSplit) -> Device:
+    """A meta device over ``devs`` splitting by ``policy``, made once per devices and split
+    (ggml keeps every meta device until the process ends)."""
+    key = (tuple(int(ffi.cast("uintptr_t", d.ptr)) for d in devs), policy.key)
+    if key not in _META:
+        _META[key] = meta_device(devs, policy)
+    return _META[key]
 
 
 class _Input:
@@ -86,7 +100,11 @@ class LlamaModel:
 
     ``backend``: ``"cpu"`` or a device name (``"CUDA0"``, ``"Vulkan0"``, ``"RPC0"``, ``"numpy"``):
     that device holds the weights and the KV cache and a :class:`~pyggml.Scheduler` runs what it
-    supports there and the rest on the CPU backend. ``n_ctx``: KV cache cells (the longest
+    supports there and the rest on the CPU backend. ``devices``: several device names instead
+    (``["RPC0", "RPC1"]``; ``"cpu"`` is the CPU backend), the model split over them by ``split``:
+    ``"layer"`` (whole layers per device, with their KV cache) or ``"tensor"`` (every layer's heads
+    and FFN split through ggml's meta device; attention then uses ``flash_attn``), in proportion to
+    ``tensor_split`` (one weight per device, default equal); see :mod:`.split`. ``n_ctx``: KV cache cells (the longest
     prompt + generation); ``n_batch``: most tokens per graph when processing a prompt;
     ``flash_attn``: ``ggml_flash_attn_ext`` instead of ``mul_mat`` + ``soft_max`` + ``mul_mat``;
     ``kv_type``: ``"f16"`` (as llama.cpp) or ``"f32"``; ``kv_pad``: graphs attend to the first
@@ -104,7 +122,8 @@ class LlamaModel:
     :class:`pyggml.BackendNotAvailableError` for an unknown device.
     """
 
-    def __init__(self, gguf: GGUFFile, *, backend: str = "cpu", n_threads: int | None = None,
+    def __init__(self, gguf: GGUFFile, *, backend: str = "cpu", devices: Sequence[str] | None = None,
+                 split: str = "layer", tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
                  n_ctx: int = 2048, n_batch: int = 512, flash_attn: bool = False, kv_type: str = "f16",
                  kv_pad: int = 256, max_graphs: int = 8, dequantize: bool = False,
                  interruptible: bool = True):
@@ -114,35 +133,50 @@ class LlamaModel:
             raise ValueError("n_threads must be >= 1")
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}")
+        if split not in SPLIT_MODES:
+            raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
+        devices = list(devices) if devices else [backend]
+        if len({d.lower() for d in devices}) != len(devices):
+            raise ValueError(f"a device appears twice in {devices}")
+        weights = list(tensor_split) if tensor_split is not None else [1.0] * len(devices)
+        if len(weights) != len(devices) or any(x < 0 for x in weights) or sum(weights) <= 0:
+            raise ValueError(f"tensor_split needs {len(devices)} non-negative weights with a positive sum")
         self.hp = hp = HParams.from_gguf(gguf)
         names = check_tensors(gguf, hp)
         self.n_ctx, self.n_batch, self.kv_pad = n_ctx, n_batch, kv_pad
-        self.flash_attn, self.kv_type = flash_attn, KV_TYPES[kv_type]
-        self.max_graphs = max_graphs
+        self.split_mode = split if len(devices) > 1 else None
+        self.flash_attn, self.kv_type = flash_attn or self.split_mode == "tensor", KV_TYPES[kv_type]
+        # ggml's meta backend keeps the KV-cache views of the graphs placed since it last switched
+        # graphs (pyggml.backends.graph_run.check_meta_views): one graph at a time, as llama.cpp
+        self.max_graphs = 1 if self.split_mode == "tensor" else max_graphs
 
         self.cpu = CPUBackend(n_threads=n_threads)
         if not interruptible:  # no public switch for this (see the README's notes): raw call
             lib.ggml_backend_cpu_set_abort_callback(self.cpu.ptr, ffi.NULL, ffi.NULL)
-        self.extra: pyggml.Backend | None = None
-        if backend.lower() != "cpu":
-            try:
-                self.extra = init_backend(backend)
-            except BaseException:
-                self.cpu.close()
-                raise
-        main = self.extra or self.cpu
-        self.backends = [self.extra, self.cpu] if self.extra is not None else [self.cpu]
+        self._owned: list[pyggml.Backend] = []   # backends made here besides the CPU's
         self._closables: list[Context] = []
         try:
-            # weights: the file's bytes straight into one buffer of the main device (quantized
+            # homes: the backends that hold weights and caches; home_of: weight name -> index
+            self.homes = self._init_homes(devices, weights)
+            self.backends = [b for b in self.homes if b is not self.cpu] + [self.cpu]
+            owners = layer_owners(hp.n_layer, weights) if self.split_mode == "layer" else [0] * hp.n_layer
+            self.layer_home = owners
+            last = len(self.homes) - 1
+
+            def home_of(name: str) -> int:
+                return owners[int(name.split(".")[1])] if name.startswith("blk.") else last
+
+            # weights: the file's bytes straight into a buffer of their device (quantized
             # tensors stay quantized)
-            if dequantize:
-                self.wctx, self.w = self._load_f32(gguf, names, main)
-            else:
-                self.wctx, self.w = gguf.load(main, names)
-            self._closables.append(self.wctx)
+            self.w: dict[str, Tensor] = {}
+            for j, home in enumerate(self.homes):
+                mine = [n for n in names if home_of(n) == j]
+                if mine:
+                    wctx, w = self._load_f32(gguf, mine, home) if dequantize else gguf.load(home, mine)
+                    self._closables.append(wctx)
+                    self.w.update(w)
             self.out_weight = self.w.get("output.weight", self.w["token_embd.weight"])  # tied
-            self._init_cache(main)
+            self._init_cache()
         except BaseException:
             self.close()
             raise
@@ -154,17 +188,45 @@ class LlamaModel:
         self.n_compute = 0
 
     # ------------------------------------------------------------------ lifetime
-    def _init_cache(self, main: pyggml.Backend) -> None:
+    def _init_homes(self, devices: list[str], weights: list[float]) -> list[pyggml.Backend]:
+        """The backends holding weights and caches: one per device (``"cpu"``: the CPU
+        backend), or with ``split="tensor"`` the one backend of a meta device over them."""
+        if self.split_mode == "tensor":
+            for d in devices:
+                register_builtin(d)
+            devs = [Device.of(self.cpu) if d.lower() == "cpu" else device_by_name(d) for d in devices]
+            meta = _meta_device(devs, TensorSplit(self.hp, len(devs), weights))
+            homes = [meta.init()]
+            self._owned += homes
+            return homes
+        homes = []
+        for d in devices:
+            if d.lower() == "cpu":
+                homes.append(self.cpu)
+            else:
+                homes.append(init_backend(d))
+                self._owned.append(homes[-1])
+        return homes
+
+    def _init_cache(self) -> None:
+        """Each layer's K and V cache on the device of its layer."""
         hp, C = self.hp, self.n_ctx
-        self.cache_ctx = Context.for_tensors(2 * hp.n_layer)
-        self._closables.append(self.cache_ctx)
-        self.cache_k = [self.cache_ctx.new_tensor(self.kv_type, [hp.n_embd_kv, C], name=f"cache_k_l{i}")
-                        for i in range(hp.n_layer)]
         v_ne = [hp.n_embd_kv, C] if self.flash_attn else [C, hp.n_embd_kv]
-        self.cache_v = [self.cache_ctx.new_tensor(self.kv_type, v_ne, name=f"cache_v_l{i}")
-                        for i in range(hp.n_layer)]
-        buf = self.cache_ctx.alloc_tensors(main)
-        buf.clear(0)  # unused cells are masked, but 0 * NaN would still be NaN
+        k: dict[int, Tensor] = {}
+        v: dict[int, Tensor] = {}
+        for j, home in enumerate(self.homes):
+            layers = [il for il in range(hp.n_layer) if self.layer_home[il] == j]
+            if not layers:
+                continue
+            ctx = Context.for_tensors(2 * len(layers))
+            self._closables.append(ctx)
+            for il in layers:
+                k[il] = ctx.new_tensor(self.kv_type, [hp.n_embd_kv, C], name=f"cache_k_l{il}")
+                v[il] = ctx.new_tensor(self.kv_type, v_ne, name=f"cache_v_l{il}")
+            buf = ctx.alloc_tensors(home)
+            buf.clear(0)  # unused cells are masked, but 0 * NaN would still be NaN
+        self.cache_k = [k[il] for il in range(hp.n_layer)]
+        self.cache_v = [v[il] for il in range(hp.n_layer)]
 
     @staticmethod
     def _load_f32(gguf: GGUFFile, names: list[str], main: pyggml.Backend) -> tuple[Context, dict[str, Tensor]]:
@@ -184,9 +246,9 @@ class LlamaModel:
         for obj in reversed(self._closables):
             obj.close()
         self._closables = []
-        for b in (self.extra, self.cpu):
-            if b is not None:
-                b.close()
+        for b in getattr(self, "_owned", []) + [self.cpu]:
+            b.close()
+        self._owned = []
 
     def __enter__(self) -> "LlamaModel":
         return self
@@ -199,10 +261,12 @@ class LlamaModel:
         self.n_past = 0
 
     # ------------------------------------------------------------------ graph
-    def _layer(self, ctx: Context, il: int, x: Tensor, inp: dict[str, Tensor], T: int, K: int,
-               last_only: bool) -> Tensor:
+    def _layer(self, ctx: Context, graph: pyggml.Graph, il: int, x: Tensor, inp: dict[str, Tensor],
+               T: int, K: int, last_only: bool) -> Tensor:
         """One transformer block: x ne [E, T] -> [E, T] (or [E, 1] for the last block when only
-        the last token's logits are wanted)."""
+        the last token's logits are wanted). The block's KV cache writes go into ``graph`` first
+        (as llama.cpp does): attention then reads views of the cache tensors themselves, which
+        the graph computes after those writes."""
         hp, w = self.hp, self.w
         D, H, Hkv, C = hp.head_dim, hp.n_head, hp.n_head_kv, self.n_ctx
         p = f"blk.{il}."
@@ -227,19 +291,21 @@ class LlamaModel:
         # write this batch's K and V into the cache, then attend to its first K cells
         kc, vc = self.cache_k[il], self.cache_v[il]
         es = kc.nb[0]
-        k_all = ctx.set_rows(kc, ctx.reshape(k, hp.n_embd_kv, T), inp["k_idx"])       # view of kc
-        k_view = ctx.view(k_all, [D, K, Hkv], nb=[kc.nb[1], D * es])                 # [D, K, Hkv]
+        graph.build_forward(ctx.set_rows(kc, ctx.reshape(k, hp.n_embd_kv, T), inp["k_idx"]))
+        if self.flash_attn:
+            graph.build_forward(ctx.set_rows(vc, v, inp["k_idx"]))
+        else:  # V cache transposed, ne [C, Hkv*D]: element (j, token t) goes to j*C + cell(t)
+            graph.build_forward(ctx.set_rows(ctx.reshape(vc, 1, C * hp.n_embd_kv),
+                                             ctx.reshape(v, 1, hp.n_embd_kv * T), inp["v_idx"]))
+        # [D, Hkv, K] permuted to [D, K, Hkv] (ggml's meta backend splits such a view by heads)
+        k_view = ctx.permute(ctx.view(kc, [D, Hkv, K], nb=[D * es, kc.nb[1]]), 0, 2, 1, 3)
         qp = ctx.permute(q, 0, 2, 1, 3)                                              # [D, T, H]
         scale = 1.0 / math.sqrt(D)
         if self.flash_attn:
-            v_all = ctx.set_rows(vc, v, inp["k_idx"])
-            v_view = ctx.view(v_all, [D, K, Hkv], nb=[vc.nb[1], D * es])             # [D, K, Hkv]
+            v_view = ctx.permute(ctx.view(vc, [D, Hkv, K], nb=[D * es, vc.nb[1]]), 0, 2, 1, 3)
             o = ctx.flash_attn(qp, k_view, v_view, inp["kq_mask"], scale)            # [D, H, T]
         else:
-            # V cache transposed, ne [C, Hkv*D]: element (j, token t) goes to j*C + cell(t)
-            v_all = ctx.set_rows(ctx.reshape(vc, 1, C * hp.n_embd_kv), ctx.reshape(v, 1, hp.n_embd_kv * T),
-                                 inp["v_idx"])
-            v_view = ctx.view(v_all, [K, D, Hkv], nb=[C * es, C * es * D])           # [K, D, Hkv]
+            v_view = ctx.view(vc, [K, D, Hkv], nb=[C * es, C * es * D])              # [K, D, Hkv]
             kq = ctx.mul_mat(k_view, qp)                                             # [K, T, H]
             kq = ctx.soft_max(kq, inp["kq_mask"], scale=scale)                       # causal, scaled
             kqv = ctx.mul_mat(v_view, kq)                                            # [D, T, H]
@@ -269,13 +335,15 @@ class LlamaModel:
             }
             if not self.flash_attn:
                 inp["v_idx"] = ctx.new_tensor(GGMLType.I64, [hp.n_embd_kv * T], name="v_idx").set_input()
+            graph = ctx.new_graph(n_tensors)
             x = ctx.get_rows(self.w["token_embd.weight"], inp["tokens"])              # [E, T] F32
             for il in range(hp.n_layer):
-                x = self._layer(ctx, il, x, inp, T, K, last_only=(il == hp.n_layer - 1 and not all_logits))
+                x = self._layer(ctx, graph, il, x, inp, T, K,
+                                last_only=(il == hp.n_layer - 1 and not all_logits))
             x = ctx.rms_norm(x, hp.rms_eps) * self.w["output_norm.weight"]
             logits = ctx.mul_mat(self.out_weight, x).set_output()                     # [V, n_out]
             logits.name = "logits"
-            graph = ctx.new_graph(n_tensors).build_forward(logits)
+            graph.build_forward(logits)
             sched = Scheduler(self.backends, graph_size=2 * n_tensors + 64)
         except BaseException:
             ctx.close()

@@ -32,7 +32,7 @@ from ..errors import ClosedError
 from ..raw import ffi, lib
 from ..raw.boundary import calling, check_status
 from ..core.tensor import EMPTY_OPS, Tensor
-from .graph_run import restore_sources, run_of
+from .graph_run import placed as graph_placed, restore_sources, run_of
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -261,6 +261,7 @@ class Placer:
             run.placed_by = self
             run.computed = False
             run.checks.clear()
+            graph_placed(graph)
 
     def _track_buffers(self, graph: "Graph") -> None:
         """Record the buffers ggml allocated for this placer that ``graph``'s tensors are in."""

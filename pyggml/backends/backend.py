@@ -22,7 +22,7 @@ from ..errors import ClosedError
 from ..raw import ffi, lib
 from ..raw.boundary import call_status, calling, check_status
 from ..core.tensor import EMPTY_OPS, Tensor, tensor_arg
-from .graph_run import Checked, compute_lock, restore_sources, run_of
+from .graph_run import Checked, check_meta_views, compute_lock, restore_sources, run_of
 
 if TYPE_CHECKING:
     from ..core.graph import Graph
@@ -329,6 +329,7 @@ class Backend(_cobject.CObject):
         holding its locks; GGMLError (named ``what``) or a callback's exception on failure."""
         g, lock, state = self._prepare(graph)
         try:
+            check_meta_views(graph, state)
             if state.owners:
                 with calling(*state.owners, held=lock.locks):
                     check_status(fn(self._ptr, g), what)

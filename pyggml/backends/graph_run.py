@@ -8,6 +8,7 @@ each backend's or scheduler's check of it found (:class:`Checked`: one kind for
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from ..core.graph import Graph
@@ -15,7 +16,7 @@ from ..memory import buffer
 from ..raw import ffi, lib, threads
 
 __all__ = ["GraphRun", "run_of", "Checked", "Sources", "save_sources", "restore_sources",
-           "callback_owners", "compute_lock"]
+           "callback_owners", "compute_lock", "placed", "check_meta_views"]
 
 _MAX_SRC = int(lib.GGML_MAX_SRC)
 
@@ -23,7 +24,8 @@ _MAX_SRC = int(lib.GGML_MAX_SRC)
 class GraphRun:
     """The backends layer's state of one graph (see the module docstring)."""
 
-    __slots__ = ("placed_by", "computed", "split_by", "sources", "checks", "zero_byte", "sched_loose")
+    __slots__ = ("placed_by", "computed", "split_by", "sources", "checks", "zero_byte", "sched_loose",
+                 "meta_views")
 
     def __init__(self) -> None:
         self.placed_by: Any = None    # the graph allocator or scheduler that placed it last
@@ -33,6 +35,7 @@ class GraphRun:
         self.checks: dict[Any, Checked] = {}  # backend or scheduler pointer -> its check
         self.zero_byte: Any = None    # (key, zero-byte tensors ggml-alloc would place): pyggml.backends.alloc
         self.sched_loose: Any = None  # (version, leafs pinned to the last backend): pyggml.backends.sched
+        self.meta_views: tuple[int, int] | None = None  # where ggml keeps its meta views: check_meta_views
 
 
 def run_of(graph: Graph) -> GraphRun:
@@ -41,6 +44,52 @@ def run_of(graph: Graph) -> GraphRun:
     if r is None:
         r = graph.run = GraphRun()
     return r  # type: ignore[no-any-return]
+
+
+class _MetaViews:
+    """What ggml's meta backend does with the views a graph makes of tensors in a meta device's
+    buffers (a KV cache view; ggml-backend-meta.cpp): the first placement of a graph puts them
+    in set ``idx`` (of two) after ``idx = next``; computing a graph other than the last one
+    makes ``next = idx ^ 1`` and empties set ``next`` (``gen`` counts each set's emptyings),
+    then looks the graph's views up in set ``idx``, aborting (``GGML_ASSERT(bcj.nodes[i])``)
+    for one it lost. Modelled for all meta buffers together (one model's weights and cache)."""
+
+    idx = 0
+    next = 0
+    gen = [0, 0]
+    last: Any = None  # weak reference to the graph computed last on a meta backend
+
+
+_meta = _MetaViews()
+
+
+def placed(graph: Graph) -> None:
+    """``graph`` was placed: its first placement initialized its views (:class:`_MetaViews`)."""
+    run = run_of(graph)
+    if run.meta_views is None and any(r is not None and r.meta for r in map(buffer.lookup, buffer.graph_buffers(graph.ptr))):
+        _meta.idx = _meta.next
+        run.meta_views = (_meta.idx, _meta.gen[_meta.idx])
+
+
+def check_meta_views(graph: Graph, state: "Checked") -> None:
+    """Before ``graph`` is computed: ValueError if it reads a meta device's buffers and ggml's
+    meta backend has dropped, or would drop, its views (:class:`_MetaViews`). Placing the graph
+    again keeps its views (ggml initializes a view once): build it again."""
+    if not state.meta:
+        return
+    m = _meta
+    views = run_of(graph).meta_views
+    last = m.last() if m.last is not None else None
+    ok = views == (m.idx, m.gen[m.idx])
+    if last is graph and ok:
+        return
+    if not ok:
+        raise ValueError("this graph reads tensors of a meta device, and ggml's meta backend has dropped "
+                         "its views of them (it keeps those of the graphs placed since it last switched "
+                         "between graphs): build the graph again, or compute one graph at a time")
+    m.next = m.idx ^ 1
+    m.gen[m.next] += 1
+    m.last = weakref.ref(graph)
 
 
 class Sources:
@@ -96,7 +145,7 @@ class Checked:
     before each compute."""
 
     __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced",
-                 "users", "by", "valid_at", "lock", "owners", "trialed", "placed")
+                 "users", "by", "valid_at", "lock", "owners", "trialed", "placed", "meta")
 
     def __init__(self, graph: Graph, by: Any, n_nodes: int, records: list[buffer.LiveBuffer],
                  contexts: list[tuple[Any, int]], indices: buffer.IndexCheck | None, *,
@@ -105,6 +154,7 @@ class Checked:
         self.version = graph.version
         self.n_nodes = n_nodes
         self.records = records
+        self.meta = any(r.meta for r in records)  # reads a meta device's buffers: check_meta_views
         self.contexts = contexts
         self.indices = indices  # the row indices in data, checked before every compute
         self.foreign = list(foreign)  # other placers whose memory holds tensors of the graph

@@ -23,7 +23,7 @@ from .backend import Backend
 from ..memory.buffer_type import BufferType
 from .cpu import CPUBackend, graph_trial_ops
 from .device import Device
-from .graph_run import Checked, compute_lock, restore_sources, run_of, save_sources
+from .graph_run import Checked, check_meta_views, compute_lock, restore_sources, run_of, save_sources
 from ..enums import DeviceType
 from ..core.graph import Graph
 from ..raw import callbacks, ffi, lib, requires
@@ -453,6 +453,7 @@ class Scheduler(_cobject.CObject, Placer):
                 break
             lock.__exit__()
         try:
+            check_meta_views(graph, state)
             if state.indices is not None:
                 state.indices.run()
             if not state.trialed:
