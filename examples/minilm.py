@@ -24,6 +24,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -65,9 +66,12 @@ class MiniLM:
     """all-MiniLM-L6-v2 on a ggml CPU backend. Call :meth:`embed`; :meth:`close` frees the C side."""
 
     def __init__(self, model_dir: Path, n_threads: int | None = None, backend: str = "cpu",
-                 flash_attn: bool | None = None):
+                 flash_attn: bool | None = None, devices: Sequence[str] | None = None):
         """``backend``: "cpu", or a device name that holds the weights and runs what it supports
-        under the scheduler (the CPU the rest). ``flash_attn``: attention as one
+        under the scheduler (the CPU the rest). ``devices``: several device names instead (e.g.
+        ``["RPC0", "RPC1"]``): the encoder's layers split over them in equal runs, each
+        device holding its layers' weights (the embeddings on the first), the scheduler moving
+        the activations between them. ``flash_attn``: attention as one
         ``ggml_flash_attn_ext`` node per layer (True) or as ``mul_mat``, ``soft_max``,
         ``mul_mat`` (False); None: the former unless it would cost copies, i.e. unless the
         device keeps its tensors outside host memory and has no kernel for these heads (ggml's
@@ -92,13 +96,19 @@ class MiniLM:
         self.tokenizer.enable_truncation(MAX_SEQ_LENGTH)
         self.tokenizer.no_padding()
 
+        names = list(devices) if devices else ([] if backend == "cpu" else [backend])
+        if len({n.lower() for n in names}) != len(names) or any(n.lower() == "cpu" for n in names[1:]):
+            raise ValueError(f"devices must be distinct, the CPU at most first: {names}")
         self.backend = pyggml.CPUBackend(n_threads=n_threads)
-        self.extra = None
-        if backend != "cpu":  # e.g. "numpy" or "Vulkan0": that device holds the weights and
-            self.extra = device(backend).init()  # runs what it supports, the CPU the rest
-            self.extra.set_n_threads(self.backend.n_threads)  # BLAS: as the CPU (a GPU: no-op)
+        # e.g. "numpy" or "Vulkan0": that device holds the weights and runs what it supports, the
+        # CPU the rest; several: each holds its share of the layers
+        self.extras: list[pyggml.Backend] = []
+        for name in names:
+            self.extras.append(self.backend if name.lower() == "cpu" else device(name).init())
+            self.extras[-1].set_n_threads(self.backend.n_threads)  # BLAS: as the CPU (a GPU: no-op)
+        self.extra = self.extras[0] if self.extras else None
         if flash_attn is None:
-            flash_attn = self.extra is None or self._flash_attn_in_place(self.extra)
+            flash_attn = all(self._flash_attn_in_place(b) for b in self.extras)
         self.flash_attn = flash_attn
         # the padding mask: F16 for ggml_flash_attn_ext, F32 for soft_max
         self._mask_type, self._mask_dtype = ((GGMLType.F16, np.float16) if self.flash_attn
@@ -111,17 +121,28 @@ class MiniLM:
             for part in ("weight", "bias"):
                 weights[p + "qkv." + part] = np.concatenate(
                     [weights.pop(p + f"{m}.{part}") for m in ("query", "key", "value")])
-        self.wctx = pyggml.Context.for_tensors(len(weights))
-        self.w = {name: self.wctx.from_numpy(arr, name=name) for name, arr in weights.items()}
-        self.wbuf = self.wctx.alloc_tensors(self.extra or self.backend)
-        self.wbuf.usage = "weights"
+        homes = self.extras or [self.backend]
+        per = -(-self.n_layers // len(homes))  # layers per device
+
+        def home(name: str) -> int:
+            return int(name.split(".")[2]) // per if name.startswith("encoder.layer.") else 0
+
+        self.w, self.wctxs = {}, []
+        for j, be in enumerate(homes):
+            mine = {n: a for n, a in weights.items() if home(n) == j}
+            if not mine:
+                continue
+            ctx = pyggml.Context.for_tensors(len(mine))
+            self.wctxs.append(ctx)
+            self.w.update({name: ctx.from_numpy(arr, name=name) for name, arr in mine.items()})
+            ctx.alloc_tensors(be).usage = "weights"
         for name, arr in weights.items():
             self.w[name].set(arr)
         # one graph per (padded length, batch size), built once and computed again with new
         # inputs, each placed once by a scheduler of its own: batches of other shapes in between
         # place nothing again, and a GPU gets the same splits every time (ggml-cuda then replays
         # its CUDA graphs)
-        backends = [self.backend] if self.extra is None else [self.extra, self.backend]
+        backends = [b for b in self.extras if b is not self.backend] + [self.backend]
         self.graphs = pyggml.GraphCache(self._build, backends=backends, graph_size=GRAPH_SIZE)
         self.n_splits = 0
         self._positions = np.arange(MAX_SEQ_LENGTH, dtype=np.int32)
@@ -139,9 +160,8 @@ class MiniLM:
             return backend.supports_op(ctx.flash_attn(q, k, v, mask, scale=1.0))
 
     def close(self) -> None:
-        for obj in (self.graphs, self.wctx, self.extra, self.backend):
-            if obj is not None:
-                obj.close()
+        for obj in (self.graphs, *self.wctxs, *self.extras, self.backend):
+            obj.close()
 
     def __enter__(self) -> "MiniLM":
         return self
@@ -320,7 +340,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="cpu (default), or a device name such as numpy, Vulkan0, CUDA0 or RPC0 (see "
                         "`python -m pyggml info`): that backend runs what it supports and the CPU "
                         "the rest, under a ggml scheduler")
+    p.add_argument("--devices", metavar="DEV,DEV,...",
+                   help="split the layers over these devices instead of --backend (e.g. RPC0,RPC1)")
+    p.add_argument("--rpc", metavar="HOST:PORT", action="append", default=[],
+                   help="add the devices of a pyggml/ggml RPC server (`python -m pyggml.rpc`), "
+                        "repeatable: RPC0, RPC1... in this order")
     a = p.parse_args(argv)
+    devices = [d.strip() for d in a.devices.split(",") if d.strip()] if a.devices else []
+    if devices and a.backend != "cpu":
+        p.error("give --devices or --backend, not both")
     if a.threads is not None and not 1 <= a.threads <= pyggml.lib.GGML_MAX_N_THREADS:
         p.error(f"--threads must be 1..{pyggml.lib.GGML_MAX_N_THREADS}")
     if a.batch_size < 1:
@@ -341,15 +369,22 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give sentences as arguments or with --in FILE")
 
     try:
-        if a.backend != "cpu":
-            device(a.backend)  # a missing device is said before the model is looked for
-        model = MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads, backend=a.backend)
-    except (ImportError, pyggml.BackendNotAvailableError) as e:
+        if a.rpc:
+            from pyggml import rpc
+            for endpoint in a.rpc:
+                rpc.add_server(endpoint)
+        for name in devices or ([a.backend] if a.backend != "cpu" else []):
+            if name.lower() != "cpu":
+                device(name)  # a missing device is said before the model is looked for
+        model = MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads, backend=a.backend,
+                       devices=devices)
+    except (ImportError, pyggml.BackendNotAvailableError, ValueError, ConnectionError) as e:
         p.exit(1, f"{p.prog}: error: {e}\n")
     with model:
         emb = model.embed(sentences, batch_size=a.batch_size)
         if model.extra is not None:
-            print(f"scheduler: {a.backend} + CPU, {model.n_splits} split(s) in the last graph")
+            print(f"scheduler: {' + '.join(devices or [a.backend])} + CPU, {model.n_splits} split(s) "
+                  "in the last graph")
     if a.out:
         np.save(a.out, emb)
         print(f"wrote {a.out}: {emb.shape[0]} x {emb.shape[1]} float32")

@@ -213,3 +213,19 @@ def test_bad_device_lists_are_errors_before_loading():
     assert r.returncode == 2 and "one per device" in r.stderr, r.stderr
     r = _run_cli("--backend", "cpu", "--devices", "cpu", "--tensor-split", "-1", "-n", "1", "hi")
     assert r.returncode == 2
+
+
+def test_minilm_over_two_rpc_servers(rpc_trio, minilm_dir, minilm_reference):
+    """MiniLM's six layers, three on each server: the embeddings of sentence-transformers, as
+    on one device."""
+    pytest.importorskip("safetensors")
+    from conftest import load_example
+
+    minilm = load_example("minilm")
+    _, names = rpc_trio
+    sentences, expected = minilm_reference
+    with minilm.MiniLM(minilm_dir, n_threads=1, devices=names[:2]) as m:
+        got = m.embed(sentences, batch_size=8)
+        assert m.n_splits >= 2   # the scheduler moves activations from one server to the other
+    cos = (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cos.min() >= 0.9999, cos.min()
