@@ -89,6 +89,7 @@ class _Step:
     k_idx: _Input         # I64 [T]: KV cell of each token
     v_idx: _Input | None  # I64 [Hkv*D*T]: element index into the transposed V cache (no flash attention)
     logits: Tensor
+    mask_open: int = -1   # (T = 1) the mask's cells 0..mask_open-1 are 0, the rest -inf; -1: unknown
 
     def close(self) -> None:
         self.sched.close()
@@ -416,6 +417,14 @@ class LlamaModel:
         Raises ValueError for an empty batch, an id outside the vocabulary, or more tokens than
         the cache holds (``n_ctx``); nothing is computed then.
         """
+        if len(ids) == 1 and not all_logits and isinstance(ids[0], (int, np.integer)):  # a decode step
+            tok = int(ids[0])
+            if not 0 <= tok < self.hp.n_vocab:
+                raise ValueError(f"token ids must be in 0..{self.hp.n_vocab - 1}")
+            if self.n_past + 1 > self.n_ctx:
+                raise ValueError(f"{self.n_past} + 1 tokens do not fit the context of {self.n_ctx} "
+                                 "(use a larger n_ctx / --ctx-size)")
+            return self._eval_batch(np.array(ids, dtype=np.int64), False)[0]
         a = np.asarray(ids, dtype=np.int64).reshape(-1)
         if a.size == 0:
             raise ValueError("no tokens to evaluate")
@@ -437,17 +446,23 @@ class LlamaModel:
         step = self._step(T, K, all_logits)
         # the inputs' arrays are filled in place: a decode step (T = 1) costs a few
         # microseconds of NumPy whatever the context, the mask's K cells included
-        step.tokens.array[:] = ids
         pos = step.pos.array
         if T == 1:
-            pos[0] = p0
-            step.kq_mask.array[0, :p0 + 1] = 0.0                # causal: cells 0..p0 ...
-            step.kq_mask.array[0, p0 + 1:] = -np.inf            # ... and no later one
+            step.tokens.array[0] = ids[0]
+            pos[0] = step.k_idx.array[0] = p0
+            mask = step.kq_mask.array
+            if step.mask_open == p0:                            # the step before was at p0 - 1
+                mask[0, p0] = 0.0
+            else:
+                mask[0, :p0 + 1] = 0.0                          # causal: cells 0..p0 ...
+                mask[0, p0 + 1:] = -np.inf                      # ... and no later one
+            step.mask_open = p0 + 1
         else:
+            step.tokens.array[:] = ids
             pos[:] = np.arange(p0, p0 + T, dtype=np.int32)
             # query i (position p0+i) sees cells 0..p0+i
             step.kq_mask.array[:] = np.where(np.arange(K)[None, :] <= pos[:, None], 0.0, -np.inf)
-        step.k_idx.array[:] = pos
+            step.k_idx.array[:] = pos
         if step.v_idx is not None:  # element (j, token t) of the transposed V cache: j*C + cell(t)
             np.add(self._v_rows[None, :], step.k_idx.array[:, None], out=step.v_idx.array)
         for inp in (step.tokens, step.pos, step.kq_mask, step.k_idx, step.v_idx):
