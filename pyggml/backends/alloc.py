@@ -33,6 +33,7 @@ from ..raw import ffi, lib
 from ..raw.boundary import calling, check_status
 from ..core.tensor import EMPTY_OPS, Tensor
 from .graph_run import placed as graph_placed, restore_sources, run_of
+from . import meta_check
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -420,6 +421,8 @@ class GraphAllocator(_cobject.CObject, Placer):
         self._check_outputs_memory(graph)
         zero = self._place_zero_byte(graph)
         holds, nodata = self._leaf_plan_holds(graph)
+        if lib.ggml_backend_buft_is_meta(self._buft.ptr):  # ggml's meta buffers split what they place
+            meta_check.check_alloc(g, graph.raw_nodes(), self._buft.ptr)
         with calling():
             # after a failed reservation ggml would skip its own (the plan looks current) and
             # place the tensors in its NULL buffer; and ggml re-plans only when the node or

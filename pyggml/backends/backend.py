@@ -23,6 +23,7 @@ from ..raw import ffi, lib
 from ..raw.boundary import call_status, calling, check_status
 from ..core.tensor import EMPTY_OPS, Tensor, tensor_arg
 from .graph_run import Checked, check_meta_views, compute_lock, restore_sources, run_of
+from . import meta_check
 
 if TYPE_CHECKING:
     from ..core.graph import Graph
@@ -233,6 +234,8 @@ class Backend(_cobject.CObject):
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
         foreign = buffer.check_placements(graph, records, placer)
         self._check_buffers(records)
+        if lib.ggml_backend_is_meta(self._ptr):  # how ggml's meta backend splits each node
+            meta_check.check_compute(graph.raw_nodes()[:n_nodes], graph.grads)
         supports = self._supports_raw
         for i in range(n_nodes):
             node = lib.ggml_graph_node(g, i)

@@ -49,6 +49,7 @@ from ..raw.boundary import calling
 from ..types import block_size
 from ..enums import DeviceType
 from .device import Device
+from . import meta_check
 
 __all__ = ["MAX_DEVICES", "MIRRORED", "PARTIAL", "SplitState", "Policy", "meta_device", "is_meta"]
 
@@ -161,19 +162,24 @@ class _PolicyCallback:
         self.policy, self.n_devices = policy, n_devices
         self.cb = callbacks.Callback("ggml_backend_meta_get_split_state_t", self._call)
 
+    def state_of(self, tensor: Any) -> SplitState:
+        """The policy's state for tensor struct ``tensor``, checked: the policy's exception,
+        TypeError for something else than a SplitState, ValueError for a state ggml aborts on."""
+        scope = BorrowScope("a split policy")
+        try:
+            t = Tensor(tensor, scope)
+            state = self.policy(t)
+            if not isinstance(state, SplitState):
+                raise TypeError(f"a split policy returns a SplitState, not {type(state).__name__}")
+            state.check(t, self.n_devices)
+        finally:
+            scope.close()
+        return state
+
     def _call(self, tensor: Any, _ud: Any) -> Any:
         out = ffi.new(_STATE + " *")
         try:
-            scope = BorrowScope("a split policy")
-            try:
-                t = Tensor(tensor, scope)
-                state = self.policy(t)
-                if not isinstance(state, SplitState):
-                    raise TypeError(f"a split policy returns a SplitState, not {type(state).__name__}")
-                state.check(t, self.n_devices)
-            finally:
-                scope.close()
-            state._fill(out, self.n_devices)
+            self.state_of(tensor)._fill(out, self.n_devices)
         except BaseException as e:  # cffi would return a zeroed state, on which ggml aborts
             boundary.record(e)
             ffi.buffer(out)[:] = bytes(ffi.sizeof(_STATE))
@@ -203,6 +209,7 @@ def meta_device(devices: Sequence[Device], policy: Policy) -> Device:
     with calling():
         p = lib.ggml_backend_meta_device(arr, len(devices), cb.cb.fn, cb.cb.user_data)
     _kept.append(cb)
+    meta_check.register(p, cb)  # its policy, for the check of graphs before ggml splits them
     return Device(p)
 
 

@@ -13,6 +13,7 @@ to ``ggml_backend_sched_graph_compute``: the checks run once per graph (see :mod
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any, Callable, Sequence
 
 from .. import _cobject, _trial
@@ -24,6 +25,7 @@ from ..memory.buffer_type import BufferType
 from .cpu import CPUBackend, graph_trial_ops
 from .device import Device
 from .graph_run import Checked, check_meta_views, compute_lock, restore_sources, run_of, save_sources
+from . import meta_check
 from ..enums import DeviceType
 from ..core.graph import Graph
 from ..raw import callbacks, ffi, lib, requires
@@ -114,6 +116,9 @@ class Scheduler(_cobject.CObject, Placer):
         self._pins: dict[Any, tuple[Tensor, Backend]] = {}
         # Graph.io_flags of the graph ggml's allocator last planned for (None: no plan yet)
         self._io_plan: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        # meta backends: the graphs whose split they passed (meta_check), with what it depended on
+        self._metas = {b._ptr for b in backends if lib.ggml_backend_is_meta(b.ptr)}
+        self._meta_checked: weakref.WeakKeyDictionary[Graph, Any] = weakref.WeakKeyDictionary()
         self._init_placer()
 
     def _free(self, ptr: Any) -> None:
@@ -339,6 +344,12 @@ class Scheduler(_cobject.CObject, Placer):
             self.reserve(graph)
         zero = self._place_zero_byte(graph)
         self._pin_loose_leafs(graph)
+        if self._metas:
+            try:
+                self._check_meta(graph)
+            except BaseException:
+                self._unplace_zero_byte(zero)
+                raise
         save_sources(graph, self)
         with calling():
             ok = lib.ggml_backend_sched_alloc_graph(self.ptr, g)
@@ -364,6 +375,31 @@ class Scheduler(_cobject.CObject, Placer):
             raise
         if state is not None:  # the check made before splitting still holds for the split graph
             run_of(graph).checks[self._ptr] = state
+
+    def _check_meta(self, graph: Graph) -> None:
+        """Before ggml places ``graph`` with a meta backend among this scheduler's: split it
+        (``ggml_backend_sched_split_graph``, undone after) and check how ggml's meta backend
+        would split the nodes the split gives it (:mod:`pyggml.backends.meta_check`: ValueError
+        where it would abort). Once per graph version and pins."""
+        key = (graph.version, int(lib.ggml_graph_n_nodes(graph.ptr)),
+               frozenset((p, b._ptr) for p, (_, b) in self._pins.items()))
+        if self._meta_checked.get(graph) == key:
+            return
+        nodes = graph.raw_nodes()
+        before = [list(p.src) for p in nodes]
+        saved = save_sources(graph, None)
+        s = self.ptr
+        try:
+            with calling():
+                lib.ggml_backend_sched_split_graph(s, graph.ptr)
+            bufts = {b._ptr: t.ptr for b, t in zip(self._backends, self._bufts)}
+            meta_check.check_sched(nodes, before, lambda p: lib.ggml_backend_sched_get_tensor_backend(s, p),
+                                   bufts, self._metas)
+        finally:
+            restore_sources(graph, saved)
+            self._reset()  # the split's assignments would pin the next split; pins made again
+            self._pin_loose_leafs(graph)
+        self._meta_checked[graph] = key
 
     def _check_kernels(self, graph: Graph) -> None:
         """After the split: each node the scheduler put on a backend with a kernel table (CPU:
