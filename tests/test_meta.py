@@ -173,3 +173,91 @@ def test_a_graph_whose_views_ggml_dropped_is_refused():
             np.testing.assert_allclose(y.numpy(), 2 * C[:rows], rtol=1e-6)
         for ctx in (ca, cb, cc):
             ctx.close()
+
+
+# ---------------------------------------------------------------------- split-state checks
+# Graphs whose split ggml's meta backend cannot derive abort the process in ggml (placing the
+# graph, computing it, or reading a result); pyggml.backends.meta_check refuses them first.
+# Each case: (policy states, code building `y` in `ctx` from the weights `w[name]`, what the
+# check says, whether ggml aborts only when the result is read).
+_ABORTS = {
+    "mul_mat": ({"w": SplitState.split(0, [32, 32])}, {"w": [64, 16]},
+                "y = ctx.mul_mat(w['w'], x)", "unsupported mul_mat split states"),
+    "unequal": ({"a": SplitState.split(1, [32, 64]), "b": SplitState.split(1, [48, 48])},
+                {"a": [64, 96], "b": [64, 96]}, "y = ctx.add(ctx.add(w['a'], w['b']), ctx.sum(x))",
+                "sources are split differently"),
+    "view_of_permuted": ({"c": SplitState.split(1, [4, 4])}, {"c": [64, 8]},
+                         "p = ctx.permute(w['c'], 1, 0, 2, 3)\n"
+                         "y = ctx.add(ctx.cont(ctx.view(p, [8, 32], nb=[p.nb[1] * 2])), ctx.sum(x))",
+                         "view of permuted tensor not implemented"),
+    "partial_output": ({"w1": SplitState.split(1, [48, 48]), "w2": SplitState.split(0, [48, 48])},
+                       {"w1": [64, 96], "w2": [96, 64]}, "y = ctx.mul_mat(w['w2'], ctx.mul_mat(w['w1'], x))",
+                       "partial sum"),
+    "op_not_implemented": ({}, {"a": [4, 5]}, "y = ctx.add(ctx.col2im_1d(w['a'], 1, 2, 0), ctx.sum(x))",
+                           "pyggml cannot check that ggml's meta backend splits op COL2IM_1D"),
+}
+
+_CASE_CODE = '''
+import numpy as np
+from pyggml import Context, GGMLType, GraphAllocator
+from pyggml.backends.device import device_by_name
+from pyggml.backends.meta import SplitState, meta_device
+
+def run_case(states, shapes, build, grads=False):
+    CPU = device_by_name("CPU")
+    be = meta_device([CPU, CPU], lambda t: states.get(t.name, SplitState.mirrored())).init()
+    wctx = Context.for_tensors(len(shapes))
+    w = {n: wctx.new_tensor(GGMLType.F32, ne, name=n) for n, ne in shapes.items()}
+    wctx.alloc_tensors(be)
+    for t in w.values():
+        t.set(np.ones(t.shape, np.float32))
+    ctx = Context.for_tensors(16, graph_size=16)
+    x = ctx.new_tensor(GGMLType.F32, [64, 3], name="x").set_input()
+    env = {"ctx": ctx, "w": w, "x": x}
+    exec(build, env)
+    y = env["y"].set_output()
+    g = ctx.new_graph(16, grads=grads).build_forward(y)
+    GraphAllocator(be).alloc_graph(g)
+    x.set(np.ones((3, 64), np.float32))
+    g.compute(be)
+    return y.numpy()
+'''
+
+
+def _run_case(states, shapes, build, grads=False):
+    env: dict = {}
+    exec(_CASE_CODE, env)
+    return env["run_case"](states, shapes, build, grads)
+
+
+@pytest.mark.parametrize("case", sorted(_ABORTS))
+def test_graph_ggml_cannot_split_is_a_value_error(case):
+    """Each graph below aborts the process in ggml (the next test); pyggml raises ValueError
+    naming the tensor, its op and its sources' split states, and the process goes on."""
+    states, shapes, build, match = _ABORTS[case]
+    with pytest.raises(ValueError, match=match) as e:
+        _run_case(states, shapes, build)
+    assert "sources:" in str(e.value) or "op COL2IM_1D" in str(e.value)
+    np.testing.assert_array_equal(_run_case({}, {"a": [64, 3]}, "y = ctx.add(x, w['a'])"), 2.0)  # alive
+
+
+def test_graph_with_gradients_on_a_meta_backend_is_refused():
+    with pytest.raises(ValueError, match="gradients"):
+        _run_case({}, {"a": [64, 3]}, "y = ctx.add(x, w['a'])", grads=True)
+
+
+@pytest.mark.parametrize("case", sorted(_ABORTS) + ["grads"])
+def test_without_the_check_ggml_aborts(case):
+    """What the check prevents: the same graphs with pyggml's check switched off abort the
+    process in ggml (SIGABRT; a partial-sum output aborts when it is read back)."""
+    import signal
+    import subprocess
+    import sys
+    states, shapes, build, _ = _ABORTS.get(case, ({}, {"a": [64, 3]}, "y = ctx.add(x, w['a'])", ""))
+    code = (_CASE_CODE + "\nimport pyggml.backends.meta_check as mc\n"
+            "mc._run = lambda *a, **k: None\nmc.check_compute = lambda *a, **k: None\n"
+            "from pyggml.backends import backend\nbackend.meta_check = mc\n"
+            f"run_case({states!r}, {shapes!r}, {build!r}, grads={case == 'grads'})\nprint('survived')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGABRT, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert "survived" not in r.stdout

@@ -600,14 +600,14 @@ def _run(nodes: Sequence[Any], home: Callable[[Any], Any], on_meta: Callable[[An
                 raise _Failure(p, "it is a partial sum (PARTIAL: each device holds a part) that is a "
                                "graph output or that no node reads: ggml can neither sum it up nor "
                                "read it back (an abort); add an op after it (e.g. + 0, or the "
-                               "residual add) or split its sources otherwise")
+                               "residual add) or split its sources otherwise", d._sources(p))
             if on_meta is not None and any(not on_meta(r) for r in readers[p]):
                 raise _Failure(p, "it is a partial sum (PARTIAL) that a node on another backend of "
                                "the scheduler reads: ggml cannot copy it out of the meta backend "
-                               "(an abort); add an op after it on the meta backend")
+                               "(an abort); add an op after it on the meta backend", d._sources(p))
             if not lib.ggml_is_contiguous(p):
                 raise _Failure(p, "it is a partial sum (PARTIAL) that is not contiguous: ggml's "
-                               "all-reduce asserts contiguous memory")
+                               "all-reduce asserts contiguous memory", d._sources(p))
     except _Failure as e:
         raise ValueError(str(e)) from None
 
