@@ -80,6 +80,7 @@ def count_backends(output: str) -> set[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--ops", help="comma-separated ops (test-backend-ops -o)")
+    p.add_argument("-p", "--params", help="a regex the cases' parameters must match (test-backend-ops -p)")
     p.add_argument("--mode", default="test", choices=["test", "support"])
     p.add_argument("-j", "--jobs", type=int, default=1)
     p.add_argument("--backend", default="numpy", choices=sorted(BACKENDS),
@@ -98,7 +99,7 @@ def main() -> int:
     device = a.device or device
     exe = build_test_backend_ops()
     module = a.module or build_module(spec, OUT / lib_name)
-    cmd = [str(exe), a.mode, "-b", device] + (["-o", a.ops] if a.ops else [])
+    cmd = [str(exe), a.mode, "-b", device] + (["-o", a.ops] if a.ops else []) + (["-p", a.params] if a.params else [])
     if a.jobs > 1:
         cmd += ["-j", str(a.jobs)]
     env = dict(os.environ, GGML_BACKEND_PATH=str(module))
