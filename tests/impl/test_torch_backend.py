@@ -150,6 +150,90 @@ def test_buffers_are_torch_tensors_and_tensors_are_views_of_them(backend):
         assert not t.numpy().any()
 
 
+def _cpu_mul_mat(wt, w_vals, x_vals):
+    """MUL_MAT(w, x) with w of type wt, computed by ggml's CPU backend."""
+    with Context(1 << 22) as ctx:
+        y = ctx.mul_mat(K.make(ctx, w_vals, wt), K.make(ctx, x_vals, GGMLType.F32))
+        g = ctx.new_graph().build_forward(y)
+        with CPUBackend(n_threads=1) as cpu:
+            g.compute(cpu)
+        return y.numpy().copy()
+
+
+def _near(got, ref):
+    """As test-backend-ops compares (the CPU rounds src1 to its weights' dot-product type)."""
+    assert K.nmse(ref, got) <= 5e-4
+
+
+@pytest.mark.parametrize("wt", [GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.F16], ids=lambda t: t.name)
+def test_weights_are_converted_once_and_dropped_when_written(backend, wt):
+    """A weight (buffer usage WEIGHTS) read by MUL_MAT is dequantized once: its float32 values
+    are kept in the buffer's cache and reused by later computes; set_tensor, memset, clear, a copy
+    into the buffer and a node of the backend's own graph writing the weight drop them, and the
+    results follow the new values (as ggml's CPU computes them)."""
+    w1, w2, w3 = K.rand([64, 6], seed=11), K.rand([64, 6], seed=12), K.rand([64, 6], seed=13)
+    xv = K.rand([64, 3], seed=14)
+    with Context.for_tensors(2) as wctx, Context.for_tensors(8, graph_size=16) as ctx:
+        w = wctx.new_tensor(wt, [64, 6], name="w")
+        wsrc = wctx.new_tensor(wt, [64, 6], name="w_src")
+        wbuf = wctx.alloc_tensors(backend)
+        wbuf.usage = "weights"
+        cache = _vtable.LIVE[_vtable.addr(wbuf.ptr)].weights_cache
+        w.set(w1)
+        x = ctx.new_tensor(GGMLType.F32, [64, 3]).set_input()
+        y = ctx.mul_mat(w, x)
+        g = ctx.new_graph(16).build_forward(y)
+        GraphAllocator(backend).alloc_graph(g)
+        x.set(xv)
+        g.compute(backend)
+        _near(y.numpy(), _cpu_mul_mat(wt, w1, xv))
+        assert len(cache) == 1
+        kept = next(iter(cache.values()))
+        g.compute(backend)                              # a replay: the same float32 tensor
+        assert next(iter(cache.values())) is kept
+        w.set(w2)                                       # set_tensor drops it
+        assert not cache
+        g.compute(backend)
+        _near(y.numpy(), _cpu_mul_mat(wt, w2, xv))
+        wsrc.set(w3)
+        lib.ggml_backend_tensor_copy(wsrc.ptr, w.ptr)   # cpy_tensor (same buffer)
+        g.compute(backend)
+        _near(y.numpy(), _cpu_mul_mat(wt, w3, xv))
+        lib.ggml_backend_tensor_memset(w.ptr, 0, 0, w.nbytes)
+        g.compute(backend)
+        assert not y.numpy().any()
+        w.set(w1)
+        g.compute(backend)
+        wbuf.clear(0)
+        assert not cache
+        # a graph of the backend writing the weight (CPY into it), then the MUL_MAT graph
+        if wt == GGMLType.F16:
+            with Context.for_tensors(4, graph_size=8) as c2:
+                src = c2.new_tensor(GGMLType.F32, [64, 6]).set_input()
+                g2 = c2.new_graph(8).build_forward(c2.cpy(src, w))
+                GraphAllocator(backend).alloc_graph(g2)
+                g.compute(backend)
+                assert cache
+                src.set(w2)
+                g2.compute(backend)
+                assert not cache
+                g.compute(backend)
+                _near(y.numpy(), _cpu_mul_mat(wt, w2, xv))
+
+
+def test_weights_of_other_usages_are_not_cached(backend):
+    with Context.for_tensors(1) as wctx, Context.for_tensors(8, graph_size=16) as ctx:
+        w = wctx.new_tensor(GGMLType.Q8_0, [64, 6])
+        wbuf = wctx.alloc_tensors(backend)
+        w.set(K.rand([64, 6], seed=1))
+        x = ctx.new_tensor(GGMLType.F32, [64, 3]).set_input()
+        g = ctx.new_graph(16).build_forward(ctx.mul_mat(w, x))
+        GraphAllocator(backend).alloc_graph(g)
+        x.set(K.rand([64, 3], seed=2))
+        g.compute(backend)
+        assert not _vtable.LIVE[_vtable.addr(wbuf.ptr)].weights_cache
+
+
 # ------------------------------------------------------------------------- plan and replay
 
 def _chain(be, n=8):

@@ -13,6 +13,16 @@ and writes them in place, they are real host pointers) and any other host buffer
 buffer type, a NumPy buffer) is seen too, through ``torch.frombuffer`` over its address range.
 On other devices (``cuda:N``, ``mps``...) only this backend's own buffers are seen; the
 scheduler copies inputs into them.
+
+Weights are converted once: a kernel reading a quantized, F16 or BF16 tensor as float32 (MUL_MAT,
+OUT_PROD) keeps the float32 tensor in its buffer's ``weights_cache`` when the buffer is a
+``TorchBuffer`` whose usage is ``WEIGHTS`` (``ggml_backend_buffer_get_usage`` when the graph's
+plan is built), and reuses it on later computes. Every write into the buffer that this backend
+sees drops the cache: ``set_tensor``, ``memset_tensor``, ``cpy_tensor``, ``clear``, and a node of
+one of its own graphs whose destination is in the buffer. A write it cannot see, another
+backend computing in place into a weight of a ``TorchBuffer`` on ``cpu`` (host memory), is not
+noticed: weights buffers are meant to be written only by loading them. The cost is memory: a
+float32 copy of each weight read this way (4 bytes per value).
 """
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ from ...raw import ffi, lib
 from .. import PyBuffer, PyBufferType
 from .._vtable import LIVE, addr
 
-__all__ = ["DTYPES", "TorchBuffer", "TorchBufferType", "Views", "generation"]
+__all__ = ["DTYPES", "TorchBuffer", "TorchBufferType", "Views", "generation", "weights_buffer"]
 
 _F32, _F16, _BF16, _F64 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16, lib.GGML_TYPE_F64
 _I8, _I16, _I32, _I64 = lib.GGML_TYPE_I8, lib.GGML_TYPE_I16, lib.GGML_TYPE_I32, lib.GGML_TYPE_I64
@@ -35,6 +45,8 @@ _I8, _I16, _I32, _I64 = lib.GGML_TYPE_I8, lib.GGML_TYPE_I16, lib.GGML_TYPE_I32, 
 DTYPES: dict[int, torch.dtype] = {
     _F32: torch.float32, _F16: torch.float16, _BF16: torch.bfloat16, _F64: torch.float64,
     _I8: torch.int8, _I16: torch.int16, _I32: torch.int32, _I64: torch.int64}
+
+_WEIGHTS = lib.GGML_BACKEND_BUFFER_USAGE_WEIGHTS
 
 #: counts freed buffers: a backend drops its plans (which hold views, hence storage) when it
 #: changes, so freed device memory is not kept alive by a cached plan
@@ -48,11 +60,14 @@ def generation() -> int:
 
 class TorchBuffer(PyBuffer):
     """A buffer of ``size`` bytes: one ``uint8`` torch tensor on ``device``, its start aligned
-    to ``alignment`` bytes. ``data``: the 1-D ``uint8`` tensor of exactly ``size`` bytes."""
+    to ``alignment`` bytes. ``data``: the 1-D ``uint8`` tensor of exactly ``size`` bytes.
+    ``weights_cache``: float32 conversions of its tensors (key: data address, type, ne, nb),
+    emptied by every write this backend sees."""
 
     def __init__(self, device: torch.device, size: int, alignment: int):
         self.device = device
         self.host = device.type == "cpu"
+        self.weights_cache: dict[tuple[Any, ...], torch.Tensor] = {}
         raw = torch.zeros(max(size, 1) + alignment, dtype=torch.uint8, device=device)
         pad = (-raw.data_ptr()) % alignment
         self.data = raw[pad:pad + max(size, 1)]
@@ -75,6 +90,7 @@ class TorchBuffer(PyBuffer):
     # uint8 tensors costs milliseconds per MiB on a small machine, memmove microseconds).
 
     def set_tensor(self, tensor: Tensor, data: memoryview, offset: int) -> None:
+        self.weights_cache.clear()
         n = data.nbytes
         if not n:
             return
@@ -93,6 +109,7 @@ class TorchBuffer(PyBuffer):
             torch.frombuffer(out, dtype=torch.uint8).copy_(self._span(tensor, offset, n))
 
     def memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        self.weights_cache.clear()
         if not size:
             return
         if self.host:
@@ -108,12 +125,14 @@ class TorchBuffer(PyBuffer):
         sp = src.ptr
         other = LIVE.get(addr(sp.buffer)) if sp.buffer != ffi.NULL else None
         if isinstance(other, TorchBuffer):
+            self.weights_cache.clear()
             if n and self.host and other.host:
                 ffi.memmove(ffi.cast("char *", self._addr + self._start(dst, 0, n)), sp.data, n)
             elif n:
                 self._span(dst, 0, n).copy_(other.data[addr(sp.data) - other._addr:][:n])
             return True
         if sp.buffer != ffi.NULL and lib.ggml_backend_buffer_is_host(sp.buffer):
+            self.weights_cache.clear()
             if n and self.host:
                 ffi.memmove(ffi.cast("char *", self._addr + self._start(dst, 0, n)), sp.data, n)
             elif n:
@@ -122,6 +141,7 @@ class TorchBuffer(PyBuffer):
         return False
 
     def clear(self, value: int) -> None:
+        self.weights_cache.clear()
         if self.host:
             ctypes.memset(self._addr, value, self.data.numel())
         else:
@@ -129,6 +149,7 @@ class TorchBuffer(PyBuffer):
 
     def free_buffer(self) -> None:
         _freed[0] += 1
+        self.weights_cache.clear()
         self.data = torch.empty(0, dtype=torch.uint8)
 
 
@@ -156,6 +177,17 @@ class TorchBufferType(PyBufferType):
 
 def _name(p: Any) -> str:
     return ffi.string(p.name).decode("utf-8", "replace") or "(unnamed)"
+
+
+def weights_buffer(p: Any) -> "TorchBuffer | None":
+    """The ``TorchBuffer`` holding tensor ``p`` if its usage is ``WEIGHTS``, else None."""
+    buf = p.buffer
+    if buf == ffi.NULL:
+        return None
+    own = LIVE.get(addr(buf))
+    if isinstance(own, TorchBuffer) and lib.ggml_backend_buffer_get_usage(buf) == _WEIGHTS:
+        return own
+    return None
 
 
 class Views:

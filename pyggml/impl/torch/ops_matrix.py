@@ -1,5 +1,6 @@
 """The torch backend's kernels: MUL_MAT and OUT_PROD (weights dequantized with torch ops,
-float32 products)."""
+float32 products; a weight's float32 values kept in its buffer's ``weights_cache``, see
+:mod:`pyggml.impl.torch.memory`)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -7,21 +8,38 @@ from typing import Any, Callable
 import torch
 
 from ..numpy.memory import _is_quant, _ne, _src
+from .._vtable import addr
+from .memory import weights_buffer
 from .quant import DEQUANT, dequantize
 from .table import Step, _add, numpy_rule
 
 
 def _reader(p: Any, v: Any) -> Callable[[], torch.Tensor]:
     """A function giving tensor ``p``'s current values as float32 (torch shape ``ne``
-    reversed), dequantized when ``p`` is quantized."""
+    reversed), dequantized when ``p`` is quantized; converted once (then cached) when ``p`` is a
+    weight (``memory.weights_buffer``) that is not F32."""
     if _is_quant(p.type):
         rows, t, n = v.rows(p), p.type, _ne(p)[0]
-        return lambda: dequantize(rows, t, n)
-    x: torch.Tensor = v.tensor(p)
 
-    def read() -> torch.Tensor:
-        return x.float()
-    return read
+        def convert() -> torch.Tensor:
+            return dequantize(rows, t, n)
+    else:
+        x: torch.Tensor = v.tensor(p)
+        if x.dtype == torch.float32:
+            return lambda: x
+        convert = x.float
+    wb = weights_buffer(p)
+    if wb is None:
+        return convert
+    cache = wb.weights_cache
+    key = (addr(p.data), int(p.type), tuple(p.ne), tuple(p.nb))
+
+    def cached() -> torch.Tensor:
+        t = cache.get(key)
+        if t is None:
+            t = cache[key] = convert()
+        return t
+    return cached
 
 
 def _weights_rule(name: str) -> Callable[[Any], bool]:

@@ -21,6 +21,7 @@ from typing import Any
 from ...enums import TensorFlag
 from ...core.tensor import EMPTY_OPS
 from ...raw import ffi
+from .memory import weights_buffer
 from .table import Step, build
 
 __all__ = ["Plan"]
@@ -31,6 +32,13 @@ _SIZE = ffi.sizeof("struct ggml_tensor")
 
 def _signature(tensors: list[Any]) -> bytes:
     return b"".join([ffi.buffer(p, _SIZE) for p in tensors])
+
+
+def _dropping(step: Step, cache: dict[Any, Any]) -> Step:
+    def run() -> None:
+        step()
+        cache.clear()
+    return run
 
 
 class Plan:
@@ -52,6 +60,9 @@ class Plan:
                 continue
             step = build(p, views)
             if step is not None:
+                wb = weights_buffer(p)
+                if wb is not None:       # a write into weights: their float32 copies are stale
+                    step = _dropping(step, wb.weights_cache)
                 steps.append(step)
         self.steps = steps
         self.uid = uid
