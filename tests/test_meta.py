@@ -193,6 +193,8 @@ _ABORTS = {
     "partial_output": ({"w1": SplitState.split(1, [48, 48]), "w2": SplitState.split(0, [48, 48])},
                        {"w1": [64, 96], "w2": [96, 64]}, "y = ctx.mul_mat(w['w2'], ctx.mul_mat(w['w1'], x))",
                        "partial sum"),
+    "last_node_a_view": ({}, {"a": [64, 3]}, "y = ctx.cpy(ctx.add(x, w['a']), ctx.new_tensor(GGMLType.F32, [64, 3]))",
+                         "last node and a view"),
     "op_not_implemented": ({}, {"a": [4, 5]}, "y = ctx.add(ctx.col2im_1d(w['a'], 1, 2, 0), ctx.sum(x))",
                            "pyggml cannot check that ggml's meta backend splits op COL2IM_1D"),
 }
@@ -214,6 +216,7 @@ def run_case(states, shapes, build, grads=False):
     ctx = Context.for_tensors(16, graph_size=16)
     x = ctx.new_tensor(GGMLType.F32, [64, 3], name="x").set_input()
     env = {"ctx": ctx, "w": w, "x": x}
+    env["GGMLType"] = GGMLType
     exec(build, env)
     y = env["y"].set_output()
     g = ctx.new_graph(16, grads=grads).build_forward(y)
@@ -261,3 +264,90 @@ def test_without_the_check_ggml_aborts(case):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGABRT, (r.returncode, r.stdout, r.stderr[-2000:])
     assert "survived" not in r.stdout
+
+
+def _llama_graph(ctx, w, kc, vc, T, K, hp, ln):
+    """examples/llama_ggml/model.py::_layer with flash attention (as tensor split runs it), the
+    embedding before and the output after, plus scale/soft_max/silu/cont/cpy on the logits."""
+    import math
+    D, H, Hkv, E = hp.head_dim, hp.n_head, hp.n_head_kv, hp.n_embd
+    inp = {"tokens": ctx.new_tensor(GGMLType.I32, [T], name="inp_tokens").set_input(),
+           "pos": ctx.new_tensor(GGMLType.I32, [T], name="inp_pos").set_input(),
+           "kq_mask": ctx.new_tensor(GGMLType.F16, [K, T], name="kq_mask").set_input(),
+           "k_idx": ctx.new_tensor(GGMLType.I64, [T], name="k_idx").set_input()}
+    graph = ctx.new_graph(256)
+    p = "blk.0."
+    x = ctx.get_rows(w["token_embd.weight"], inp["tokens"])
+    cur = ctx.mul(ctx.rms_norm(x, 1e-5), w[p + "attn_norm.weight"])
+    q = ctx.reshape(ctx.mul_mat(w[p + "attn_q.weight"], cur), D, H, T)
+    k = ctx.reshape(ctx.mul_mat(w[p + "attn_k.weight"], cur), D, Hkv, T)
+    v = ctx.mul_mat(w[p + "attn_v.weight"], cur)
+    q, k = (ctx.rope(a, inp["pos"], D, mode=0, n_ctx_orig=64) for a in (q, k))
+    es = kc.nb[0]
+    graph.build_forward(ctx.set_rows(kc, ctx.reshape(k, Hkv * D, T), inp["k_idx"]))
+    graph.build_forward(ctx.set_rows(vc, v, inp["k_idx"]))
+    k_view = ctx.permute(ctx.view(kc, [D, Hkv, K], nb=[D * es, kc.nb[1]]), 0, 2, 1, 3)
+    v_view = ctx.permute(ctx.view(vc, [D, Hkv, K], nb=[D * es, vc.nb[1]]), 0, 2, 1, 3)
+    o = ctx.flash_attn(ctx.permute(q, 0, 2, 1, 3), k_view, v_view, inp["kq_mask"], 1.0 / math.sqrt(D))
+    cur = ctx.mul_mat(w[p + "attn_output.weight"], ctx.reshape(o, H * D, T))
+    if ln:  # the last block: the FFN of the last token only
+        cur = ctx.view(cur, [E, 1], offset=(T - 1) * cur.nb[1])
+        x = ctx.view(x, [E, 1], offset=(T - 1) * x.nb[1])
+    x = ctx.add(cur, x)
+    cur = ctx.mul(ctx.rms_norm(x, 1e-5), w[p + "ffn_norm.weight"])
+    h = ctx.swiglu(ctx.mul_mat(w[p + "ffn_gate.weight"], cur), ctx.mul_mat(w[p + "ffn_up.weight"], cur))
+    x = ctx.add(ctx.mul_mat(w[p + "ffn_down.weight"], h), x)
+    x = ctx.mul(ctx.rms_norm(x, 1e-5), w["output_norm.weight"])
+    logits = ctx.mul_mat(w["output.weight"], x)
+    probs = ctx.soft_max(ctx.scale(logits, 0.5))
+    t = ctx.cont(ctx.permute(ctx.silu(probs), 1, 0, 2, 3))
+    out = ctx.scale(ctx.cpy(t, ctx.new_tensor(GGMLType.F32, list(t.ne)[:2])), 1.0)  # not last: a view
+    logits.set_output()
+    out.set_output()
+    graph.build_forward(out)
+    graph.build_forward(logits)
+    return graph, inp, logits, out
+
+
+@pytest.mark.parametrize("weights", [None, [3, 1]])
+@pytest.mark.parametrize("last_only", [False, True])
+def test_llama_block_in_tensor_split_passes_the_check_and_matches_the_cpu(weights, last_only):
+    """A llama block as examples/llama_ggml builds it in tensor-split mode (flash attention,
+    examples/llama_ggml/split.py's TensorSplit policy) on the CPU twice: the check passes and
+    the logits, the block's output and the KV cache are the CPU backend's."""
+    import types
+    from examples.llama_ggml.split import TensorSplit
+    hp = types.SimpleNamespace(head_dim=16, n_head=4, n_head_kv=2, n_ff=256, n_embd=64)
+    E, F, D, H, Hkv, V, C, T, K = 64, 256, 16, 4, 2, 48, 32, 5, 32
+    shapes = {"token_embd.weight": [E, V], "blk.0.attn_norm.weight": [E],
+              "blk.0.attn_q.weight": [E, H * D], "blk.0.attn_k.weight": [E, Hkv * D],
+              "blk.0.attn_v.weight": [E, Hkv * D], "blk.0.attn_output.weight": [H * D, E],
+              "blk.0.ffn_norm.weight": [E], "blk.0.ffn_gate.weight": [E, F],
+              "blk.0.ffn_up.weight": [E, F], "blk.0.ffn_down.weight": [F, E],
+              "output_norm.weight": [E], "output.weight": [E, V]}
+    arrays = {n: (rng.standard_normal(ne[::-1]) * 0.3).astype(np.float32) for n, ne in shapes.items()}
+    feed = {"inp_tokens": np.array([3, 1, 4, 1, 5], np.int32), "inp_pos": np.arange(T, dtype=np.int32),
+            "k_idx": np.arange(T, dtype=np.int64)}
+    mask = np.full((T, K), -np.inf, np.float32)
+    for t in range(T):
+        mask[t, :t + 1] = 0
+    feed["kq_mask"] = mask.astype(np.float16)
+    policy = TensorSplit(hp, 2, weights)
+    results = []
+    for backend in (CPUBackend(), meta_device([CPU, CPU], policy).init()):
+        with backend, Context.for_tensors(16) as wctx, Context.for_tensors(256, graph_size=256) as ctx:
+            w = {n: wctx.new_tensor(GGMLType.F32, ne, name=n) for n, ne in shapes.items()}
+            kc = wctx.new_tensor(GGMLType.F16, [Hkv * D, C], name="cache_k_l0")
+            vc = wctx.new_tensor(GGMLType.F16, [Hkv * D, C], name="cache_v_l0")
+            wctx.alloc_tensors(backend).clear(0)
+            for n, a in arrays.items():
+                w[n].set(a)
+            graph, inp, logits, out = _llama_graph(ctx, w, kc, vc, T, K, hp, last_only)
+            GraphAllocator(backend).alloc_graph(graph)
+            for _ in range(2):  # the second time with the cached check
+                for t in inp.values():
+                    t.set(feed[t.name])
+                graph.compute(backend)
+            results.append((logits.numpy(), out.numpy(), kc.numpy(), vc.numpy()))
+    for ref, got in zip(*results):
+        np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), rtol=2e-3, atol=2e-3)

@@ -234,8 +234,10 @@ class Backend(_cobject.CObject):
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
         foreign = buffer.check_placements(graph, records, placer)
         self._check_buffers(records)
+        indices = buffer.IndexCheck.of(graph.raw_nodes())
         if lib.ggml_backend_is_meta(self._ptr):  # how ggml's meta backend splits each node
             meta_check.check_compute(graph.raw_nodes()[:n_nodes], graph.grads)
+            indices = meta_check.without_meta(indices)  # not host addresses
         supports = self._supports_raw
         for i in range(n_nodes):
             node = lib.ggml_graph_node(g, i)
@@ -245,7 +247,7 @@ class Backend(_cobject.CObject):
             raise ValueError(f"backend {self.name} cannot compute node {t._label()} "
                              f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]}): "
                              f"{self._why_not(node)}")
-        return Checked(graph, self, n_nodes, records, contexts, buffer.IndexCheck.of(graph.raw_nodes()),
+        return Checked(graph, self, n_nodes, records, contexts, indices,
                        foreign=foreign)
 
     def _check_buffers(self, records: list[buffer.LiveBuffer]) -> None:

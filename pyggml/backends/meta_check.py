@@ -37,9 +37,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence
 
+from ..memory.buffer import IndexCheck
 from ..raw import ffi, lib
 
-__all__ = ["check_alloc", "check_sched", "check_compute", "register", "UNCHECKED"]
+__all__ = ["check_alloc", "check_sched", "check_compute", "register", "without_meta", "UNCHECKED"]
 
 MAX_DEVICES = int(lib.GGML_BACKEND_META_MAX_DEVICES)
 MIRRORED = int(lib.GGML_BACKEND_SPLIT_AXIS_MIRRORED)
@@ -450,14 +451,14 @@ class _Rules:
             return self.ss[0]
         return self.generic(True)
 
-    def set_rows(self) -> _SS:
+    def set_rows(self) -> _SS:  # src[0]: the rows written, src[1]: their indices, src[2]: the destination
         s0, s1, s2 = self.ss[0], self.ss[1], self.ss[2]
         if s0.axis == 1:
-            raise _Abort("it writes rows into a destination split along ne[1] (its rows)")
+            raise _Abort("the rows it writes (src[0]) are split along ne[1] (between rows)")
         if s1.axis != MIRRORED:
-            raise _Abort("the rows it writes (src[1]) are not mirrored")
+            raise _Abort("its row indices (src[1]) are not mirrored")
         if not self.equal(s0, s2):
-            raise _Abort("its row indices (src[2]) are not split like its destination")
+            raise _Abort("the rows it writes (src[0]) are not split like its destination (src[2])")
         return s0
 
     def rope(self) -> _SS:
@@ -590,6 +591,17 @@ def _run(nodes: Sequence[Any], home: Callable[[Any], Any], on_meta: Callable[[An
                     s = p.src[i]
                     if s != _NULL:
                         readers.setdefault(s, []).append(p)
+        if on_meta is None and nodes:
+            last = nodes[-1]
+            v = last.view_src
+            if v != _NULL and v.op == lib.GGML_OP_NONE and d.place(v).host:
+                # ggml_backend_meta_graph_compute skips such a node when it cuts the graph into
+                # sub-graphs, so none ends at the last node: GGML_ASSERT(i_start == n_nodes)
+                raise _Failure(last, "it is the graph's last node and a view of a tensor in memory "
+                               "that says it is host memory (cpy, set_rows and views write into "
+                               "their destination): ggml's meta backend skips such nodes when it "
+                               "cuts the graph and aborts when the last one is one; end the graph "
+                               "with another op", d._sources(last))
         for p in mine:
             if not d.place(p).meta:
                 continue
@@ -666,3 +678,23 @@ def check_sched(nodes: Sequence[Any], srcs_before: list[list[Any]], backend_of: 
             if s != _NULL:
                 readers.setdefault(s, []).append(p)
     _run(nodes, home, on_meta, readers)
+
+
+def without_meta(check: IndexCheck | None) -> IndexCheck | None:
+    """``check`` without the index tensors in a meta device's memory: their ``data`` are not
+    addresses, though a meta device of host devices says its memory is host memory (reading
+    them as such crashed). Their range is not checked."""
+    if check is None:
+        return None
+    keep = []
+    for k in range(check.n):
+        t = check.tensors[k]
+        root = t.view_src if t.view_src != _NULL else t
+        if root.buffer == _NULL or not lib.ggml_backend_buffer_is_meta(root.buffer):
+            keep.append(k)
+    if len(keep) == check.n:
+        return check
+    if not keep:
+        return None
+    return IndexCheck([check.tensors[k] for k in keep], [int(check.bounds[k]) for k in keep],
+                      [check.nodes[k] for k in keep])
