@@ -35,8 +35,10 @@ buffers. Sub-graphs run one device after another on the calling thread; devices 
 communication hooks (``ggml_backend_comm_*``: CPU and RPC have none, CUDA has them) all-reduce
 through host memory. ggml keeps every meta device until the process ends, so the policy lives as
 long. Graph shapes whose split ggml cannot derive (e.g. a view of a permuted split tensor, a
-``mul_mat`` of two tensors split on different axes) abort in ggml: build graphs as llama.cpp's
-tensor-split mode does (``examples/llama_ggml``).
+``mul_mat`` of two tensors split on different axes) abort in ggml: pyggml derives every
+tensor's split first and raises ValueError instead (:mod:`pyggml.backends.meta_check`, before a
+graph is placed or computed). Build graphs as llama.cpp's tensor-split mode does
+(``examples/llama_ggml``).
 """
 from __future__ import annotations
 

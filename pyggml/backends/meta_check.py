@@ -87,8 +87,11 @@ class _SS:
 
 
 class _State(Protocol):  # pyggml.backends.meta.SplitState
-    axis: int
-    segments: tuple[tuple[tuple[int, ...], int], ...]
+    @property
+    def axis(self) -> int: ...
+
+    @property
+    def segments(self) -> tuple[tuple[tuple[int, ...], int], ...]: ...
 
 
 class _Policy(Protocol):  # pyggml.backends.meta._PolicyCallback
