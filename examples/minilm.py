@@ -127,7 +127,8 @@ class MiniLM:
         def home(name: str) -> int:
             return int(name.split(".")[2]) // per if name.startswith("encoder.layer.") else 0
 
-        self.w, self.wctxs = {}, []
+        self.w: dict[str, pyggml.Tensor] = {}
+        self.wctxs: list[pyggml.Context] = []
         for j, be in enumerate(homes):
             mine = {n: a for n, a in weights.items() if home(n) == j}
             if not mine:
@@ -160,8 +161,13 @@ class MiniLM:
             return backend.supports_op(ctx.flash_attn(q, k, v, mask, scale=1.0))
 
     def close(self) -> None:
-        for obj in (self.graphs, *self.wctxs, *self.extras, self.backend):
-            obj.close()
+        self.graphs.close()
+        for ctx in self.wctxs:
+            ctx.close()
+        for b in self.extras:
+            if b is not self.backend:
+                b.close()
+        self.backend.close()
 
     def __enter__(self) -> "MiniLM":
         return self

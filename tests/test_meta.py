@@ -351,3 +351,25 @@ def test_llama_block_in_tensor_split_passes_the_check_and_matches_the_cpu(weight
             results.append((logits.numpy(), out.numpy(), kc.numpy(), vc.numpy()))
     for ref, got in zip(*results):
         np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_row_indices_in_meta_memory_are_checked():
+    """An input of a graph on a meta backend lives in the meta device's memory (its data are no
+    addresses): pyggml reads the indices with ggml_backend_tensor_get and refuses one out of
+    range, where ggml's get_rows kernel aborted; in range, the rows come out as NumPy's."""
+    be = meta_device([CPU, CPU], Policy({})).init()
+    E = rng.standard_normal((10, 8)).astype(np.float32)
+    with be, Context.for_tensors(2) as wctx, Context.for_tensors(8, graph_size=8) as ctx:
+        emb = wctx.new_tensor(GGMLType.F32, [8, 10], name="emb")
+        wctx.alloc_tensors(be)
+        emb.set(E)
+        ids = ctx.new_tensor(GGMLType.I32, [3], name="ids").set_input()
+        y = ctx.scale(ctx.get_rows(emb, ids), 1.0).set_output()
+        g = ctx.new_graph(8).build_forward(y)
+        GraphAllocator(be).alloc_graph(g)
+        ids.set(np.array([1, 10, 2], dtype=np.int32))
+        with pytest.raises(ValueError, match="row index 10 .* outside \\[0, 10\\)"):
+            g.compute(be)
+        ids.set(np.array([1, 9, 2], dtype=np.int32))
+        g.compute(be)
+        np.testing.assert_array_equal(y.numpy(), E[[1, 9, 2]])

@@ -424,7 +424,8 @@ class LlamaModel:
             if self.n_past + 1 > self.n_ctx:
                 raise ValueError(f"{self.n_past} + 1 tokens do not fit the context of {self.n_ctx} "
                                  "(use a larger n_ctx / --ctx-size)")
-            return self._eval_batch(np.array(ids, dtype=np.int64), False)[0]
+            last: np.ndarray = self._eval_batch(np.array(ids, dtype=np.int64), False)[0]
+            return last
         a = np.asarray(ids, dtype=np.int64).reshape(-1)
         if a.size == 0:
             raise ValueError("no tokens to evaluate")

@@ -237,7 +237,6 @@ class Backend(_cobject.CObject):
         indices = buffer.IndexCheck.of(graph.raw_nodes())
         if lib.ggml_backend_is_meta(self._ptr):  # how ggml's meta backend splits each node
             meta_check.check_compute(graph.raw_nodes()[:n_nodes], graph.grads)
-            indices = meta_check.without_meta(indices)  # not host addresses
         supports = self._supports_raw
         for i in range(n_nodes):
             node = lib.ggml_graph_node(g, i)

@@ -37,10 +37,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence
 
-from ..memory.buffer import IndexCheck
 from ..raw import ffi, lib
 
-__all__ = ["check_alloc", "check_sched", "check_compute", "register", "without_meta", "UNCHECKED"]
+__all__ = ["check_alloc", "check_sched", "check_compute", "register", "UNCHECKED"]
 
 MAX_DEVICES = int(lib.GGML_BACKEND_META_MAX_DEVICES)
 MIRRORED = int(lib.GGML_BACKEND_SPLIT_AXIS_MIRRORED)
@@ -682,22 +681,3 @@ def check_sched(nodes: Sequence[Any], srcs_before: list[list[Any]], backend_of: 
                 readers.setdefault(s, []).append(p)
     _run(nodes, home, on_meta, readers)
 
-
-def without_meta(check: IndexCheck | None) -> IndexCheck | None:
-    """``check`` without the index tensors in a meta device's memory: their ``data`` are not
-    addresses, though a meta device of host devices says its memory is host memory (reading
-    them as such crashed). Their range is not checked."""
-    if check is None:
-        return None
-    keep = []
-    for k in range(check.n):
-        t = check.tensors[k]
-        root = t.view_src if t.view_src != _NULL else t
-        if root.buffer == _NULL or not lib.ggml_backend_buffer_is_meta(root.buffer):
-            keep.append(k)
-    if len(keep) == check.n:
-        return check
-    if not keep:
-        return None
-    return IndexCheck([check.tensors[k] for k in keep], [int(check.bounds[k]) for k in keep],
-                      [check.nodes[k] for k in keep])

@@ -280,21 +280,38 @@ _INDEX_TYPES = (lib.GGML_TYPE_I32, lib.GGML_TYPE_I64)
 _MAX_SRC = int(lib.GGML_MAX_SRC)
 
 
+def _in_meta(t: Any) -> bool:
+    """Whether tensor struct ``t`` (or the tensor it views) is in a meta device's buffer."""
+    root = t.view_src if t.view_src != ffi.NULL else t
+    return root.buffer != ffi.NULL and bool(lib.ggml_backend_buffer_is_meta(root.buffer))
+
+
 class IndexCheck:
     """The row indices a graph's nodes read from tensor data (get_rows, set_rows,
     get_rows_back, mul_mat_id, add_id), checked before each compute in one C call
     (``pyggml_check_indices``): an index out of range would abort in ggml's CPU kernel, or read
     or write outside a tensor. Only index tensors that no node of the graph computes (leafs, such
     as inputs, and views of them) are checked, and only in host memory; indices a node computes
-    (argsort, top_k) are ggml's own. :meth:`of` returns None for a graph without any."""
+    (argsort, top_k) are ggml's own. Index tensors in a meta device's buffer (their ``data`` are
+    not addresses, whatever the buffer type says) are read with ``ggml_backend_tensor_get``.
+    :meth:`of` returns None for a graph without any."""
 
-    __slots__ = ("tensors", "bounds", "nodes", "n")
+    __slots__ = ("tensors", "bounds", "nodes", "n", "meta")
 
     def __init__(self, tensors: list[Any], bounds: list[int], nodes: list[Any]):
-        self.tensors = ffi.new("struct ggml_tensor *[]", tensors)
-        self.bounds = ffi.new("int64_t[]", bounds)
-        self.nodes = nodes
-        self.n = len(tensors)
+        meta = [k for k, t in enumerate(tensors) if _in_meta(t)]
+        for k in meta:
+            if not lib.ggml_is_contiguous(tensors[k]):
+                raise ValueError(f"node {label(nodes[k])} reads row indices from a strided view "
+                                 f"{label(tensors[k])} of a meta device's memory, which pyggml cannot "
+                                 "check: make the indices a tensor of their own")
+        #: (tensor, bound, node) of the index tensors in meta memory
+        self.meta = [(tensors[k], bounds[k], nodes[k]) for k in meta]
+        keep = [k for k in range(len(tensors)) if k not in meta]
+        self.tensors = ffi.new("struct ggml_tensor *[]", [tensors[k] for k in keep])
+        self.bounds = ffi.new("int64_t[]", [bounds[k] for k in keep])
+        self.nodes = [nodes[k] for k in keep]
+        self.n = len(keep)
 
     @classmethod
     def of(cls, nodes: list[Any], saved: Any = None) -> "IndexCheck | None":
@@ -325,10 +342,21 @@ class IndexCheck:
         with calling():  # ggml_backend_buffer_is_host of a Python buffer type
             k = lib.pyggml_check_indices(self.tensors, self.bounds, self.n, value)
         if k >= 0:
-            node = self.nodes[k]
-            raise ValueError(
-                f"node {label(node)} reads row index {value[0]} from tensor "
-                f"{label(self.tensors[k])}, outside [0, {self.bounds[k]}): ggml would "
+            self._raise(self.nodes[k], self.tensors[k], int(value[0]), int(self.bounds[k]))
+        for t, bound, node in self.meta:
+            raw = np.empty(int(lib.ggml_nbytes(t)), dtype=np.uint8)
+            with calling():
+                lib.ggml_backend_tensor_get(t, ffi.from_buffer(raw), 0, raw.nbytes)
+            values = raw.view(np.int32 if t.type == lib.GGML_TYPE_I32 else np.int64)
+            bad = np.flatnonzero((values < 0) | (values >= bound))
+            if bad.size:
+                self._raise(node, t, int(values[bad[0]]), bound)
+
+    @staticmethod
+    def _raise(node: Any, t: Any, value: int, bound: int) -> None:
+        raise ValueError(
+                f"node {label(node)} reads row index {value} from tensor "
+                f"{label(t)}, outside [0, {bound}): ggml would "
                 f"{'abort' if node.op in (lib.GGML_OP_GET_ROWS, lib.GGML_OP_SET_ROWS) else 'read or write out of bounds'}. "
                 "(An input's memory is reused by later nodes during a compute: set every input "
                 "again before each compute.)")
