@@ -94,6 +94,52 @@ def test_quantized_mul_mat_and_get_rows_against_the_cpu(on_torch, tq, ne):
             [(K.rand([na[0], na[1]], seed=3), tq), (rows[0], K.I32)])
 
 
+def _fa_mask(kv, n_pad, heads=1, batches=1, seed=0, masked_row=None):
+    """An F16-valued KQ mask (NumPy order) with some -inf, as llama's causal masks."""
+    m = K.rand([kv, n_pad, heads, batches], -1, 0, seed=seed)
+    m[np.random.default_rng(seed + 1).random(m.shape) < 0.3] = -np.inf
+    if masked_row is not None:
+        m[..., masked_row, :] = -np.inf          # every key masked: the output row is 0
+    return m
+
+
+_FA_CASES = {
+    # name: (q ne, k ne, v ne, mask ne or None, kv type, scale, max_bias, softcap, sinks, permute q)
+    "f16_gqa_mask": ([64, 7, 4, 1], [64, 12, 2, 1], [64, 12, 2, 1], [12, 8, 1, 1], "F16", 0.125, 0.0, 0.0, False, False),
+    "f32_no_mask_batches": ([32, 3, 3, 2], [32, 5, 3, 2], [32, 5, 3, 2], None, "F32", 0.2, 0.0, 0.0, False, False),
+    "bf16_dv_ne_dk": ([40, 4, 6, 1], [40, 9, 3, 1], [24, 9, 3, 1], [16, 4, 1, 1], "BF16", 0.3, 0.0, 0.0, False, False),
+    "mask_per_head_and_batch": ([16, 5, 4, 2], [16, 6, 4, 2], [16, 6, 4, 2], [6, 5, 2, 2], "F16", 0.25, 0.0, 0.0, False, False),
+    "alibi_softcap_sinks": ([32, 6, 8, 1], [32, 10, 4, 1], [32, 10, 4, 1], [10, 6, 1, 1], "F16", 0.18, 8.0, 20.0, True, False),
+    "k_and_v_heads_differ": ([32, 4, 4, 1], [32, 6, 2, 1], [32, 6, 4, 1], [6, 4, 2, 1], "F32", 0.2, 0.0, 0.0, False, False),
+    "permuted_q_decode": ([64, 1, 9, 1], [64, 33, 3, 1], [64, 33, 3, 1], [33, 1, 1, 1], "F16", 0.125, 0.0, 0.0, False, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FA_CASES))
+def test_flash_attn_ext_against_the_cpu(on_torch, case):
+    """FLASH_ATTN_EXT against ggml's CPU kernel: GQA broadcast, masks tiled over heads and
+    batches (with a fully masked row), DV != DK, ALiBi, logit softcap, sinks, a permuted q."""
+    qn, kn, vn, mn, tkv, scale, max_bias, softcap, sinks, perm = _FA_CASES[case]
+    kvt = getattr(GGMLType, tkv)
+    inputs = [(K.rand(qn if not perm else [qn[0], qn[2], qn[1], qn[3]], seed=1), K.F32),
+              (K.rand(kn, seed=2), kvt), (K.rand(vn, seed=3), kvt)]
+    if mn is not None:
+        inputs.append((_fa_mask(*mn, seed=4, masked_row=mn[1] // 2), GGMLType.F16))
+    if sinks:
+        inputs.append((K.rand([qn[2]], -3, 3, seed=5), K.F32))
+
+    def build(ctx, q, k, v, *rest):
+        if perm:
+            q = ctx.permute(q, 0, 2, 1, 3)
+        m = rest[0] if mn is not None else None
+        out = lib.ggml_flash_attn_ext(ctx.ptr, q.ptr, k.ptr, v.ptr, m.ptr if m is not None else pyggml.ffi.NULL,
+                                      scale, max_bias, softcap)
+        if sinks:
+            lib.ggml_flash_attn_ext_add_sinks(out, rest[-1].ptr)
+        return K.wrap(ctx, out)
+    K.check(build, inputs, tol=5e-4, raw_cpu=True)
+
+
 def test_training_ops_against_the_cpu(on_torch):
     """CROSS_ENTROPY_LOSS, its BACK and OPT_STEP_ADAMW (ggml's own graph ops)."""
     logits, labels = K.rand([10, 6], seed=4), K.rand([10, 6], 0, 1, seed=5)
@@ -121,7 +167,10 @@ def test_supports_claims_only_what_it_computes():
         assert not torch_backend.supports(ctx.cpy(a, ctx.new_tensor(GGMLType.Q8_0, [64, 4])).ptr)
         fa = ctx.flash_attn(ctx.new_tensor(GGMLType.F32, [64, 4, 2]), ctx.new_tensor(GGMLType.F32, [64, 8, 2]),
                             ctx.new_tensor(GGMLType.F32, [64, 8, 2]))
-        assert not torch_backend.supports(fa.ptr)
+        assert torch_backend.supports(fa.ptr)
+        fa = ctx.flash_attn(ctx.new_tensor(GGMLType.F32, [64, 4, 2]), ctx.new_tensor(GGMLType.Q8_0, [64, 8, 2]),
+                            ctx.new_tensor(GGMLType.Q8_0, [64, 8, 2]))
+        assert not torch_backend.supports(fa.ptr)       # quantized K/V: ggml quantizes q too
     assert "MUL_MAT" in torch_backend.supported_op_names()
     assert set(K.numpy_ops.supported_op_names()) <= set(torch_backend.supported_op_names())
 
@@ -294,14 +343,14 @@ def test_a_changed_graph_builds_a_new_plan(backend):
 
 
 def test_scheduler_splits_replay_by_uid_and_unsupported_ops_go_to_the_cpu(backend):
-    """Under ggml's scheduler: FLASH_ATTN_EXT (no torch kernel) runs on the CPU, the rest on
-    TORCH0, the results equal the CPU's alone; a second compute replays the splits' plans."""
+    """Under ggml's scheduler: FLASH_ATTN_EXT with Q8_0 K/V (not claimed) runs on the CPU, the
+    rest on TORCH0, the results equal the CPU's alone; a second compute replays the splits' plans."""
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((2, 5, 16), dtype=np.float32) for _ in range(3))
+    q, k, v = (rng.standard_normal((2, 5, 32), dtype=np.float32) for _ in range(3))
     cpu = CPUBackend(n_threads=1)
 
     def graph(ctx):
-        tq, tk, tv = (ctx.new_tensor(GGMLType.F32, [16, 5, 2]).set_input() for _ in range(3))
+        tq, tk, tv = (ctx.new_tensor(t, [32, 5, 2]).set_input() for t in (GGMLType.F32, GGMLType.Q8_0, GGMLType.Q8_0))
         a = ctx.flash_attn(ctx.scale(tq, 0.5), tk, tv, None, scale=0.25)
         out = ctx.rms_norm(a, 1e-6) * 2.0
         return (tq, tk, tv), a, out, ctx.new_graph(32).build_forward(out)

@@ -46,7 +46,7 @@ from .. import register as _register
 from .._vtable import addr
 
 # the kernel table, filled by the op families as they are imported
-from . import ops_copy, ops_elementwise, ops_matrix, ops_norm, ops_reduce, ops_train  # noqa: F401
+from . import ops_attn, ops_copy, ops_elementwise, ops_matrix, ops_norm, ops_reduce, ops_train  # noqa: F401
 from .memory import TorchBufferType, Views, generation
 from .plan import Plan
 from .table import OPS, supported_op_names, supports
