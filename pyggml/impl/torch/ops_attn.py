@@ -155,7 +155,7 @@ def _b_flash_attn_ext(p: Any, v: Any) -> Step | None:
         else:
             Bm = m.shape[0]
             live = m.reshape(Bm, -1, KV).ne(-math.inf).any(dim=1)             # (Bm, KV)
-            used = (live * arange).amax(dim=1).tolist()                        # keys used, per batch
+            used = (live * arange).amax(dim=1).tolist() if KV else [0] * Bm    # keys used, per batch
             if Bm == 1 or len(set(used)) == 1:
                 n = int(used[0])
                 o = attend(q5, kf[..., :n, :], vf[..., :n, :], m[..., :n])
