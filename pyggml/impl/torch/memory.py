@@ -61,13 +61,14 @@ def generation() -> int:
 class TorchBuffer(PyBuffer):
     """A buffer of ``size`` bytes: one ``uint8`` torch tensor on ``device``, its start aligned
     to ``alignment`` bytes. ``data``: the 1-D ``uint8`` tensor of exactly ``size`` bytes.
-    ``weights_cache``: float32 conversions of its tensors (key: data address, type, ne, nb),
+    ``weights_cache``: float32 conversions of its tensors, (values, Q4_1/Q5_1 minima or None)
+    (key: data address, type, ne, nb, split),
     emptied by every write this backend sees."""
 
     def __init__(self, device: torch.device, size: int, alignment: int):
         self.device = device
         self.host = device.type == "cpu"
-        self.weights_cache: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.weights_cache: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
         raw = torch.zeros(max(size, 1) + alignment, dtype=torch.uint8, device=device)
         pad = (-raw.data_ptr()) % alignment
         self.data = raw[pad:pad + max(size, 1)]
