@@ -233,7 +233,7 @@ class Backend(_cobject.CObject):
         buffer.check_graph_memory(g, need_data=True)
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
         foreign = buffer.check_placements(graph, records, placer)
-        self._check_buffers(records)
+        unusable = self._unusable(records)
         indices = buffer.IndexCheck.of(graph.raw_nodes())
         if lib.ggml_backend_is_meta(self._ptr):  # how ggml's meta backend splits each node
             meta_check.check_compute(graph.raw_nodes()[:n_nodes], graph.grads)
@@ -246,22 +246,25 @@ class Backend(_cobject.CObject):
             raise ValueError(f"backend {self.name} cannot compute node {t._label()} "
                              f"({t.op_name}, {t.type_name}, srcs {[s.type_name for s in t.src]}): "
                              f"{self._why_not(node)}")
-        return Checked(graph, self, n_nodes, records, contexts, indices,
-                       foreign=foreign)
+        state = Checked(graph, self, n_nodes, records, contexts, indices, foreign=foreign)
+        state.unusable = unusable
+        return state
 
-    def _check_buffers(self, records: list[buffer.LiveBuffer]) -> None:
-        """ValueError for a buffer of the graph this backend cannot read: ggml would hand its
-        kernels memory of another device (``ggml_backend_supports_buft``), or a meta device's
-        tensors, whose ``data`` are not addresses, to a backend other than a meta one."""
+    def _unusable(self, records: list[buffer.LiveBuffer]) -> str | None:
+        """Why this backend cannot compute on the graph's memory, or None: a buffer ggml would
+        hand its kernels from another device (``ggml_backend_supports_buft``), or a meta
+        device's, whose tensors' ``data`` are not addresses, to a backend other than a meta one.
+        (:func:`pyggml.backends.utils.compare_graph_backend` computes on a copy: no matter.)"""
         me = self._ptr
         with calling():
             is_meta = bool(lib.ggml_backend_is_meta(me))
             for r in records:
                 buft = lib.ggml_backend_buffer_get_type(r.ptr)
                 if r.meta != is_meta or not lib.ggml_backend_supports_buft(me, buft):
-                    raise ValueError(f"backend {self.name} cannot use tensors in a buffer of type "
-                                     f"{ffi.string(lib.ggml_backend_buft_name(buft)).decode()}: compute the "
-                                     "graph on that buffer's backend, or use a Scheduler")
+                    return (f"backend {self.name} cannot use tensors in a buffer of type "
+                            f"{ffi.string(lib.ggml_backend_buft_name(buft)).decode()}: compute the "
+                            "graph on that buffer's backend, or use a Scheduler")
+        return None
 
     #: whether :meth:`_kernel_ok` narrows what ggml's scheduler may give this backend (a table
     #: of what its kernels assume beyond its ``supports_op``: CPU, BLAS)
@@ -333,6 +336,8 @@ class Backend(_cobject.CObject):
         holding its locks; GGMLError (named ``what``) or a callback's exception on failure."""
         g, lock, state = self._prepare(graph)
         try:
+            if state.unusable is not None:
+                raise ValueError(state.unusable)
             check_meta_views(graph, state)
             if state.owners:
                 with calling(*state.owners, held=lock.locks):
@@ -349,6 +354,8 @@ class Backend(_cobject.CObject):
             raise ValueError(f"backend {self.name} does not support graph plans")
         g, lock, state = self._prepare(graph)
         try:
+            if state.unusable is not None:
+                raise ValueError(state.unusable)
             with calling(*state.owners, held=lock.locks):
                 plan = lib.ggml_backend_graph_plan_create(self._ptr, g)
         finally:

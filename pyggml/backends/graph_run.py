@@ -145,7 +145,7 @@ class Checked:
     before each compute."""
 
     __slots__ = ("version", "n_nodes", "records", "contexts", "placer", "indices", "foreign", "unplaced",
-                 "users", "by", "valid_at", "lock", "owners", "trialed", "placed", "meta")
+                 "users", "by", "valid_at", "lock", "owners", "trialed", "placed", "meta", "unusable")
 
     def __init__(self, graph: Graph, by: Any, n_nodes: int, records: list[buffer.LiveBuffer],
                  contexts: list[tuple[Any, int]], indices: buffer.IndexCheck | None, *,
@@ -155,6 +155,9 @@ class Checked:
         self.n_nodes = n_nodes
         self.records = records
         self.meta = any(r.meta for r in records)  # reads a meta device's buffers: check_meta_views
+        #: why the checking backend cannot read the graph's memory itself (Backend._unusable), or
+        #: None: a compute raises it, a comparison on a copy of the graph does not
+        self.unusable: str | None = None
         self.contexts = contexts
         self.indices = indices  # the row indices in data, checked before every compute
         self.foreign = list(foreign)  # other placers whose memory holds tensors of the graph
