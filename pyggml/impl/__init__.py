@@ -24,8 +24,10 @@ down. Backends, buffers and events live until ggml frees them (``free``/``free_b
 
 **Threads**: every callback takes the GIL; computing from any thread works.
 
-Also here: :mod:`pyggml.impl.numpy`, the NumPy reference backend, and :mod:`pyggml.impl.module`,
-which turns a Python backend into a ggml backend module any ggml program can load.
+Also here: :mod:`pyggml.impl.numpy`, the NumPy reference backend, :mod:`pyggml.impl.torch`, a
+backend over torch tensors, what both are built on (:mod:`pyggml.impl.kernel_table`: a kernel
+table keyed by op and a device's cached ``supports_op``), and :mod:`pyggml.impl.module`, which
+turns a Python backend into a ggml backend module any ggml program can load.
 """
 from __future__ import annotations
 
@@ -34,10 +36,12 @@ import importlib
 from .backend import GraphOptimizeParams, PyBackend
 from .buffer import HostBuffer, PyBuffer, PyBufferType
 from .device import PyDevice
+from .kernel_table import KernelTable, SupportCache
 from .registry import PyRegistry, register, unregister
 
 __all__ = ["PyRegistry", "PyDevice", "PyBufferType", "PyBuffer", "HostBuffer", "PyBackend",
-           "GraphOptimizeParams", "register", "unregister", "register_builtin", "BUILTIN"]
+           "GraphOptimizeParams", "KernelTable", "SupportCache", "register", "unregister", "register_builtin",
+           "BUILTIN"]
 
 #: pyggml's own Python backends: device-name prefix -> module (each has ``register()``)
 BUILTIN = {"NUMPY": "pyggml.impl.numpy", "TORCH": "pyggml.impl.torch"}

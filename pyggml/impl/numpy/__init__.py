@@ -19,7 +19,6 @@ As a loadable ggml module (for upstream's test-backend-ops or any ggml program):
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
 
 from ...backends.backend import Backend
 from ...memory.buffer_type import BufferType
@@ -30,6 +29,7 @@ from ...raw import ffi
 from ...core.tensor import EMPTY_OPS, Tensor
 from .. import HostBuffer, PyBackend, PyBufferType, PyDevice, PyRegistry
 from .. import register as _register
+from ..kernel_table import SupportCache
 
 # the kernel table, filled by the op families as they are imported
 from . import (  # noqa: F401
@@ -94,17 +94,11 @@ class NumpyBufferType(PyBufferType):
         return offsets
 
 
-def _support_key(p: Any) -> tuple[Any, ...]:
-    srcs = tuple((s.type, tuple(s.ne), tuple(s.nb), s.view_src != ffi.NULL)
-                 for s in p.src if s != ffi.NULL)
-    return (p.op, p.type, tuple(p.ne), tuple(p.nb), bytes(ffi.buffer(p.op_params)), srcs)
-
-
 class NumpyDevice(PyDevice):
     """The ``NUMPY`` device. ``supports_op`` answers are cached per (op, types, shapes, params)."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[Any, ...], bool] = {}
+        self._supports = SupportCache(supports)
         self._own_buft = NumpyBufferType()
         super().__init__()
 
@@ -121,14 +115,7 @@ class NumpyDevice(PyDevice):
         return self._own_buft
 
     def supports_op(self, op: Tensor) -> bool:
-        p = op.ptr
-        if p.op in EMPTY_OPS:
-            return True
-        key = _support_key(p)
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = self._cache[key] = bool(supports(p))
-        return hit
+        return self._supports(op)
 
     def supports_buft(self, buft: BufferType) -> bool:
         return buft.is_host

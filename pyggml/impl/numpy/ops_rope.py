@@ -86,6 +86,22 @@ def _rope_cache(p: Any, positions: np.ndarray, sin_sign: float) -> tuple[np.ndar
     return cos, sin
 
 
+def rotate(x: Any, out: Any, c: Any, s: Any, mode: int, o: int, n_dims: int) -> None:
+    """RoPE's rotation of dims ``[o, o + n_dims)`` of ``x`` (last axis ``ne[0]``) into ``out`` (a
+    copy of ``x``), by angles of cosine ``c`` and sine ``s`` (broadcast over the pairs): mode 0
+    pairs neighbours (2i, 2i+1), NeoX (mode 2) pairs i with i + n_dims/2. Any arrays with
+    NumPy's slicing and arithmetic (NumPy, torch: the torch backend's ROPE uses it too)."""
+    half = n_dims // 2
+    if mode == 0:
+        x0, x1 = x[..., o:o + n_dims:2], x[..., o + 1:o + n_dims:2]
+        out[..., o:o + n_dims:2] = x0 * c - x1 * s
+        out[..., o + 1:o + n_dims:2] = x0 * s + x1 * c
+    else:
+        x0, x1 = x[..., o:o + half], x[..., o + half:o + n_dims]
+        out[..., o:o + half] = x0 * c - x1 * s
+        out[..., o + half:o + n_dims] = x0 * s + x1 * c
+
+
 def _rope(sin_sign: float) -> Callable[[Any], None]:
     def comp(p: Any) -> None:
         a = _src(p, 0)
@@ -99,15 +115,7 @@ def _rope(sin_sign: float) -> Callable[[Any], None]:
         c = cos.reshape(1, n2, 1, -1)
         s = sin.reshape(1, n2, 1, -1)
         out = np.array(x, dtype=np.float32, copy=True)
-        half = n_dims // 2
-        if mode == 0:
-            x0, x1 = x[..., o:o + n_dims:2], x[..., o + 1:o + n_dims:2]
-            out[..., o:o + n_dims:2] = x0 * c - x1 * s
-            out[..., o + 1:o + n_dims:2] = x0 * s + x1 * c
-        else:
-            x0, x1 = x[..., o:o + half], x[..., o + half:o + n_dims]
-            out[..., o:o + half] = x0 * c - x1 * s
-            out[..., o + half:o + n_dims] = x0 * s + x1 * c
+        rotate(x, out, c, s, mode, o, n_dims)
         _write(p, out)
     return comp
 

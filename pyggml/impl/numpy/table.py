@@ -41,8 +41,9 @@ from typing import Any, Callable, Iterable, NamedTuple
 import numpy as np
 
 from ... import types as _types
-from ...raw import ffi, lib
+from ...raw import ffi
 from ...core.tensor import op_name
+from ..kernel_table import KernelTable, op_id
 from .memory import _raw
 
 # ---------------------------------------------------------------------------------------------
@@ -66,14 +67,13 @@ class OpImpl(NamedTuple):
     variants: frozenset[int] = frozenset()
 
 
-#: GGML_OP_* -> :class:`OpImpl`
-OPS: dict[int, OpImpl] = {}
+#: GGML_OP_* -> :class:`OpImpl` (a :class:`~pyggml.impl.kernel_table.KernelTable`)
+OPS: KernelTable[OpImpl] = KernelTable()
 
 
 def _add(op_name: str, sup: Callable[[Any], bool], comp: Callable[[Any], None], notes: str, *,
          variant: Callable[[Any], int] | None = None, variants: Iterable[int] = ()) -> None:
-    op = getattr(lib, f"GGML_OP_{op_name}")
-    OPS[op] = OpImpl(op_name, sup, comp, notes, variant, frozenset(int(v) for v in variants))
+    OPS[op_id(op_name)] = OpImpl(op_name, sup, comp, notes, variant, frozenset(int(v) for v in variants))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,16 +88,7 @@ def supports(node: Any) -> bool:
     looked at (types, ``ne``, ``nb``, op_params), never the data, so this can be asked before
     the graph is allocated. Never raises for a valid node; TypeError for a non-tensor.
     """
-    p = _raw(node)
-    impl = OPS.get(int(p.op))
-    if impl is None:
-        return False
-    try:
-        if impl.variant is not None and impl.variant(p) not in impl.variants:
-            return False
-        return bool(impl.supports(p))
-    except (ValueError, KeyError, IndexError, ZeroDivisionError, OverflowError):
-        return False
+    return OPS.claims(_raw(node))
 
 
 def compute(node: Any) -> None:
@@ -124,4 +115,4 @@ def compute(node: Any) -> None:
 
 def supported_op_names() -> list[str]:
     """The names of the ops in :data:`OPS` (``"ADD"``, ``"MUL_MAT"``...), sorted."""
-    return sorted(impl.name for impl in OPS.values())
+    return OPS.names()

@@ -30,19 +30,19 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from functools import lru_cache
-from typing import Any
 
 import torch
 
 from ...backends.backend import Backend
 from ...backends.device import device_by_name
 from ...core.graph import Graph
-from ...core.tensor import EMPTY_OPS, Tensor
+from ...core.tensor import Tensor
 from ...enums import DeviceType
 from ...memory.buffer_type import BufferType
 from ...raw import ffi, lib
 from .. import PyBackend, PyDevice, PyRegistry
 from .. import register as _register
+from ..kernel_table import SupportCache
 from .._vtable import addr
 
 # the kernel table, filled by the op families as they are imported
@@ -123,19 +123,13 @@ class TorchBackend(PyBackend):
         self.plans.clear()
 
 
-def _support_key(p: Any) -> tuple[Any, ...]:
-    srcs = tuple((s.type, tuple(s.ne), tuple(s.nb), s.view_src != ffi.NULL)
-                 for s in p.src if s != ffi.NULL)
-    return (p.op, p.type, tuple(p.ne), tuple(p.nb), bytes(ffi.buffer(p.op_params)), srcs)
-
-
 class TorchDevice(PyDevice):
     """The device ``TORCH<index>`` on torch device ``torch_device``. ``supports_op`` answers
     are cached per (op, types, shapes, params)."""
 
     def __init__(self, index: int, torch_device: torch.device):
         self.index, self.torch_device = index, torch_device
-        self._cache: dict[tuple[Any, ...], bool] = {}
+        self._supports = SupportCache(supports)
         self._own_buft = TorchBufferType(f"{NAME}{index}", torch_device)
         super().__init__()
 
@@ -161,14 +155,7 @@ class TorchDevice(PyDevice):
         return self._own_buft
 
     def supports_op(self, op: Tensor) -> bool:
-        p = op.ptr
-        if p.op in EMPTY_OPS:
-            return True
-        key = _support_key(p)
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = self._cache[key] = bool(supports(p))
-        return hit
+        return self._supports(op)
 
     def supports_buft(self, buft: BufferType) -> bool:
         """Its own buffer type; on ``cpu`` also any host buffer type."""

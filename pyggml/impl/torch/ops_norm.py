@@ -10,6 +10,7 @@ import torch
 
 from ...raw import ffi, lib
 from ..numpy.memory import _fparams, _iparams, _ne, _src
+from ..numpy.ops_rope import rotate
 from ..numpy.ops_softmax import _alibi_slopes
 from .ops_elementwise import tile_reps
 from .table import Step, _add, numpy_rule
@@ -164,14 +165,7 @@ def _rope(sin_sign: float) -> Callable[[Any, Any], Step | None]:
             s = (torch.sin(final) * msc * sin_sign).reshape(1, n2, 1, half)
             x = X.float()
             out = x.clone()
-            if mode == 0:
-                x0, x1 = x[..., o:o + n_dims:2], x[..., o + 1:o + n_dims:2]
-                out[..., o:o + n_dims:2] = x0 * c - x1 * s
-                out[..., o + 1:o + n_dims:2] = x0 * s + x1 * c
-            else:
-                x0, x1 = x[..., o:o + half], x[..., o + half:o + n_dims]
-                out[..., o:o + half] = x0 * c - x1 * s
-                out[..., o + half:o + n_dims] = x0 * s + x1 * c
+            rotate(x, out, c, s, mode, o, n_dims)
             D.copy_(out)
         return step
     return build

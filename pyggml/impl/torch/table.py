@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, NamedTuple
 
 from ...raw import ffi, lib
+from ..kernel_table import KernelTable, op_id
 from ..numpy import OPS as NUMPY_OPS
 
 __all__ = ["OPS", "OpImpl", "supports", "build", "supported_op_names", "Step"]
@@ -41,33 +42,24 @@ class OpImpl(NamedTuple):
     variants: frozenset[int] = frozenset()
 
 
-#: GGML_OP_* -> ``OpImpl``
-OPS: dict[int, OpImpl] = {}
+#: GGML_OP_* -> ``OpImpl`` (a :class:`~pyggml.impl.kernel_table.KernelTable`)
+OPS: KernelTable[OpImpl] = KernelTable()
 
 
 def _add(name: str, sup: Callable[[Any], bool], build: Callable[[Any, Any], "Step | None"], notes: str, *,
          variant: Callable[[Any], int] | None = None, variants: Iterable[int] = ()) -> None:
-    op = getattr(lib, f"GGML_OP_{name}")
-    OPS[op] = OpImpl(name, sup, build, notes, variant, frozenset(int(v) for v in variants))
+    OPS[op_id(name)] = OpImpl(name, sup, build, notes, variant, frozenset(int(v) for v in variants))
 
 
 def numpy_rule(name: str) -> Callable[[Any], bool]:
     """The NumPy backend's supports rule of op ``name`` (the same semantics)."""
-    return NUMPY_OPS[getattr(lib, f"GGML_OP_{name}")].supports
+    return NUMPY_OPS[op_id(name)].supports
 
 
 def supports(p: Any) -> bool:
     """Whether :func:`pyggml.impl.torch.table.build` binds node ``p`` (a raw ``struct ggml_tensor *``) to a kernel that
     computes it correctly. Only metadata is read. Never raises for a valid node."""
-    impl = OPS.get(int(p.op))
-    if impl is None:
-        return False
-    try:
-        if impl.variant is not None and impl.variant(p) not in impl.variants:
-            return False
-        return bool(impl.supports(p))
-    except (ValueError, KeyError, IndexError, ZeroDivisionError, OverflowError):
-        return False
+    return OPS.claims(p)
 
 
 def build(p: Any, views: Any) -> "Step | None":
@@ -83,4 +75,4 @@ def build(p: Any, views: Any) -> "Step | None":
 
 def supported_op_names() -> list[str]:
     """The names of the ops in ``OPS``, sorted."""
-    return sorted(impl.name for impl in OPS.values())
+    return OPS.names()
