@@ -70,7 +70,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|Path|PathLike|IntEnum|IntFlag|"
                r"ndarray|DTypeLike|ArrayLike|Self|Logger|TracebackType|FFI|CData)"),
     # type variables, and private helpers (not in this reference) that docstrings name
-    (r"py:.*", r"(pyggml\.[\w.]*\.)?(E|T)"),
+    (r"py:.*", r"(pyggml\.[\w.]*\.)?(E|T|R)"),
     (r"py:.*", r"([\w.]*\.)?_\w+"),
     # generic aliases Sphinx cannot parse into one name (``dict[str, Pin]``, string forward refs)
     (r"py:class", r".*\[.*"),
