@@ -6,6 +6,8 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -41,3 +43,12 @@ def test_the_layers_go_one_way():
     for name in mod.modules():
         if name.startswith("pyggml."):
             assert mod.layer_of(name) is not None, name
+
+
+def test_every_package_folder_is_installed():
+    """pyproject.toml lists the packages a wheel installs: a folder missing from the list is
+    missing from every non-editable install (pyggml.impl.torch once was)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "pyggml").rglob("__init__.py")}
+    assert folders == listed, f"not listed: {sorted(folders - listed)}; not folders: {sorted(listed - folders)}"
