@@ -51,9 +51,9 @@ class Plan:
         node_set = set(nodes)
         leafs: dict[Any, None] = {}
         for p in nodes:
-            for s in p.src:
+            for s in p.src:  # (a source may be NULL before a later one: FLASH_ATTN_EXT's mask, sinks)
                 if s == ffi.NULL:
-                    break
+                    continue
                 if s not in node_set:
                     leafs[s] = None
             if p.op in EMPTY_OPS or not p.flags & _COMPUTE:
