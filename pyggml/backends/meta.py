@@ -95,7 +95,9 @@ class SplitState:
              weights: Sequence[float] | None = None) -> "SplitState":
         """``ne`` elements of ``ne[axis]`` over ``n`` devices in proportion to ``weights``
         (default: equal), each boundary rounded down to a multiple of ``granularity`` (a head's
-        size, a quantization block); the last device takes the rest."""
+        size, a quantization block); the last device takes the rest. Raises ValueError for
+        ``n`` or ``granularity`` below 1, or weights that are not ``n`` non-negative numbers with
+        a positive sum."""
         if n < 1 or granularity < 1:
             raise ValueError("n and granularity must be >= 1")
         w = [1.0] * n if weights is None else [float(x) for x in weights]
@@ -191,8 +193,9 @@ class _PolicyCallback:
 
 def meta_device(devices: Sequence[Device], policy: Policy) -> Device:
     """A meta device over ``devices`` (1 to :data:`MAX_DEVICES`, none itself a meta device; the
-    same device twice gives it two shares) that splits tensors by ``policy`` (``ggml_backend_meta_device``). The device, and
-    ``policy``, live until the process ends (ggml keeps them).
+    same device twice gives it two shares) that splits tensors by ``policy``
+    (``ggml_backend_meta_device``). The device, and ``policy``, live until the process ends
+    (ggml keeps them).
 
     Raises ValueError for no or too many devices, or a meta device among them;
     TypeError for something that is not a :class:`Device` or a policy that is not callable."""
@@ -216,5 +219,6 @@ def meta_device(devices: Sequence[Device], policy: Policy) -> Device:
 
 
 def is_meta(device: Device) -> bool:
-    """Whether ``device`` is a meta device (``ggml_backend_dev_is_meta``... by its type)."""
+    """Whether ``device`` is a meta device (its ``ggml_backend_dev_type`` is
+    ``GGML_BACKEND_DEVICE_TYPE_META``)."""
     return device.type == DeviceType.META
