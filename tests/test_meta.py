@@ -316,7 +316,10 @@ def test_llama_block_in_tensor_split_passes_the_check_and_matches_the_cpu(weight
     examples/llama_ggml/split.py's TensorSplit policy) on the CPU twice: the check passes and
     the logits, the block's output and the KV cache are the CPU backend's."""
     import types
-    from examples.llama_ggml.split import TensorSplit
+
+    from conftest import load_example
+    load_example("llama")  # puts examples/ first on sys.path, as the example does for itself
+    from llama_ggml.split import TensorSplit
     hp = types.SimpleNamespace(head_dim=16, n_head=4, n_head_kv=2, n_ff=256, n_embd=64)
     E, F, D, H, Hkv, V, C, T, K = 64, 256, 16, 4, 2, 48, 32, 5, 32
     shapes = {"token_embd.weight": [E, V], "blk.0.attn_norm.weight": [E],
