@@ -90,6 +90,31 @@ def test_get_rows_indices_checked_before_each_compute(rows):
                 graph.compute(cpu)
 
 
+def test_one_index_tensor_read_by_many_nodes_is_checked_against_each_bound():
+    """A KV cache's row indices are read by every layer: the check reads them once per bound,
+    so the node with the smallest table still refuses an index only it cannot take."""
+    with CPUBackend(n_threads=1) as cpu, Context.for_tensors(16, graph_size=16) as ctx:
+        idx = ctx.new_tensor("i32", [2]).set_input()
+        big = [ctx.new_tensor("f32", [3, 8]) for _ in range(3)]
+        small = ctx.new_tensor("f32", [3, 4])
+        outs = [ctx.get_rows(t, idx) for t in big + [small] + big]
+        graph = ctx.new_graph(16)
+        for o in outs:
+            graph.build_forward(o)
+        with GraphAllocator(cpu) as galloc:
+            galloc.alloc_graph(graph)
+            for t in big + [small]:
+                t.set(np.zeros(t.shape, np.float32))
+            idx.set(np.array([1, 3], np.int32))
+            graph.compute(cpu)
+            idx.set(np.array([1, 6], np.int32))      # in range of the [3, 8] tables only
+            with pytest.raises(ValueError, match=r"row index 6 .*outside \[0, 4\)"):
+                graph.compute(cpu)
+            idx.set(np.array([1, 8], np.int32))
+            with pytest.raises(ValueError, match=r"row index 8 .*outside \[0, (4|8)\)"):
+                graph.compute(cpu)
+
+
 def test_indices_a_node_computes_are_not_checked_before_compute():
     """argsort's output is only known after compute (and is in range by construction): an
     index check reading it beforehand would see stale memory."""

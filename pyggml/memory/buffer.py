@@ -290,7 +290,7 @@ class IndexCheck:
     """The row indices a graph's nodes read from tensor data (get_rows, set_rows,
     get_rows_back, mul_mat_id, add_id), checked before each compute in one C call
     (``pyggml_check_indices``): an index out of range would abort in ggml's CPU kernel, or read
-    or write outside a tensor. Only index tensors that no node of the graph computes (leafs, such
+    or write outside a tensor. Each index tensor is checked once per bound. Only index tensors that no node of the graph computes (leafs, such
     as inputs, and views of them) are checked, and only in host memory; indices a node computes
     (argsort, top_k) are ggml's own. Index tensors in a meta device's buffer (their ``data`` are
     not addresses, whatever the buffer type says) are read with ``ggml_backend_tensor_get``.
@@ -320,6 +320,7 @@ class IndexCheck:
         :class:`pyggml.core.graph.Graph`'s saved sources, ``GGML_MAX_SRC`` per node): the
         indices are read in the tensors the user set, which the compute copies."""
         tensors, bounds, readers = [], [], []
+        seen = set()   # (tensor, bound): a KV cache's row indices are read by every layer's set_rows
         for k, p in enumerate(nodes):
             rule = _INDEX_OPS.get(p.op)
             if rule is None:
@@ -331,8 +332,12 @@ class IndexCheck:
             root = t.view_src if t.view_src != ffi.NULL else t
             if root.op != lib.GGML_OP_NONE:
                 continue
+            bound = int((p if by < 0 else p.src[by]).ne[dim])
+            if (t, bound) in seen:
+                continue
+            seen.add((t, bound))
             tensors.append(t)
-            bounds.append(int((p if by < 0 else p.src[by]).ne[dim]))
+            bounds.append(bound)
             readers.append(p)
         return cls(tensors, bounds, readers) if tensors else None
 
