@@ -60,18 +60,15 @@ def _meta_device(devs: list[Device], policy: TensorSplit) -> Device:
 
 
 class _Input:
-    """An input tensor of a graph and the NumPy array (its dtype, NumPy shape) that holds its next
-    value: a step fills the array in place and :meth:`send` copies its bytes to the tensor with
-    ``ggml_backend_tensor_set`` alone (``Tensor.set`` converts and checks on every call; the
-    layout of these inputs is fixed when the graph is built)."""
+    """An input tensor of a graph, in a host buffer of its own that outlives every compute (not
+    the scheduler's compute buffer, whose memory later nodes reuse), and ``array``: a zero-copy
+    NumPy view of it (NumPy ``shape``). A step writes its inputs into the arrays in place: no
+    copy and no C call, and what a step leaves there is still there at the next step (a decode
+    step opens one more mask cell). The scheduler copies an input to a device that needs it."""
 
-    def __init__(self, tensor: Tensor, dtype: type, shape: tuple[int, ...]):
+    def __init__(self, tensor: Tensor, shape: tuple[int, ...]):
         self.tensor = tensor
-        self.array: np.ndarray = np.zeros(shape, dtype)
-        self._ptr, self._data, self._nbytes = tensor.ptr, ffi.from_buffer(self.array), self.array.nbytes
-
-    def send(self) -> None:
-        lib.ggml_backend_tensor_set(self._ptr, self._data, 0, self._nbytes)
+        self.array: np.ndarray = tensor.numpy(copy=False).reshape(shape)
 
 
 @dataclass
@@ -81,6 +78,7 @@ class _Step:
     n_tokens: int
     n_kv: int
     ctx: Context
+    inputs: Context       # the inputs' tensors and their host buffer
     graph: pyggml.Graph
     sched: Scheduler
     tokens: _Input        # I32 [T]
@@ -94,6 +92,7 @@ class _Step:
     def close(self) -> None:
         self.sched.close()
         self.ctx.close()
+        self.inputs.close()
 
 
 class LlamaModel:
@@ -325,17 +324,19 @@ class LlamaModel:
         """The graph for T tokens attending to K cache cells."""
         hp = self.hp
         n_tensors = 48 * hp.n_layer + 64
+        ictx = Context.for_tensors(5)
         ctx = Context.for_tensors(n_tensors, graph_size=n_tensors)
         try:
             inp: dict[str, Tensor] = {
-                "tokens": ctx.new_tensor(GGMLType.I32, [T], name="inp_tokens").set_input(),
-                "pos": ctx.new_tensor(GGMLType.I32, [T], name="inp_pos").set_input(),
-                "kq_mask": ctx.new_tensor(GGMLType.F16 if self.flash_attn else GGMLType.F32, [K, T],
-                                          name="kq_mask").set_input(),
-                "k_idx": ctx.new_tensor(GGMLType.I64, [T], name="k_idx").set_input(),
+                "tokens": ictx.new_tensor(GGMLType.I32, [T], name="inp_tokens").set_input(),
+                "pos": ictx.new_tensor(GGMLType.I32, [T], name="inp_pos").set_input(),
+                "kq_mask": ictx.new_tensor(GGMLType.F16 if self.flash_attn else GGMLType.F32, [K, T],
+                                           name="kq_mask").set_input(),
+                "k_idx": ictx.new_tensor(GGMLType.I64, [T], name="k_idx").set_input(),
             }
             if not self.flash_attn:
-                inp["v_idx"] = ctx.new_tensor(GGMLType.I64, [hp.n_embd_kv * T], name="v_idx").set_input()
+                inp["v_idx"] = ictx.new_tensor(GGMLType.I64, [hp.n_embd_kv * T], name="v_idx").set_input()
+            ictx.alloc_tensors(self.cpu).clear(0)
             graph = ctx.new_graph(n_tensors)
             x = ctx.get_rows(self.w["token_embd.weight"], inp["tokens"])              # [E, T] F32
             for il in range(hp.n_layer):
@@ -348,19 +349,19 @@ class LlamaModel:
             sched = Scheduler(self.backends, graph_size=2 * n_tensors + 64)
         except BaseException:
             ctx.close()
+            ictx.close()
             raise
         try:
             sched.alloc_graph(graph)  # checks every node has a backend; raises otherwise
         except BaseException:
             sched.close()
             ctx.close()
+            ictx.close()
             raise
         self.graphs_built += 1
-        mask_dtype = np.float16 if self.flash_attn else np.float32
-        return _Step(T, K, ctx, graph, sched, _Input(inp["tokens"], np.int32, (T,)),
-                     _Input(inp["pos"], np.int32, (T,)), _Input(inp["kq_mask"], mask_dtype, (T, K)),
-                     _Input(inp["k_idx"], np.int64, (T,)),
-                     _Input(inp["v_idx"], np.int64, (T, hp.n_embd_kv)) if "v_idx" in inp else None,
+        return _Step(T, K, ctx, ictx, graph, sched, _Input(inp["tokens"], (T,)), _Input(inp["pos"], (T,)),
+                     _Input(inp["kq_mask"], (T, K)), _Input(inp["k_idx"], (T,)),
+                     _Input(inp["v_idx"], (T, hp.n_embd_kv)) if "v_idx" in inp else None,
                      logits)
 
     def _step(self, T: int, K: int, all_logits: bool) -> _Step:
@@ -445,7 +446,7 @@ class LlamaModel:
         p0 = self.n_past
         K = self.n_kv_for(p0 + T)
         step = self._step(T, K, all_logits)
-        # the inputs' arrays are filled in place: a decode step (T = 1) costs a few
+        # the inputs are written in place (_Input): a decode step (T = 1) costs a few
         # microseconds of NumPy whatever the context, the mask's K cells included
         pos = step.pos.array
         if T == 1:
@@ -466,9 +467,6 @@ class LlamaModel:
             step.k_idx.array[:] = pos
         if step.v_idx is not None:  # element (j, token t) of the transposed V cache: j*C + cell(t)
             np.add(self._v_rows[None, :], step.k_idx.array[:, None], out=step.v_idx.array)
-        for inp in (step.tokens, step.pos, step.kq_mask, step.k_idx, step.v_idx):
-            if inp is not None:
-                inp.send()
         self._compute(step)
         self.n_past += T
         n_out = T if all_logits else 1
