@@ -31,7 +31,9 @@ class PyDevice(Impl):
     (its own buffer type, and any host buffer type if its own is host).
     Optional: ``offload_op(op) -> bool``, ``get_host_buffer_type()``, and events:
     ``event_new() -> object`` (any Python object standing for the event), ``event_free(event)``,
-    ``event_synchronize(event)`` (``caps.events`` is then reported true).
+    ``event_synchronize(event)`` (``caps.events`` is then reported true). ``async_copies``
+    (class attribute, default False): report ``caps.async``, for a device whose backends
+    implement the asynchronous slots (``PyBackend.set_tensor_async``...).
 
     The name, description, type and buffer types are read once, when the device's registry is
     made (:class:`~pyggml.impl.PyRegistry`): ggml keeps the pointers and cannot survive a NULL
@@ -42,6 +44,7 @@ class PyDevice(Impl):
     _iface = "ggml_backend_device_i"
     _struct = "ggml_backend_device"
     _frozen = False
+    async_copies = False
 
     def __init__(self) -> None:
         make_struct(self)
@@ -119,7 +122,7 @@ class PyDevice(Impl):
         props.description = self._description
         props.type = int(self._type)
         props.device_id = ffi.NULL
-        setattr(props.caps, "async", callable(getattr(self, "set_tensor_async", None)))
+        setattr(props.caps, "async", bool(self.async_copies) or callable(getattr(self, "set_tensor_async", None)))
         props.caps.host_buffer = self._host_buft is not None
         props.caps.buffer_from_host_ptr = False
         props.caps.events = callable(getattr(self, "event_new", None))
