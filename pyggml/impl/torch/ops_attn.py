@@ -29,7 +29,7 @@ from ...raw import lib
 from ..numpy.memory import _fparams, _ne, _src
 from ..numpy.ops_softmax import _alibi_slopes
 from .memory import DTYPES
-from .table import Step, _add
+from .table import Step, _add, eager
 
 _F32, _F16, _BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
 _KV_TYPES = (_F32, _F16, _BF16)
@@ -163,7 +163,7 @@ def _b_flash_attn_ext(p: Any, v: Any) -> Step | None:
                 o = torch.cat([attend(q5[b:b + 1], kf[b:b + 1, ..., :n, :], vf[b:b + 1, ..., :n, :],
                                       m[b:b + 1, ..., :n]) for b, n in enumerate(used)])
         D.copy_(o.reshape(B, H, N, -1).transpose(1, 2))
-    return step
+    return eager(step) if trim else step                 # the cut reads the mask to the host
 
 
 _add("FLASH_ATTN_EXT", _sup_flash_attn_ext, _b_flash_attn_ext,

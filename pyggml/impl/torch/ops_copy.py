@@ -1,16 +1,17 @@
 """The torch backend's kernels that move data: view ops (nothing to compute), DUP / CPY / CONT,
-GET_ROWS / SET_ROWS (row indices read and checked when the step runs), REPEAT, REPEAT_BACK,
+GET_ROWS / SET_ROWS (row indices read and checked when the step runs: on the host, or on the
+device where the views have ``checks``, :mod:`pyggml.impl.torch.checks`), REPEAT, REPEAT_BACK,
 CONCAT and PAD."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..numpy.memory import _FLT, _is_quant, _iparams, _ne, _nel, _src
 from .quant import DEQUANT, dequantize
-from .table import Step, _add, numpy_rule
+from .table import Step, _add, eager, numpy_rule
 
 # --- view ops: nothing to compute -------------------------------------------------------------
 
@@ -72,6 +73,25 @@ def _check_rows(rows: torch.Tensor, n: int, what: str) -> None:
         raise ValueError(f"{what}: row index out of range [0, {n})")
 
 
+def _row_guard(v: Any, n: int, what: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], bool]:
+    """(guard, on the host): how a step checks its row indices against [0, ``n``) before using
+    them (``rows = guard(rows)``). Without ``v.checks`` (or with no rows to index), on the host:
+    ValueError at once, and the step is :func:`~pyggml.impl.torch.table.eager`. With them, on the
+    device: the flag of the error is set and the indices are clamped into range."""
+    checks = getattr(v, "checks", None)
+    if checks is None or n == 0:
+        def host(rows: torch.Tensor) -> torch.Tensor:
+            _check_rows(rows, n, what)
+            return rows
+        return host, True
+    flag = checks.flag(f"{what}: row index out of range [0, {n})")
+
+    def device(rows: torch.Tensor) -> torch.Tensor:
+        flag.logical_or_(((rows < 0) | (rows >= n)).any())
+        return rows.clamp(0, n - 1)
+    return device, False
+
+
 _get_rows_rule = numpy_rule("GET_ROWS")
 
 
@@ -92,13 +112,13 @@ def _b_get_rows(p: Any, v: Any) -> Step | None:
     i12 = torch.arange(index.shape[0], device=D.device)[:, None, None]
     i11 = torch.arange(index.shape[1], device=D.device)[None, :, None]
     t = a.type
+    guard, on_host = _row_guard(v, n1, "get_rows")
 
     def step() -> None:
-        rows = index.long()
-        _check_rows(rows, n1, "get_rows")
+        rows = guard(index.long())
         picked = A[i12, i11, rows]                       # (n12, n11, n10, ne0 or row bytes)
         D.copy_(dequantize(picked, t, n0) if quant else picked)
-    return step
+    return eager(step) if on_host else step
 
 
 _add("GET_ROWS", _sup_get_rows, _b_get_rows,
@@ -122,15 +142,14 @@ def _b_set_rows(p: Any, v: Any) -> Step | None:
     reps = (n3 // index.shape[0], n2 // index.shape[1], 1)
     i3 = torch.arange(n3, device=D.device)[:, None, None]
     i2 = torch.arange(n2, device=D.device)[None, :, None]
-    n_rows = _ne(p)[1]
+    guard, on_host = _row_guard(v, _ne(p)[1], "set_rows")
 
     def step() -> None:
         rows = index.long()
         if reps != (1, 1, 1):
             rows = rows.repeat(reps)                     # i12 = i03 % ne12, i11 = i02 % ne11
-        _check_rows(rows, n_rows, "set_rows")
-        D[i3, i2, rows] = B.to(D.dtype)
-    return step
+        D[i3, i2, guard(rows)] = B.to(D.dtype)
+    return eager(step) if on_host else step
 
 
 _add("SET_ROWS", _sup_set_rows, _b_set_rows,

@@ -10,7 +10,7 @@ import torch
 
 from ...raw import lib
 from ..numpy.memory import _fparams, _iparams, _ne, _src
-from .table import Step, _add, numpy_rule
+from .table import Step, _add, eager, numpy_rule
 
 
 def _acc(device: torch.device) -> torch.dtype:
@@ -79,7 +79,7 @@ def _b_argmax(p: Any, v: Any) -> Step | None:
             for r in torch.nonzero(nan_rows).flatten().tolist():
                 out[r] = _argmax_row_c(x[r].tolist())
         D.copy_(out.reshape(D.shape))
-    return step
+    return eager(step)                                   # reads whether a row has NaN
 
 
 _add("ARGMAX", numpy_rule("ARGMAX"), _b_argmax, "F32 matrix -> I32 [ne1]; the last index of the maximum")

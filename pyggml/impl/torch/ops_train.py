@@ -9,7 +9,7 @@ import torch
 
 from ...raw import lib
 from ..numpy.memory import _F32, _nel, _same_shape, _src
-from .table import Step, _add
+from .table import Step, _add, eager
 
 
 def _contiguous_f32(*ts: Any) -> bool:
@@ -81,7 +81,7 @@ def _b_adamw(p: Any, v: Any) -> Step | None:
         mh = M * beta1h
         vh = torch.sqrt(S * beta2h) + eps
         W.mul_(1.0 - alpha * wd).sub_(alpha * mh / vh)
-    return step
+    return eager(step)                                   # reads the parameters to the host
 
 
 _add("OPT_STEP_ADAMW", _sup_adamw, _b_adamw,

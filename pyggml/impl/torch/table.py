@@ -6,7 +6,10 @@ A kernel is bound, not run: ``build(node, views)`` reads the node's metadata (ty
 and returns a step, a callable of no arguments that computes the node from the *current* data
 of those views (or None: nothing to compute). The backend runs the steps of a graph in order
 and keeps them (``plan``): a step must therefore read every data-dependent value (row
-indices, positions, AdamW parameters) when it runs, never when it is built.
+indices, positions, AdamW parameters) when it runs, never when it is built. A step that must run
+in Python on every compute (it reads data to the host, as ``.item()`` or ``.tolist()`` do, or
+has shapes that depend on data) is marked with :func:`eager`: a plan holding one is never
+captured into a CUDA graph (:mod:`pyggml.impl.torch.capture`).
 
 Supports rules: where the computation is the NumPy backend's (same types, same semantics), its
 rule is reused (:data:`pyggml.impl.numpy.OPS`), narrowed where torch computes less (quantized
@@ -23,7 +26,7 @@ from ...raw import ffi, lib
 from ..kernel_table import KernelTable, op_id
 from ..numpy import OPS as NUMPY_OPS
 
-__all__ = ["OPS", "OpImpl", "supports", "build", "supported_op_names", "Step"]
+__all__ = ["OPS", "OpImpl", "supports", "build", "supported_op_names", "Step", "eager", "is_eager"]
 
 #: a bound kernel: computes one node from the current data of its views (what it returns is
 #: ignored: a torch call with ``out=`` returns its destination)
@@ -40,6 +43,21 @@ class OpImpl(NamedTuple):
     notes: str
     variant: Callable[[Any], int] | None = None
     variants: frozenset[int] = frozenset()
+
+
+_EAGER = "_pyggml_eager"
+
+
+def eager(step: Step) -> Step:
+    """Mark ``step`` (a function) as one that must run in Python at every compute (it reads data
+    to the host or changes Python state) and return it."""
+    setattr(step, _EAGER, True)
+    return step
+
+
+def is_eager(step: Step) -> bool:
+    """Whether ``step`` was marked with :func:`eager`."""
+    return bool(getattr(step, _EAGER, False))
 
 
 #: GGML_OP_* -> ``OpImpl`` (a :class:`~pyggml.impl.kernel_table.KernelTable`)
