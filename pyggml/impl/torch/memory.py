@@ -22,7 +22,11 @@ sees drops the cache: ``set_tensor``, ``memset_tensor``, ``cpy_tensor``, ``clear
 one of its own graphs whose destination is in the buffer. A write it cannot see, another
 backend computing in place into a weight of a ``TorchBuffer`` on ``cpu`` (host memory), is not
 noticed: weights buffers are meant to be written only by loading them. The cost is memory: a
-float32 copy of each weight read this way (4 bytes per value).
+float32 copy of each weight read this way (4 bytes per value). The cache counts the times it
+was emptied (``WeightsCache.epoch``): a CUDA graph reading its tensors is dropped when it changes.
+
+On a CUDA device the synchronous slots follow :mod:`pyggml.impl.torch.stream`'s rule: they run
+after the work queued on the device's backend streams and are complete when they return.
 """
 from __future__ import annotations
 
@@ -35,8 +39,10 @@ from ...core.tensor import Tensor
 from ...raw import ffi, lib
 from .. import PyBuffer, PyBufferType
 from .._vtable import LIVE, addr
+from .stream import synchronous
 
-__all__ = ["DTYPES", "TorchBuffer", "TorchBufferType", "Views", "generation", "weights_buffer"]
+__all__ = ["DTYPES", "TorchBuffer", "TorchBufferType", "Views", "WeightsCache", "generation",
+           "torch_buffer", "weights_buffer"]
 
 _F32, _F16, _BF16, _F64 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16, lib.GGML_TYPE_F64
 _I8, _I16, _I32, _I64 = lib.GGML_TYPE_I8, lib.GGML_TYPE_I16, lib.GGML_TYPE_I32, lib.GGML_TYPE_I64
@@ -58,18 +64,31 @@ def generation() -> int:
     return _freed[0]
 
 
+class WeightsCache(dict[tuple[Any, ...], tuple[torch.Tensor, "torch.Tensor | None"]]):
+    """A buffer's float32 conversions of its weights; ``epoch`` counts the times it was
+    emptied (``clear``)."""
+
+    epoch = 0
+
+    def clear(self) -> None:
+        """Empty the cache, counting it in ``epoch``."""
+        self.epoch += 1
+        super().clear()
+
+
 class TorchBuffer(PyBuffer):
     """A buffer of ``size`` bytes: one ``uint8`` torch tensor on ``device``, its start aligned
     to ``alignment`` bytes. ``data``: the 1-D ``uint8`` tensor of exactly ``size`` bytes.
     ``weights_cache``: float32 conversions of its tensors, (values, Q4_1/Q5_1 minima or None)
-    (key: data address, type, ne, nb, split),
+    (key: data address, type, ne, nb, split; a ``WeightsCache``),
     emptied by every write this backend sees."""
 
     def __init__(self, device: torch.device, size: int, alignment: int):
         self.device = device
         self.host = device.type == "cpu"
-        self.weights_cache: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
-        raw = torch.zeros(max(size, 1) + alignment, dtype=torch.uint8, device=device)
+        self.weights_cache = WeightsCache()
+        with synchronous(device):   # zeroed before any backend stream uses it
+            raw = torch.zeros(max(size, 1) + alignment, dtype=torch.uint8, device=device)
         pad = (-raw.data_ptr()) % alignment
         self.data = raw[pad:pad + max(size, 1)]
         self._addr = self.data.data_ptr()
@@ -83,7 +102,9 @@ class TorchBuffer(PyBuffer):
             raise ValueError("access outside the buffer")
         return start
 
-    def _span(self, tensor: Tensor, offset: int, size: int) -> torch.Tensor:
+    def span(self, tensor: Tensor, offset: int, size: int) -> torch.Tensor:
+        """The ``size`` bytes of ``tensor`` (in this buffer) from byte ``offset``, as a ``uint8``
+        view of ``data``. Raises ValueError for bytes outside the buffer."""
         start = self._start(tensor, offset, size)
         return self.data[start:start + size]
 
@@ -98,7 +119,8 @@ class TorchBuffer(PyBuffer):
         if self.host:
             ffi.memmove(ffi.cast("char *", self._addr + self._start(tensor, offset, n)), data, n)
         else:
-            self._span(tensor, offset, n).copy_(torch.frombuffer(data, dtype=torch.uint8))
+            with synchronous(self.device):
+                self.span(tensor, offset, n).copy_(torch.frombuffer(data, dtype=torch.uint8))
 
     def get_tensor(self, tensor: Tensor, out: memoryview, offset: int) -> None:
         n = out.nbytes
@@ -107,7 +129,8 @@ class TorchBuffer(PyBuffer):
         if self.host:
             ffi.memmove(out, ffi.cast("char *", self._addr + self._start(tensor, offset, n)), n)
         else:
-            torch.frombuffer(out, dtype=torch.uint8).copy_(self._span(tensor, offset, n))
+            with synchronous(self.device):
+                torch.frombuffer(out, dtype=torch.uint8).copy_(self.span(tensor, offset, n))
 
     def memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
         self.weights_cache.clear()
@@ -116,7 +139,8 @@ class TorchBuffer(PyBuffer):
         if self.host:
             ctypes.memset(self._addr + self._start(tensor, offset, size), value, size)
         else:
-            self._span(tensor, offset, size).fill_(value)
+            with synchronous(self.device):
+                self.span(tensor, offset, size).fill_(value)
 
     def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         """A copy from another buffer of this backend (any torch device) or a host buffer."""
@@ -130,14 +154,16 @@ class TorchBuffer(PyBuffer):
             if n and self.host and other.host:
                 ffi.memmove(ffi.cast("char *", self._addr + self._start(dst, 0, n)), sp.data, n)
             elif n:
-                self._span(dst, 0, n).copy_(other.data[addr(sp.data) - other._addr:][:n])
+                with synchronous(self.device, other.device):
+                    self.span(dst, 0, n).copy_(other.data[addr(sp.data) - other._addr:][:n])
             return True
         if sp.buffer != ffi.NULL and lib.ggml_backend_buffer_is_host(sp.buffer):
             self.weights_cache.clear()
             if n and self.host:
                 ffi.memmove(ffi.cast("char *", self._addr + self._start(dst, 0, n)), sp.data, n)
             elif n:
-                self._span(dst, 0, n).copy_(torch.frombuffer(ffi.buffer(sp.data, n), dtype=torch.uint8))
+                with synchronous(self.device):
+                    self.span(dst, 0, n).copy_(torch.frombuffer(ffi.buffer(sp.data, n), dtype=torch.uint8))
             return True
         return False
 
@@ -146,12 +172,14 @@ class TorchBuffer(PyBuffer):
         if self.host:
             ctypes.memset(self._addr, value, self.data.numel())
         else:
-            self.data.fill_(value)
+            with synchronous(self.device):
+                self.data.fill_(value)
 
     def free_buffer(self) -> None:
         _freed[0] += 1
         self.weights_cache.clear()
-        self.data = torch.empty(0, dtype=torch.uint8)
+        with synchronous(self.device):      # no queued work still reads or writes the memory
+            self.data = torch.empty(0, dtype=torch.uint8)
 
 
 class TorchBufferType(PyBufferType):
@@ -180,13 +208,19 @@ def _name(p: Any) -> str:
     return ffi.string(p.name).decode("utf-8", "replace") or "(unnamed)"
 
 
-def weights_buffer(p: Any) -> "TorchBuffer | None":
-    """The ``TorchBuffer`` holding tensor ``p`` if its usage is ``WEIGHTS``, else None."""
+def torch_buffer(p: Any) -> "TorchBuffer | None":
+    """The ``TorchBuffer`` holding tensor ``p`` (a raw ``struct ggml_tensor *``), else None."""
     buf = p.buffer
     if buf == ffi.NULL:
         return None
     own = LIVE.get(addr(buf))
-    if isinstance(own, TorchBuffer) and lib.ggml_backend_buffer_get_usage(buf) == _WEIGHTS:
+    return own if isinstance(own, TorchBuffer) else None
+
+
+def weights_buffer(p: Any) -> "TorchBuffer | None":
+    """The ``TorchBuffer`` holding tensor ``p`` if its usage is ``WEIGHTS``, else None."""
+    own = torch_buffer(p)
+    if own is not None and lib.ggml_backend_buffer_get_usage(p.buffer) == _WEIGHTS:
         return own
     return None
 
@@ -194,10 +228,12 @@ def weights_buffer(p: Any) -> "TorchBuffer | None":
 class Views:
     """Torch views of the tensors of a graph on ``device`` (a cache per memory range, kept by
     one plan). ``host``: whether host memory that is not a ``TorchBuffer`` may be seen
-    (torch ``cpu`` only)."""
+    (torch ``cpu`` only). ``checks``: the backend's ``checks.DeviceChecks`` where steps check
+    row indices on the device (CUDA), None where they check them on the host."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, checks: Any = None):
         self.device = device
+        self.checks = checks
         self.host = device.type == "cpu"
         self._typed: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         self._foreign: dict[tuple[int, int], torch.Tensor] = {}

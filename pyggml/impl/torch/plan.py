@@ -13,6 +13,10 @@ set (the scheduler gives each split a new one whenever it splits a graph) and eq
 is the same; otherwise the bytes of every node's ``struct ggml_tensor`` (op, type, ne, nb,
 op_params, flags, data, src and view pointers) and of every source that is not a node (its data
 pointer, ne, nb) must equal those recorded when the plan was built.
+
+A plan computes through its ``GraphReplay`` (:mod:`pyggml.impl.torch.capture`): with a
+``Capturer`` (the backend's on a CUDA device), a plan without eager steps is captured into a CUDA
+graph after its warm-up and replayed as one.
 """
 from __future__ import annotations
 
@@ -21,8 +25,9 @@ from typing import Any
 from ...enums import TensorFlag
 from ...core.tensor import EMPTY_OPS
 from ...raw import ffi
+from .capture import Capturer, GraphReplay
 from .memory import weights_buffer
-from .table import Step, build
+from .table import Step, build, eager, is_eager
 
 __all__ = ["Plan"]
 
@@ -44,27 +49,34 @@ def _dropping(step: Step, cache: dict[Any, Any]) -> Step:
 class Plan:
     """The steps of one graph (``nodes``: its raw nodes in order) on ``views``
     (``memory.Views``), with what identifies the graph: ``uid`` and the bytes of the
-    nodes and of their sources that are not nodes."""
+    nodes and of their sources that are not nodes. ``capturable``: no step is eager;
+    ``graph``: its ``capture.GraphReplay`` (with ``capture`` if capturable)."""
 
-    def __init__(self, nodes: list[Any], uid: int, views: Any):
+    def __init__(self, nodes: list[Any], uid: int, views: Any, capture: Capturer | None = None):
         steps: list[Step] = []
         node_set = set(nodes)
         leafs: dict[Any, None] = {}
+        caches: dict[int, Any] = {}     # the weights caches a step may read
         for p in nodes:
             for s in p.src:  # (a source may be NULL before a later one: FLASH_ATTN_EXT's mask, sinks)
                 if s == ffi.NULL:
                     continue
                 if s not in node_set:
                     leafs[s] = None
+                ws = weights_buffer(s)
+                if ws is not None:
+                    caches[id(ws.weights_cache)] = ws.weights_cache
             if p.op in EMPTY_OPS or not p.flags & _COMPUTE:
                 continue
             step = build(p, views)
             if step is not None:
                 wb = weights_buffer(p)
                 if wb is not None:       # a write into weights: their float32 copies are stale
-                    step = _dropping(step, wb.weights_cache)
+                    step = eager(_dropping(step, wb.weights_cache))
                 steps.append(step)
         self.steps = steps
+        self.capturable = not any(is_eager(s) for s in steps)
+        self.graph = GraphReplay(capture if self.capturable else None, list(caches.values()))
         self.uid = uid
         self.n_nodes = len(nodes)
         self.leafs = list(leafs)
@@ -88,3 +100,8 @@ class Plan:
         """Run the steps in order (an exception from torch propagates)."""
         for step in self.steps:
             step()
+
+    def compute(self) -> str:
+        """Compute the graph once: replay its CUDA graph, or run the steps (and capture them
+        when due). Returns what it did (``capture.EAGER``, ``CAPTURED``, ``GRAPH``, ``FAILED``)."""
+        return self.graph.run(self.run)
