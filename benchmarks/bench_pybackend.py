@@ -2,13 +2,14 @@
 """Cost of a ggml backend written in Python (pyggml.impl.numpy, pyggml.impl.torch), printed
 side by side.
 
-    python benchmarks/bench_pybackend.py [--repeat 5] [--minilm] [--smollm]
+    python benchmarks/bench_pybackend.py [--repeat 5] [--minilm] [--smollm] [--torch-device cuda:0]
 
 (a) Per-node dispatch: a graph of 1000 tiny ADD nodes (16 floats each) computed by the NumPy
-    backend, by the torch backend (when torch is installed; ``$PYGGML_TORCH_DEVICE``, default
-    ``cpu`` here) on its first compute (the plan is built: views made, kernels bound) and on a
-    replay (the plan's torch calls only), against the same graph on ggml's CPU backend
-    (1 thread). Reported per node.
+    backend, by the torch backend (when torch is installed; ``--torch-device``, else
+    ``$PYGGML_TORCH_DEVICE``, default ``cpu`` here) on its first compute (the plan is built: views
+    made, kernels bound) and on a replay (the plan's torch calls only; on a CUDA device from the
+    third compute a CUDA graph's replay, and also timed with ``PYGGML_TORCH_CUDA_GRAPHS=0``),
+    against the same graph on ggml's CPU backend (1 thread). Reported per node.
 (b) MUL_MAT of the NumPy backend against NumPy's own ``b @ a.T`` on the same arrays (what its
     kernel calls, plus ggml's dispatch), for a few sizes. Ratio > 1: the backend is slower.
 (c) With ``--minilm`` (needs the model, as tests/conftest.py's ``minilm_dir``): MiniLM
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from pyggml import Context, CPUBackend, GGMLType, GraphAllocator
+from pyggml.impl import _vtable
 from pyggml.impl import numpy as numpy_backend
 
 from _timing import median_seconds
@@ -54,12 +56,17 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--minilm", action="store_true", help="(c): MiniLM on the torch backend vs the CPU")
     p.add_argument("--smollm", action="store_true", help="(d): SmolLM2 decoding on the torch backend vs the CPU")
+    p.add_argument("--torch-device", help="the torch backend's device, e.g. cuda:0 (sets $PYGGML_TORCH_DEVICE; "
+                                          "default: that variable, else cpu)")
     a = p.parse_args()
+    if a.torch_device:
+        os.environ["PYGGML_TORCH_DEVICE"] = a.torch_device
     npb, cpu = numpy_backend.init(), CPUBackend(n_threads=1)
     tb = torch_backend_or_none()
 
     n = 1000
     per_node = {}
+    note = ""
     for name, be in (("numpy backend", npb), ("CPU backend", cpu)):
         ctx, g = chain_graph(be, n)
         per_node[name] = median_seconds(lambda: g.compute(be), a.repeat) / n
@@ -74,11 +81,28 @@ def main() -> None:
             ctx.close()
         per_node["torch, first compute"] = float(np.median(firsts)) / n
         ctx, g = chain_graph(tb, n)
+        g.compute(tb)               # built; with median_seconds' warm-up, captured on CUDA
         per_node["torch, replay"] = median_seconds(lambda: g.compute(tb), a.repeat) / n
         ctx.close()
+        tbo = torch_backend_object(tb)
+        if getattr(tbo, "stream", None) is not None:    # a CUDA device
+            note = (f"    (torch on {tbo.torch_device}: {tbo.n_captures} plan(s) captured into CUDA graphs, "
+                    f"{tbo.n_graph_replays} graph replays, {tbo.n_capture_failures} failed captures)")
+            os.environ["PYGGML_TORCH_CUDA_GRAPHS"] = "0"
+            try:
+                tb0 = torch_backend_or_none()
+            finally:
+                del os.environ["PYGGML_TORCH_CUDA_GRAPHS"]
+            assert tb0 is not None
+            ctx, g = chain_graph(tb0, n)
+            per_node["torch, replay, no graph"] = median_seconds(lambda: g.compute(tb0), a.repeat) / n
+            ctx.close()
+            tb0.close()
     print(f"(a) dispatch, graph of {n} ADD nodes of 16 floats, median of {a.repeat}, us/node")
     for name, t in per_node.items():
-        print(f"    {name:<22} {t * 1e6:8.2f}   ({t / per_node['CPU backend']:.0f}x the CPU backend)")
+        print(f"    {name:<24} {t * 1e6:8.2f}   ({t / per_node['CPU backend']:.0f}x the CPU backend)")
+    if note:
+        print(note)
 
     print(f"(b) MUL_MAT, F32, ne a=[K,M] b=[K,N], median of {a.repeat}")
     print(f"    {'K x M x N':>18} {'numpy backend':>14} {'numpy b@a.T':>12} {'ratio':>7}")
@@ -106,6 +130,11 @@ def main() -> None:
     cpu.close()
     if tb is not None:
         tb.close()
+
+
+def torch_backend_object(be):
+    """The ``pyggml.impl.torch.TorchBackend`` object behind pyggml Backend ``be``."""
+    return _vtable.LIVE[_vtable.addr(be.ptr)]
 
 
 def torch_backend_or_none():

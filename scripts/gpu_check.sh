@@ -35,8 +35,13 @@
 #        llama-bench when it was carried; decode after 8 and 500 tokens
 #     6. MNIST training per epoch: examples/train.py --backend CUDA0 vs tests/data/train_torch.py
 #        --device cuda (MLP 3 epochs, CNN 1 epoch)
-#     7. unless --quick: the whole test suite (pytest -n 8)
-#   About 6-7 minutes on an H100 machine. The figures go to docs/benchmarks.rst with the date.
+#     7. pyggml's torch backend on CUDA (TORCH0 = cuda:0): its CUDA tests (streams, events, async
+#        copies, plans captured into CUDA graphs, against the CPU; tests/impl/test_torch_capture.py),
+#        its dispatch per node with and without CUDA graphs (benchmarks/bench_pybackend.py
+#        --torch-device cuda:0), the llama example's decode on TORCH0 with and without
+#        PYGGML_TORCH_CUDA_GRAPHS=0 against CUDA0, MiniLM batch 32 on TORCH0 (against CUDA0 in 4.)
+#     8. unless --quick: the whole test suite (pytest -n 8)
+#   About 7-8 minutes on an H100 machine. The figures go to docs/benchmarks.rst with the date.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -127,6 +132,19 @@ run() {
     step "MNIST MLP, 3 epochs: torch CUDA" python3 tests/data/train_torch.py --dataset mnist --model mlp --epochs 3 --device cuda
     step "MNIST CNN, 1 epoch: pyggml CUDA0" python3 examples/train.py --dataset mnist --model cnn --epochs 1 --backend CUDA0
     step "MNIST CNN, 1 epoch: torch CUDA" python3 tests/data/train_torch.py --dataset mnist --model cnn --epochs 1 --device cuda
+    # the torch backend on the GPU: short runs (TORCH1 = cpu for the tests' CPU-side checks)
+    step "torch backend: CUDA tests" env PYGGML_TORCH_DEVICE=cuda:0,cpu PYTHONPATH="$pkgs" python3 -m pytest -q \
+        -p no:cacheprovider tests/impl/test_torch_capture.py
+    step "torch backend: dispatch per node on cuda:0" python3 benchmarks/bench_pybackend.py \
+        --torch-device cuda:0 --repeat 3
+    local prompt="The capital of France is" dec=(--model "$gguf" --greedy -n 48 -t 4)
+    step "LLM decode: TORCH0, CUDA graphs on" env PYGGML_TORCH_DEVICE=cuda:0 python3 examples/llama.py \
+        --backend TORCH0 "${dec[@]}" "$prompt"
+    step "LLM decode: TORCH0, CUDA graphs off" env PYGGML_TORCH_DEVICE=cuda:0 PYGGML_TORCH_CUDA_GRAPHS=0 \
+        python3 examples/llama.py --backend TORCH0 "${dec[@]}" "$prompt"
+    step "LLM decode: CUDA0" python3 examples/llama.py --backend CUDA0 "${dec[@]}" "$prompt"
+    step "MiniLM batch 32: TORCH0 vs torch CUDA" env PYTHONPATH="$pkgs" PYGGML_TORCH_DEVICE=cuda:0 \
+        python3 benchmarks/bench_minilm.py --backend TORCH0 --batch 32 --threads 4 --repeat 3
     if [ "$quick" != "--quick" ]; then
         step "the whole test suite" python3 -m pytest -q -p no:cacheprovider -n 8 \
             --ignore tests/test_typing.py --ignore tests/test_docs.py
@@ -140,5 +158,5 @@ case "${1:-}" in
     pack) shift; pack "$@" ;;
     setup) export TMPDIR_GPU=${TMPDIR:-/tmp}/pyggml-gpu-check; setup ;;
     run) shift; run "$@" ;;
-    *) sed -n '2,40p' "$0"; exit 2 ;;
+    *) sed -n '2,44p' "$0"; exit 2 ;;
 esac
