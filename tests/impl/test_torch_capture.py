@@ -29,6 +29,8 @@ from pyggml.impl import torch as torch_backend  # noqa: E402
 from pyggml.impl.torch import capture  # noqa: E402
 from pyggml.impl.torch.checks import DeviceChecks  # noqa: E402
 
+from test_torch_backend import _chain, _chain_ref  # noqa: E402  (same folder)
+
 os.environ.setdefault("PYGGML_TORCH_DEVICE", "cpu")
 
 F32, F16, I32, I64, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64, GGMLType.Q8_0
@@ -101,24 +103,6 @@ def _counts(tb):
 
 
 # ------------------------------------------------------------------------- a chain graph
-
-def _chain(be, n=8):
-    ctx = Context.for_tensors(2 * n + 8, graph_size=2 * n + 8)
-    x = ctx.new_tensor(F32, [16]).set_input()
-    y = x
-    for i in range(n):
-        y = ctx.add(y, x) if i % 2 == 0 else ctx.mul(y, x)
-    g = ctx.new_graph(n + 4).build_forward(y)
-    GraphAllocator(be).alloc_graph(g)
-    return ctx, x, y, g
-
-
-def _chain_ref(v, n=8):
-    y = v.copy()
-    for i in range(n):
-        y = y + v if i % 2 == 0 else y * v
-    return y
-
 
 def _run_chain(be, x, y, g, k):
     v = np.linspace(-1, 1, 16, dtype=np.float32) * (k + 1) / 4
