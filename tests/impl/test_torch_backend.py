@@ -8,6 +8,7 @@ of node by node with NumPy.
 """
 from __future__ import annotations
 
+import gc
 import os
 
 import numpy as np
@@ -23,6 +24,14 @@ from pyggml.impl import torch as torch_backend  # noqa: E402
 import test_numpy_kernels as K  # noqa: E402  (the NumPy backend's cases, same folder)
 
 os.environ.setdefault("PYGGML_TORCH_DEVICE", "cpu")
+
+
+@pytest.fixture
+def no_pending_frees():
+    """For tests that count plans: freeing any TorchBuffer drops every plan
+    (``memory.generation``), so the buffers earlier tests left in reference cycles are collected
+    first, not in the middle of the test."""
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +192,7 @@ def test_flash_attn_ext_against_the_cpu(on_torch, case):
     K.check(build, inputs, tol=5e-4, raw_cpu=True)
 
 
-def test_flash_attn_ext_replay_reads_the_current_mask_and_inputs(backend):
+def test_flash_attn_ext_replay_reads_the_current_mask_and_inputs(no_pending_frees, backend):
     """One FLASH_ATTN_EXT graph computed three times with new q, k, v and per-batch masks (keys
     used per batch: unequal, equal, none), on TORCH0 (a plan built, then replayed) and on the
     CPU: the same results each time (the keys cut off per batch follow the current mask)."""
@@ -386,7 +395,7 @@ def _chain_ref(v, n=8):
     return y
 
 
-def test_second_compute_replays_the_plan_and_reads_new_inputs(backend):
+def test_second_compute_replays_the_plan_and_reads_new_inputs(no_pending_frees, backend):
     tb = py_backend(backend)
     builds, replays = tb.n_builds, tb.n_replays
     ctx, x, y, g = _chain(backend)
@@ -399,7 +408,7 @@ def test_second_compute_replays_the_plan_and_reads_new_inputs(backend):
         assert (tb.n_builds - builds, tb.n_replays - replays) == (1, 2)
 
 
-def test_a_changed_graph_builds_a_new_plan(backend):
+def test_a_changed_graph_builds_a_new_plan(no_pending_frees, backend):
     tb = py_backend(backend)
     ctx, x, y, g = _chain(backend)
     with ctx:
@@ -425,7 +434,7 @@ def test_a_changed_graph_builds_a_new_plan(backend):
         assert tb.n_builds == builds + 3
 
 
-def test_scheduler_splits_replay_by_uid_and_unsupported_ops_go_to_the_cpu(backend):
+def test_scheduler_splits_replay_by_uid_and_unsupported_ops_go_to_the_cpu(no_pending_frees, backend):
     """Under ggml's scheduler: FLASH_ATTN_EXT with Q8_0 K/V (not claimed) runs on the CPU, the
     rest on TORCH0, the results equal the CPU's alone; a second compute replays the splits' plans."""
     rng = np.random.default_rng(0)
