@@ -28,9 +28,9 @@ os.environ.setdefault("PYGGML_TORCH_DEVICE", "cpu")
 
 @pytest.fixture
 def no_pending_frees():
-    """For tests that count plans: freeing any TorchBuffer drops every plan
-    (``memory.generation``), so the buffers earlier tests left in reference cycles are collected
-    first, not in the middle of the test."""
+    """For tests that count plans: freeing a TorchBuffer drops the plans that see it, so the
+    buffers earlier tests left in reference cycles are collected first, not in the middle of the
+    test."""
     gc.collect()
 
 

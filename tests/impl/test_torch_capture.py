@@ -143,7 +143,10 @@ def test_a_changed_graph_gets_a_new_plan_captured_anew(cpu_torch):
         assert fake.captures == 2
 
 
-def test_freeing_a_buffer_drops_the_captured_plans(cpu_torch):
+def test_freeing_a_buffer_drops_the_captured_plans_that_see_it(cpu_torch):
+    """A buffer another graph used, freed: the plan of this graph stays captured. This graph's
+    own buffer freed (its allocator placing it again): its plan is dropped, and the storage the
+    plan's views held is let go."""
     be, tb, fake = cpu_torch
     ctx, x, y, g = _chain(be)
     with ctx:
@@ -154,9 +157,22 @@ def test_freeing_a_buffer_drops_the_captured_plans(cpu_torch):
             other.new_tensor(F32, [4])
             other.alloc_tensors(be)
         _run_chain(be, x, y, g, 3)
-        assert _counts(tb)[:3] == (2, 2, 1)          # rebuilt, run eagerly
-        _run_chain(be, x, y, g, 4)
-        assert fake.captures == 2
+        assert _counts(tb) == (1, 3, 2, 1, 0)        # still the captured graph
+        (plan,) = tb.plans.values()
+        (old,) = plan.views.buffers.values()
+        ctx2, x2, y2, g2 = _chain(be)                # a second graph, then the first placed anew
+        with ctx2:
+            _run_chain(be, x2, y2, g2, 0)
+            galloc = GraphAllocator(be)
+            galloc.reserve(g2)                       # a larger buffer than the first allocator's
+            galloc.alloc_graph(g)
+            gc.collect()                             # the first allocator and its buffer
+            assert old.freed
+            _run_chain(be, x, y, g, 4)
+            assert all(not b.freed for p in tb.plans.values() for b in p.views.buffers.values())
+            assert _counts(tb)[:3] == (3, 3, 2)      # rebuilt, run eagerly
+            _run_chain(be, x, y, g, 5)
+            assert fake.captures == 2
 
 
 def test_a_capture_that_raises_leaves_the_plan_eager_for_good(cpu_torch, caplog):

@@ -123,7 +123,7 @@ class TorchBackend(PyBackend):
         nodes = ffi.unpack(lib.ggml_graph_nodes(g), n)
         uid = int(lib.pyggml_graph_uid(g))
         if self._generation != generation():     # a buffer was freed: views may hold it
-            self._drop_plans()
+            self._drop_plans(freed_only=True)
             self._generation = generation()
         key = addr(nodes[0])
         plan = self.plans.get(key)
@@ -156,10 +156,14 @@ class TorchBackend(PyBackend):
     def _quiesce(self) -> None:
         """Wait for the work queued by this backend (none on ``cpu``)."""
 
-    def _drop_plans(self) -> None:
-        if any(p.graph.replay is not None for p in self.plans.values()):
+    def _drop_plans(self, freed_only: bool = False) -> None:
+        """Drop every plan, or (``freed_only``) those whose views see a freed buffer."""
+        drop = [k for k, p in self.plans.items()
+                if not freed_only or any(b.freed for b in p.views.buffers.values())]
+        if any(self.plans[k].graph.replay is not None for k in drop):
             self._quiesce()         # no captured graph is destroyed while it runs
-        self.plans.clear()
+        for k in drop:
+            del self.plans[k]
 
     def synchronize(self) -> None:
         """Raise ValueError for the row indices out of range that the steps found on the

@@ -16,7 +16,7 @@ copies), since a graph would replay none of that. A graph reads the float32 copi
 (``memory.WeightsCache``) that existed when it was captured: when one of those caches is emptied
 (a write into the weights), the graph is dropped before its next replay, and the plan runs eagerly
 and is captured again after :data:`WARMUP` more computes. A changed graph gets a new plan, which
-starts over; freeing any ``TorchBuffer`` drops every plan. A capture that raises (an operation
+starts over; freeing a ``TorchBuffer`` drops the plans that see its memory. A capture that raises (an operation
 torch cannot capture) is logged as a warning (logger ``pyggml.torch``) and kept in
 ``GraphReplay.error``, and that plan runs eagerly for good: a kernel's error comes from the eager
 run before the capture and is raised as without capture.

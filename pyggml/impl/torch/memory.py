@@ -54,8 +54,8 @@ DTYPES: dict[int, torch.dtype] = {
 
 _WEIGHTS = lib.GGML_BACKEND_BUFFER_USAGE_WEIGHTS
 
-#: counts freed buffers: a backend drops its plans (which hold views, hence storage) when it
-#: changes, so freed device memory is not kept alive by a cached plan
+#: counts freed buffers: when it changes, a backend drops the plans whose views (which hold
+#: storage) see a freed buffer, so freed device memory is not kept alive by a cached plan
 _freed = [0]
 
 
@@ -86,6 +86,7 @@ class TorchBuffer(PyBuffer):
     def __init__(self, device: torch.device, size: int, alignment: int):
         self.device = device
         self.host = device.type == "cpu"
+        self.freed = False      # ggml freed it (its plans' views still hold the storage)
         self.weights_cache = WeightsCache()
         with synchronous(device):   # zeroed before any backend stream uses it
             raw = torch.zeros(max(size, 1) + alignment, dtype=torch.uint8, device=device)
@@ -176,6 +177,7 @@ class TorchBuffer(PyBuffer):
                 self.data.fill_(value)
 
     def free_buffer(self) -> None:
+        self.freed = True
         _freed[0] += 1
         self.weights_cache.clear()
         with synchronous(self.device):      # no queued work still reads or writes the memory
@@ -235,6 +237,8 @@ class Views:
         self.device = device
         self.checks = checks
         self.host = device.type == "cpu"
+        #: the ``TorchBuffer`` whose memory the views see (by id)
+        self.buffers: dict[int, TorchBuffer] = {}
         self._typed: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         self._foreign: dict[tuple[int, int], torch.Tensor] = {}
         self._seen: dict[Any, torch.Tensor] = {}
@@ -250,6 +254,7 @@ class Views:
             if own.device != self.device:
                 raise ValueError(f"tensor {_name(p)} is in a buffer on torch device {own.device}, "
                                  f"not {self.device}")
+            self.buffers[id(own)] = own
             return own.data, data - own._addr
         if not self.host:
             raise ValueError(f"tensor {_name(p)} is not in a buffer of this torch backend")
