@@ -477,9 +477,9 @@ def test_scheduler_splits_replay_by_uid_and_unsupported_ops_go_to_the_cpu(no_pen
 
 # ------------------------------------------------------------------------- errors
 
-def test_a_torch_error_in_a_step_is_raised_by_the_compute(backend, monkeypatch):
-    """An exception torch raises while a node is computed (first compute or a replay) is raised
-    by the pyggml call that computed the graph; nothing is reported as success."""
+def failing_add(monkeypatch, fails) -> None:
+    """Make ADD's steps raise torch's own error (a shape mismatch) at their n-th run (n = 1,
+    2...) where ``fails(n)``."""
     add = lib.GGML_OP_ADD
     impl = torch_backend.OPS[add]
     calls = []
@@ -489,12 +489,18 @@ def test_a_torch_error_in_a_step_is_raised_by_the_compute(backend, monkeypatch):
 
         def step():
             calls.append(1)
-            if len(calls) >= 2:      # the replay: a shape mismatch inside torch
+            if fails(len(calls)):
                 torch.add(torch.ones(2), torch.ones(3))
             real()
         return step
 
     monkeypatch.setitem(torch_backend.OPS, add, impl._replace(build=build))
+
+
+def test_a_torch_error_in_a_step_is_raised_by_the_compute(backend, monkeypatch):
+    """An exception torch raises while a node is computed (first compute or a replay) is raised
+    by the pyggml call that computed the graph; nothing is reported as success."""
+    failing_add(monkeypatch, lambda n: n >= 2)      # the replay
     with Context.for_tensors(4, graph_size=8) as ctx:
         x = ctx.new_tensor(GGMLType.F32, [4]).set_input()
         y = ctx.add(x, x)

@@ -29,7 +29,7 @@ from pyggml.impl import torch as torch_backend  # noqa: E402
 from pyggml.impl.torch import capture  # noqa: E402
 from pyggml.impl.torch.checks import DeviceChecks  # noqa: E402
 
-from test_torch_backend import _chain, _chain_ref  # noqa: E402  (same folder)
+from test_torch_backend import _chain, _chain_ref, failing_add  # noqa: E402  (same folder)
 
 os.environ.setdefault("PYGGML_TORCH_DEVICE", "cpu")
 
@@ -193,21 +193,7 @@ def test_an_error_of_the_steps_before_the_capture_is_raised_and_nothing_is_captu
     """A kernel error in compute 2's eager run (the warm-up) is raised by the compute, as without
     capture, and the capture is not attempted."""
     be, tb, fake = cpu_torch
-    add = lib.GGML_OP_ADD
-    impl = torch_backend.OPS[add]
-    calls = []
-
-    def build(p, v):
-        real = impl.build(p, v)
-
-        def step():
-            calls.append(1)
-            if len(calls) == 2:
-                torch.add(torch.ones(2), torch.ones(3))
-            real()
-        return step
-
-    monkeypatch.setitem(torch_backend.OPS, add, impl._replace(build=build))
+    failing_add(monkeypatch, lambda n: n == 2)
     with Context.for_tensors(4, graph_size=8) as ctx:
         x = ctx.new_tensor(F32, [4]).set_input()
         y = ctx.add(x, x)
