@@ -100,7 +100,8 @@ with tempfile.TemporaryDirectory() as tmp:
                                    backends=info["backends"], dl=info["backend_dl"],
                                    undefined=pin.undefined_functions)
 PY
-    echo "$ROOT" > "$site/pyggml-gpu-check.pth" || return 1   # the tests' subprocesses find this checkout
+    GPU_PTH=$site/pyggml-gpu-check.pth
+    echo "$ROOT" > "$GPU_PTH" || return 1   # the tests' subprocesses find this checkout
     mkdir -p "$TMPDIR_GPU" && "$py" scripts/gpu_check.py models "$GPU/models" "$TMPDIR_GPU"
 }
 
@@ -108,6 +109,9 @@ run() {
     local quick=${1:-}
     export TMPDIR_GPU=${TMPDIR:-/tmp}/pyggml-gpu-check
     export PYGGML_CACHE_DIR=$ROOT/$GPU/cache
+    # the .pth goes when the run ends: left in a Python that later tests another checkout, it
+    # puts this one's examples/ on that Python's sys.path
+    trap '[ -n "${GPU_PTH:-}" ] && rm -f "$GPU_PTH"' EXIT
     step "setup" setup
     [ ${#failed[@]} -eq 0 ] || exit 1
     local pkgs=$TMPDIR_GPU/pkgs gguf
