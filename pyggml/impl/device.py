@@ -122,7 +122,7 @@ class PyDevice(Impl):
         props.description = self._description
         props.type = int(self._type)
         props.device_id = ffi.NULL
-        setattr(props.caps, "async", bool(self.async_copies) or callable(getattr(self, "set_tensor_async", None)))
+        setattr(props.caps, "async", bool(self.async_copies))
         props.caps.host_buffer = self._host_buft is not None
         props.caps.buffer_from_host_ptr = False
         props.caps.events = callable(getattr(self, "event_new", None))

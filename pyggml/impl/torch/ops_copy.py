@@ -78,7 +78,7 @@ def _row_guard(v: Any, n: int, what: str) -> tuple[Callable[[torch.Tensor], torc
     them (``rows = guard(rows)``). Without ``v.checks`` (or with no rows to index), on the host:
     ValueError at once, and the step is :func:`~pyggml.impl.torch.table.eager`. With them, on the
     device: the flag of the error is set and the indices are clamped into range."""
-    checks = getattr(v, "checks", None)
+    checks = v.checks
     if checks is None or n == 0:
         def host(rows: torch.Tensor) -> torch.Tensor:
             _check_rows(rows, n, what)
