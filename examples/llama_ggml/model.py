@@ -85,7 +85,6 @@ class _Step:
     pos: _Input           # I32 [T]
     kq_mask: _Input       # F32 (F16 with flash attention) [K, T]: 0 or -inf
     k_idx: _Input         # I64 [T]: KV cell of each token
-    v_idx: _Input | None  # I64 [Hkv*D*T]: element index into the transposed V cache (no flash attention)
     logits: Tensor
     mask_open: int = -1   # (T = 1) the mask's cells 0..mask_open-1 are 0, the rest -inf; -1: unknown
 
@@ -181,7 +180,6 @@ class LlamaModel:
             self.close()
             raise
         self._steps: OrderedDict[tuple[int, int, bool], _Step] = OrderedDict()
-        self._v_rows = np.arange(self.hp.n_embd_kv, dtype=np.int64) * n_ctx  # j*C: row j of the V cache
         self.n_past = 0
         self.graphs_built = 0
         self.t_compute = 0.0   # seconds inside Scheduler.compute (ggml and pyggml's cached checks), summed
@@ -294,9 +292,12 @@ class LlamaModel:
         graph.build_forward(ctx.set_rows(kc, ctx.reshape(k, hp.n_embd_kv, T), inp["k_idx"]))
         if self.flash_attn:
             graph.build_forward(ctx.set_rows(vc, v, inp["k_idx"]))
-        else:  # V cache transposed, ne [C, Hkv*D]: element (j, token t) goes to j*C + cell(t)
-            graph.build_forward(ctx.set_rows(ctx.reshape(vc, 1, C * hp.n_embd_kv),
-                                             ctx.reshape(v, 1, hp.n_embd_kv * T), inp["v_idx"]))
+        else:  # V cache transposed, ne [C, Hkv*D]: element j of token t goes to (cell(t), j).
+            # Rows of one element: the cache seen as ne [1, C, Hkv*D] and v as [1, T, Hkv*D];
+            # set_rows broadcasts the T cell indices over ne[2]
+            graph.build_forward(ctx.set_rows(ctx.view(vc, [1, C, hp.n_embd_kv], nb=[es, vc.nb[1]]),
+                                             ctx.view(v, [1, T, hp.n_embd_kv], nb=[v.nb[1], v.nb[0]]),
+                                             inp["k_idx"]))
         # [D, Hkv, K] permuted to [D, K, Hkv] (ggml's meta backend splits such a view by heads)
         k_view = ctx.permute(ctx.view(kc, [D, Hkv, K], nb=[D * es, kc.nb[1]]), 0, 2, 1, 3)
         qp = ctx.permute(q, 0, 2, 1, 3)                                              # [D, T, H]
@@ -324,7 +325,7 @@ class LlamaModel:
         """The graph for T tokens attending to K cache cells."""
         hp = self.hp
         n_tensors = 48 * hp.n_layer + 64
-        ictx = Context.for_tensors(5)
+        ictx = Context.for_tensors(4)
         ctx = Context.for_tensors(n_tensors, graph_size=n_tensors)
         try:
             inp: dict[str, Tensor] = {
@@ -334,8 +335,6 @@ class LlamaModel:
                                            name="kq_mask").set_input(),
                 "k_idx": ictx.new_tensor(GGMLType.I64, [T], name="k_idx").set_input(),
             }
-            if not self.flash_attn:
-                inp["v_idx"] = ictx.new_tensor(GGMLType.I64, [hp.n_embd_kv * T], name="v_idx").set_input()
             ictx.alloc_tensors(self.cpu).clear(0)
             graph = ctx.new_graph(n_tensors)
             x = ctx.get_rows(self.w["token_embd.weight"], inp["tokens"])              # [E, T] F32
@@ -360,9 +359,7 @@ class LlamaModel:
             raise
         self.graphs_built += 1
         return _Step(T, K, ctx, ictx, graph, sched, _Input(inp["tokens"], (T,)), _Input(inp["pos"], (T,)),
-                     _Input(inp["kq_mask"], (T, K)), _Input(inp["k_idx"], (T,)),
-                     _Input(inp["v_idx"], (T, hp.n_embd_kv)) if "v_idx" in inp else None,
-                     logits)
+                     _Input(inp["kq_mask"], (T, K)), _Input(inp["k_idx"], (T,)), logits)
 
     def _step(self, T: int, K: int, all_logits: bool) -> _Step:
         key = (T, K, all_logits)
@@ -465,8 +462,6 @@ class LlamaModel:
             # query i (position p0+i) sees cells 0..p0+i
             step.kq_mask.array[:] = np.where(np.arange(K)[None, :] <= pos[:, None], 0.0, -np.inf)
             step.k_idx.array[:] = pos
-        if step.v_idx is not None:  # element (j, token t) of the transposed V cache: j*C + cell(t)
-            np.add(self._v_rows[None, :], step.k_idx.array[:, None], out=step.v_idx.array)
         self._compute(step)
         self.n_past += T
         n_out = T if all_logits else 1
