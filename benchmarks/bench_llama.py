@@ -19,7 +19,7 @@ still, run it when nothing else runs).
 Also printed, for decode steps after a prompt of each ``--context`` length (1 token generated
 at a time, in the KV bucket of that context): the step's time and its Python time, i.e. the
 step's wall time minus the time inside ggml's ``ggml_backend_sched_graph_compute`` call itself
-(timed around the C call: setting the five inputs, reading the logits, the example's bookkeeping
+(timed in C around the call, ``pyggml_compute_ns``: setting the four inputs, reading the logits, the example's bookkeeping
 and pyggml's own work in :meth:`pyggml.Scheduler.compute`); and the cost of pyggml's Ctrl-C
 check in the CPU backend (``interruptible=True``, a C throttle that asks Python at most every
 10 ms). ``--backend`` names the device that holds the weights (CUDA0...: then llama-bench is asked
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from _timing import median_seconds
-from bench_minilm import _ComputeTimer
+from bench_minilm import compute_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -52,13 +52,13 @@ DEFAULT_LLAMA_BENCH = ROOT / "build" / "llama.cpp" / "build" / "bin" / "llama-be
 N = 64
 
 
-def decode_steps(m: object, n: int, timer: _ComputeTimer) -> list[tuple[float, float]]:
+def decode_steps(m: object, n: int) -> list[tuple[float, float]]:
     """(wall seconds, seconds inside ggml's compute call) of ``n`` single-token evals."""
     out = []
     for i in range(n):
-        c0, t0 = timer.total, time.perf_counter()
+        c0, t0 = compute_seconds(), time.perf_counter()
         m.eval([i + 1])  # type: ignore[attr-defined]
-        out.append((time.perf_counter() - t0, timer.total - c0))
+        out.append((time.perf_counter() - t0, compute_seconds() - c0))
     return out
 
 
@@ -66,45 +66,38 @@ def bench_pyggml(model: Path, threads: int, repeat: int, flash_attn: bool, backe
                  contexts: list[int]) -> dict[str, float]:
     """pp64 and tg64 tokens/s; per context c of ``contexts``: the median decode step after a
     c-token prompt (``step@c``) and its Python time (``python@c``), seconds."""
-    import pyggml.backends.sched
-
     rng = np.random.default_rng(0)
     out: dict[str, float] = {}
     n_ctx = max(256, max(contexts) + 2 * N)
-    timer = _ComputeTimer(pyggml.backends.sched.lib)
-    pyggml.backends.sched.lib = timer
-    try:
-        for interruptible in (False, True):
-            with Llama(model, backend=backend, n_threads=threads, n_ctx=n_ctx, flash_attn=flash_attn,
-                       interruptible=interruptible) as llm:
-                m = llm.model
-                tokens = rng.integers(0, m.hp.n_vocab, N).tolist()
+    for interruptible in (False, True):
+        with Llama(model, backend=backend, n_threads=threads, n_ctx=n_ctx, flash_attn=flash_attn,
+                   interruptible=interruptible) as llm:
+            m = llm.model
+            tokens = rng.integers(0, m.hp.n_vocab, N).tolist()
 
-                def pp() -> None:
-                    m.reset()
-                    m.eval(tokens)
+            def pp() -> None:
+                m.reset()
+                m.eval(tokens)
 
-                def tg() -> None:
-                    m.reset()
-                    for t in tokens:
-                        m.eval([t])
+            def tg() -> None:
+                m.reset()
+                for t in tokens:
+                    m.eval([t])
 
-                if interruptible:
-                    out["tg_interruptible"] = N / median_seconds(tg, repeat)
-                    continue
-                out["pp"] = N / median_seconds(pp, repeat)
-                out["tg"] = N / median_seconds(tg, repeat)
-                for c in contexts:
-                    m.reset()
-                    m.eval(rng.integers(0, m.hp.n_vocab, c).tolist())
-                    steps = decode_steps(m, 8, timer)[2:]   # the first ones build and capture
-                    for _ in range(repeat - 1):
-                        m.n_past -= 8
-                        steps += decode_steps(m, 8, timer)[2:]
-                    out[f"step@{c}"] = statistics.median(s for s, _ in steps)
-                    out[f"python@{c}"] = statistics.median(s - g for s, g in steps)
-    finally:
-        pyggml.backends.sched.lib = timer._lib
+            if interruptible:
+                out["tg_interruptible"] = N / median_seconds(tg, repeat)
+                continue
+            out["pp"] = N / median_seconds(pp, repeat)
+            out["tg"] = N / median_seconds(tg, repeat)
+            for c in contexts:
+                m.reset()
+                m.eval(rng.integers(0, m.hp.n_vocab, c).tolist())
+                steps = decode_steps(m, 8)[2:]   # the first ones build and capture
+                for _ in range(repeat - 1):
+                    m.n_past -= 8
+                    steps += decode_steps(m, 8)[2:]
+                out[f"step@{c}"] = statistics.median(s for s, _ in steps)
+                out[f"python@{c}"] = statistics.median(s - g for s, g in steps)
     return out
 
 

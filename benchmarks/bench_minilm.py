@@ -14,7 +14,7 @@ falls on both sides. The ratio column is the median over rounds of torch's time 
 installed (``pip install torch sentence-transformers``), on the CPU or, with ``--backend CUDA0``,
 on torch's ``cuda`` device. The "outside ggml" column is the share of pyggml's wall time not spent
 inside ggml's graph compute call (``ggml_backend_graph_compute`` or
-``ggml_backend_sched_graph_compute``, timed around the C call itself): tokenizing, padding, setting
+``ggml_backend_sched_graph_compute``, timed in C around the call itself: ``lib.pyggml_compute_ns()``): tokenizing, padding, setting
 inputs and reading outputs, and pyggml's own checks; "per call" is that time per call of the batch
 size in milliseconds. Nothing here is asserted.
 """
@@ -40,30 +40,12 @@ PREDICATES = ["sleeps on the warm windowsill.", "fixed the bug before lunch.",
 SENTENCES = [f"{s} {p}" for s in SUBJECTS for p in PREDICATES]  # 64
 
 
-class _ComputeTimer:
-    """Stands in for ``pyggml.raw.lib`` in pyggml's backend and sched modules: the graph compute
-    calls are timed (seconds summed in ``total``), everything else passes through."""
+def compute_seconds() -> float:
+    """Seconds this process spent inside ggml's graph compute calls made by pyggml's backends
+    and schedulers, so far (timed in C around each call: ``pyggml_compute_ns``)."""
+    from pyggml.raw import lib
 
-    TIMED = ("ggml_backend_graph_compute", "ggml_backend_sched_graph_compute")
-
-    def __init__(self, lib: Any):
-        self._lib, self.total = lib, 0.0
-        for name in self.TIMED:
-            fn = getattr(lib, name)
-
-            def timed(*args: Any, _fn: Any = fn) -> Any:
-                t0 = time.perf_counter()
-                try:
-                    return _fn(*args)
-                finally:
-                    self.total += time.perf_counter() - t0
-            setattr(self, name, timed)
-
-    def __getattr__(self, name: str) -> Any:
-        # once per name: later reads find it in the instance, as fast as from the module ``lib``
-        value = getattr(self._lib, name)
-        setattr(self, name, value)
-        return value
+    return float(lib.pyggml_compute_ns()) * 1e-9
 
 
 def _runner(embed: Callable[[list[str], int], object], bs: int) -> Callable[[], None]:
@@ -74,23 +56,19 @@ def _runner(embed: Callable[[list[str], int], object], bs: int) -> Callable[[], 
     return run
 
 
-def outside_share(m: Any, bs: int) -> tuple[float, float]:
-    """(share of one run's wall time spent outside ggml's graph compute call, those seconds per
-    call of ``bs`` sentences)."""
-    import pyggml.backends.backend
-    import pyggml.backends.sched
-
-    timer = _ComputeTimer(pyggml.backends.backend.lib)
-    pyggml.backends.backend.lib = pyggml.backends.sched.lib = timer
-    try:
-        run = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
-        run()
-        timer.total, t0 = 0.0, time.perf_counter()
+def outside_share(m: Any, bs: int, repeat: int) -> tuple[float, float]:
+    """(share of a run's wall time spent outside ggml's graph compute call, those seconds per
+    call of ``bs`` sentences): the medians of ``repeat`` runs after a warm-up."""
+    run = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
+    run()
+    runs = []
+    for _ in range(repeat):
+        c0, t0 = compute_seconds(), time.perf_counter()
         run()
         wall = time.perf_counter() - t0
-        return 1 - timer.total / wall, (wall - timer.total) / -(-len(SENTENCES) // bs)
-    finally:
-        pyggml.backends.backend.lib = pyggml.backends.sched.lib = timer._lib
+        runs.append((wall, wall - (compute_seconds() - c0)))
+    return (statistics.median(out / wall for wall, out in runs),
+            statistics.median(out for _, out in runs) / -(-len(SENTENCES) // bs))
 
 
 def torch_model(model_dir: Path, threads: int, device: str) -> Any | None:
@@ -116,7 +94,7 @@ def bench(model_dir: Path, threads: int, repeat: int, backend: str, batches: lis
     out: dict[int, dict[str, float | None]] = {}
     with minilm.MiniLM(model_dir, n_threads=threads, backend=backend) as m:
         for bs in batches:
-            outside, outside_s = outside_share(m, bs)
+            outside, outside_s = outside_share(m, bs, repeat)
             ours = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
             if ref is None:
                 out[bs] = {"ours": len(SENTENCES) / median_seconds(ours, repeat), "ref": None,

@@ -105,3 +105,41 @@ def test_a_view_made_before_its_source_had_data_is_refused_until_placed(run_isol
     assert r.returncode == 0, r.stderr[-2000:]
     want = (2 * np.arange(32, dtype=np.float32).reshape(8, 4)[:3, :3]).tolist()
     assert r.stdout.splitlines() == ["ValueError True", str(want)], r.stdout
+
+
+@pytest.mark.parametrize("by", ["backend", "scheduler"])
+def test_compute_time_is_summed_in_c(by):
+    """``lib.pyggml_compute_ns()``, what the benchmarks subtract from a step's wall time to get
+    its Python time, grows by the time ggml spends computing (a 512^3 mul_mat on one thread:
+    milliseconds, against microseconds of Python around it), and not by a refused compute."""
+    from pyggml import Scheduler
+    from pyggml.raw import lib
+    import time
+
+    with CPUBackend(n_threads=1) as cpu, Context.for_tensors(8, graph_size=8) as ctx:
+        a, b = ctx.new_tensor("f32", [512, 512]), ctx.new_tensor("f32", [512, 512])
+        idx = ctx.new_tensor("i32", [1]).set_input()
+        out = ctx.get_rows(ctx.mul_mat(a, b), idx).set_output()                # ne [512, 1]
+        graph = ctx.new_graph(8).build_forward(out)
+        with (GraphAllocator(cpu) if by == "backend" else Scheduler([cpu])) as placer:
+            placer.alloc_graph(graph)
+
+            def compute(row: int = 3) -> None:  # inputs set again: later nodes reuse their memory
+                a.set(np.ones((512, 512), np.float32))
+                b.set(np.ones((512, 512), np.float32))
+                idx.set(np.array([row], np.int32))
+                n0, t0 = lib.pyggml_compute_ns(), time.perf_counter()
+                try:
+                    graph.compute(cpu) if by == "backend" else placer.compute(graph)
+                finally:
+                    times.append((time.perf_counter() - t0, (lib.pyggml_compute_ns() - n0) * 1e-9))
+
+            times: list[tuple[float, float]] = []
+            compute()
+            compute()
+            wall, inside = times[-1]
+            assert 0.5 * wall < inside <= wall
+            np.testing.assert_array_equal(out.numpy().reshape(-1), np.full(512, 512, np.float32))
+            with pytest.raises(ValueError, match="row index 512"):
+                compute(512)
+            assert times[-1][1] == 0

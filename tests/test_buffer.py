@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pyggml
-from pyggml import Context, CPUBackend, GraphAllocator
+from pyggml import Context, CPUBackend, GraphAllocator, Scheduler
 from pyggml.backends.device import device_by_type
 
 
@@ -70,24 +70,31 @@ def test_a_scheduler_graph_recomputed_without_its_inputs_set_again(run_isolated)
         assert "RAISED" in out and "outside [0, 8)" in out["RAISED"] and "set every input" in out["RAISED"]
 
 
+@pytest.mark.parametrize("by", ["backend", "scheduler"])
 @pytest.mark.parametrize("rows", [[0, 3], [-1], [4]])
-def test_get_rows_indices_checked_before_each_compute(rows):
+def test_get_rows_indices_checked_before_each_compute(rows, by):
+    """Checked in the compute's own call into C (pyggml_compute), before ggml runs anything:
+    a refused compute leaves the output as the last one left it."""
     a = np.arange(12, dtype=np.float32).reshape(4, 3)
     with CPUBackend(n_threads=1) as cpu, Context.for_tensors(8, graph_size=8) as ctx:
         src = ctx.new_tensor("f32", [3, 4])
         idx = ctx.new_tensor("i32", [len(rows)]).set_input()
-        out = ctx.get_rows(src, idx)
+        out = ctx.get_rows(src, idx).set_output()
         graph = ctx.new_graph(8).build_forward(out)
-        with GraphAllocator(cpu) as galloc:
-            galloc.alloc_graph(graph)
+        with (GraphAllocator(cpu) if by == "backend" else Scheduler([cpu])) as placer:
+            placer.alloc_graph(graph)
             src.set(a)
             idx.set(np.array(rows, np.int32))
+            compute = (lambda: graph.compute(cpu)) if by == "backend" else (lambda: placer.compute(graph))
             if all(0 <= r < 4 for r in rows):
-                graph.compute(cpu)
+                compute()
                 np.testing.assert_array_equal(out.numpy(), a[rows])
                 idx.set(np.array([0, 9], np.int32)[: len(rows)] if len(rows) == 2 else np.array([9], np.int32))
-            with pytest.raises(ValueError, match=r"row index (-1|4|9) .*outside \[0, 4\)"):
-                graph.compute(cpu)
+            with pytest.raises(ValueError, match=r"row index (-1|4|9) .*outside \[0, 4\)") as e:
+                compute()
+            assert e.value.__cause__ is None and e.value.__context__ is None
+            if all(0 <= r < 4 for r in rows):
+                np.testing.assert_array_equal(out.numpy(), a[rows])
 
 
 def test_one_index_tensor_read_by_many_nodes_is_checked_against_each_bound():

@@ -20,9 +20,9 @@ from ..memory.buffer import Buffer
 from ..memory.buffer_type import BufferType
 from ..errors import ClosedError
 from ..raw import ffi, lib
-from ..raw.boundary import call_status, calling, check_status
+from ..raw.boundary import calling, check_status
 from ..core.tensor import EMPTY_OPS, Tensor, tensor_arg
-from .graph_run import Checked, check_meta_views, compute_lock, restore_sources, run_of
+from .graph_run import Checked, check_meta_views, compute, compute_lock, restore_sources, run_of
 from . import meta_check
 
 if TYPE_CHECKING:
@@ -278,10 +278,12 @@ class Backend(_cobject.CObject):
         """What to say when this backend cannot compute node ``p`` (``_supports_raw`` false)."""
         return "its supports_op refuses the op or these types (compute it on another backend)"
 
-    def _prepare(self, graph: "Graph") -> tuple[Any, threads.using, Checked]:
+    def _prepare(self, graph: "Graph", indices: bool = True) -> tuple[Any, threads.using, Checked]:
         """(the graph's C pointer, the held locks of what computing it uses, the check), after
         the check (cached on the graph) of everything computing it needs; the caller releases
-        the locks (``__exit__``). Raises ValueError/ClosedError (holding nothing)."""
+        the locks (``__exit__``). Raises ValueError/ClosedError (holding nothing). ``indices``:
+        also check the row indices now (a compute through ``graph_run.compute`` checks them in
+        its own call into C)."""
         while True:
             seen = threads.changes
             g = graph.ptr
@@ -304,7 +306,7 @@ class Backend(_cobject.CObject):
             if threads.changes == seen and state.version == graph.version and lib.ggml_graph_n_nodes(g) == n_nodes:
                 break
             lock.__exit__()
-        if state.indices is not None:  # data: checked before every compute
+        if indices and state.indices is not None:  # data: checked before every compute
             try:
                 state.indices.run()
             except BaseException:
@@ -322,28 +324,24 @@ class Backend(_cobject.CObject):
         GGMLError, or the exception a Python callback raised (e.g. KeyboardInterrupt from the
         CPU backend's abort callback, or what a Python backend's ``graph_compute`` raised).
         """
-        self._run(graph, lib.ggml_backend_graph_compute, "ggml_backend_graph_compute")
+        self._run(graph, "ggml_backend_graph_compute")
         _mark_computed(graph)
 
     def graph_compute_async(self, graph: "Graph") -> None:
         """``ggml_backend_graph_compute_async``: queue the computation; :meth:`synchronize`
         before reading results (until then the graph's outputs raise as not computed)."""
-        self._run(graph, lib.ggml_backend_graph_compute_async, "ggml_backend_graph_compute_async")
+        self._run(graph, "ggml_backend_graph_compute_async")
         self._pending.append(graph)
 
-    def _run(self, graph: "Graph", fn: Any, what: str) -> None:
-        """``fn(backend, graph)`` (a compute returning ``ggml_status``) after :meth:`_prepare`,
-        holding its locks; GGMLError (named ``what``) or a callback's exception on failure."""
-        g, lock, state = self._prepare(graph)
+    def _run(self, graph: "Graph", what: str) -> None:
+        """The C compute ``what`` (``ggml_backend_graph_compute`` or its ``_async`` form) after
+        :meth:`_prepare`, holding its locks (:func:`~pyggml.backends.graph_run.compute`)."""
+        g, lock, state = self._prepare(graph, indices=False)
         try:
             if state.unusable is not None:
                 raise ValueError(state.unusable)
             check_meta_views(graph, state)
-            if state.owners:
-                with calling(*state.owners, held=lock.locks):
-                    check_status(fn(self._ptr, g), what)
-            else:
-                call_status(what, fn, self._ptr, g)
+            compute(what, self._ptr, g, state, state.owners, lock.locks)
         finally:
             lock.__exit__()
 

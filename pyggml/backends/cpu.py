@@ -416,10 +416,10 @@ class CPUBackend(Backend):
         if self.abort_callback is not None:
             self._abort_throttle.last_us = 0
 
-    def _prepare(self, graph: "Graph") -> Any:
+    def _prepare(self, graph: "Graph", indices: bool = True) -> Any:
         if self.abort_callback is not None:  # _restart_abort_clock inlined (a compute's hot path)
             self._abort_throttle.last_us = 0
-        return Backend._prepare(self, graph)
+        return Backend._prepare(self, graph, indices)
 
     def _check_graph(self, graph: "Graph", n_nodes: int) -> Any:
         state = super()._check_graph(graph, n_nodes)

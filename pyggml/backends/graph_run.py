@@ -12,11 +12,13 @@ import weakref
 from typing import Any
 
 from ..core.graph import Graph
+from ..errors import GGMLError
 from ..memory import buffer
 from ..raw import ffi, lib, threads
+from ..raw.boundary import call_status, calling, check_status
 
 __all__ = ["GraphRun", "run_of", "Checked", "Sources", "save_sources", "restore_sources",
-           "callback_owners", "compute_lock", "placed", "check_meta_views"]
+           "callback_owners", "compute_lock", "compute", "placed", "check_meta_views"]
 
 _MAX_SRC = int(lib.GGML_MAX_SRC)
 
@@ -217,3 +219,38 @@ def compute_lock(graph: Graph, *users: Any) -> threads.using:
     (everything that changes a graph holds both), so that one instead, where it has one."""
     owner = graph._owner
     return threads.using(graph if owner._lock is None else owner, *users)
+
+
+_COMPUTE_FNS: dict[str, Any] = {}
+
+
+def compute(what: str, obj: Any, g: Any, state: Checked, owners: tuple[Any, ...] = (),
+            held: tuple[Any, ...] = ()) -> None:
+    """The C compute named ``what`` (``ggml_backend_graph_compute``,
+    ``ggml_backend_sched_graph_compute`` or their ``_async`` forms) of ``obj`` (the backend's or
+    scheduler's pointer) on the cgraph ``g`` checked by ``state``, holding its lock: one call into
+    C (``pyggml_compute``) that checks the graph's row indices (:class:`~pyggml.memory.buffer.IndexCheck`)
+    first, and times the compute (``lib.pyggml_compute_ns()``). ``owners`` and ``held`` go to
+    :class:`~pyggml.raw.boundary.calling`. Raises ValueError for an index out of range (nothing
+    computed), GGMLError for a failed status, or what a callback raised."""
+    fn = _COMPUTE_FNS.get(what)
+    if fn is None:
+        fn = _COMPUTE_FNS[what] = ffi.cast("pyggml_compute_fn", ffi.addressof(lib, what))
+    idx = state.indices
+    if idx is None:
+        args: tuple[Any, ...] = (fn, obj, g, ffi.NULL, ffi.NULL, 0, ffi.NULL)
+    else:
+        if idx.meta:
+            idx.run_meta()
+        args = (fn, obj, g, idx.tensors, idx.bounds, idx.n, idx.bad)
+    try:
+        if owners:
+            with calling(*owners, held=held):
+                check_status(lib.pyggml_compute(*args), what)
+        else:
+            call_status(what, lib.pyggml_compute, *args)
+        return
+    except GGMLError:
+        if idx is None or idx.bad[0] < 0:
+            raise
+    idx.raise_bad()  # outside the except: the ValueError alone, not chained to the failed status

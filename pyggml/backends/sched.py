@@ -24,12 +24,12 @@ from .backend import Backend
 from ..memory.buffer_type import BufferType
 from .cpu import CPUBackend, graph_trial_ops
 from .device import Device
-from .graph_run import Checked, check_meta_views, compute_lock, restore_sources, run_of, save_sources
+from .graph_run import Checked, check_meta_views, compute, compute_lock, restore_sources, run_of, save_sources
 from . import meta_check
 from ..enums import DeviceType
 from ..core.graph import Graph
 from ..raw import callbacks, ffi, lib, requires
-from ..raw.boundary import call_status, calling, check_status
+from ..raw.boundary import calling
 from ..core.tensor import EMPTY_OPS, BorrowScope, Tensor, tensor_arg
 
 __all__ = ["Scheduler", "MAX_BACKENDS", "EvalCallback", "CopyCallback"]
@@ -460,13 +460,13 @@ class Scheduler(_cobject.CObject, Placer):
 
         Returns True, or False if the eval callback stopped the computation. Raises GGMLError
         on failure, or the exception a callback raised (the eval callback, a Python backend)."""
-        return self._compute(graph, lib.ggml_backend_sched_graph_compute)
+        return self._compute(graph, "ggml_backend_sched_graph_compute")
 
     def compute_async(self, graph: Graph) -> bool:
         """``ggml_backend_sched_graph_compute_async``; :meth:`synchronize` before reading."""
-        return self._compute(graph, lib.ggml_backend_sched_graph_compute_async)
+        return self._compute(graph, "ggml_backend_sched_graph_compute_async")
 
-    def _compute(self, graph: Graph, fn: Any) -> bool:
+    def _compute(self, graph: Graph, what: str) -> bool:
         for cpu in self._cpus:
             cpu._restart_abort_clock()
         while True:
@@ -490,19 +490,14 @@ class Scheduler(_cobject.CObject, Placer):
             lock.__exit__()
         try:
             check_meta_views(graph, state)
-            if state.indices is not None:
-                state.indices.run()
             if not state.trialed:
+                if state.indices is not None:
+                    state.indices.run()  # the trial computes the graph: its indices first
                 self._trial_compute(graph, g)
                 state.trialed = True
             self._stopped = False
-            owners = state.owners
-            if owners or self._eval is not None or self._copy is not None:
-                mine = (self,) if self._eval is not None or self._copy is not None else ()
-                with calling(*owners, *mine, held=lock.locks):
-                    check_status(fn(self._ptr, g), "ggml_backend_sched_graph_compute")
-            else:
-                call_status("ggml_backend_sched_graph_compute", fn, self._ptr, g)
+            mine = (self,) if self._eval is not None or self._copy is not None else ()
+            compute(what, self._ptr, g, state, (*state.owners, *mine), lock.locks)
         finally:
             lock.__exit__()
         if not self._stopped:

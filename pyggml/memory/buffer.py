@@ -289,14 +289,15 @@ def _in_meta(t: Any) -> bool:
 class IndexCheck:
     """The row indices a graph's nodes read from tensor data (get_rows, set_rows,
     get_rows_back, mul_mat_id, add_id), checked before each compute in one C call
-    (``pyggml_check_indices``): an index out of range would abort in ggml's CPU kernel, or read
+    (``pyggml_check_indices``; a compute makes it in its own call into C, ``pyggml_compute``:
+    :func:`pyggml.backends.graph_run.compute`): an index out of range would abort in ggml's CPU kernel, or read
     or write outside a tensor. Each index tensor is checked once per bound. Only index tensors that no node of the graph computes (leafs, such
     as inputs, and views of them) are checked, and only in host memory; indices a node computes
     (argsort, top_k) are ggml's own. Index tensors in a meta device's buffer (their ``data`` are
     not addresses, whatever the buffer type says) are read with ``ggml_backend_tensor_get``.
     :meth:`of` returns None for a graph without any."""
 
-    __slots__ = ("tensors", "bounds", "nodes", "n", "meta")
+    __slots__ = ("tensors", "bounds", "nodes", "n", "meta", "bad")
 
     def __init__(self, tensors: list[Any], bounds: list[int], nodes: list[Any]):
         meta = [k for k, t in enumerate(tensors) if _in_meta(t)]
@@ -312,6 +313,8 @@ class IndexCheck:
         self.bounds = ffi.new("int64_t[]", [bounds[k] for k in keep])
         self.nodes = [nodes[k] for k in keep]
         self.n = len(keep)
+        #: what ``pyggml_check_indices`` found: the k of the tensor out of range (-1: none), its value
+        self.bad = ffi.new("int64_t[2]", [-1, 0])
 
     @classmethod
     def of(cls, nodes: list[Any], saved: Any = None) -> "IndexCheck | None":
@@ -343,11 +346,22 @@ class IndexCheck:
 
     def run(self) -> None:
         """Raises ValueError naming the node, the index tensor and the value out of range."""
-        value = ffi.new("int64_t *")
+        bad = self.bad
         with calling():  # ggml_backend_buffer_is_host of a Python buffer type
-            k = lib.pyggml_check_indices(self.tensors, self.bounds, self.n, value)
+            bad[0] = lib.pyggml_check_indices(self.tensors, self.bounds, self.n, bad + 1)
+        self.raise_bad()
+        self.run_meta()
+
+    def raise_bad(self) -> None:
+        """ValueError if the last check in C (:meth:`run`, ``pyggml_compute``) found an index
+        out of range."""
+        k = int(self.bad[0])
         if k >= 0:
-            self._raise(self.nodes[k], self.tensors[k], int(value[0]), int(self.bounds[k]))
+            self._raise(self.nodes[k], self.tensors[k], int(self.bad[1]), int(self.bounds[k]))
+
+    def run_meta(self) -> None:
+        """The check of the index tensors in a meta device's memory (read with
+        ``ggml_backend_tensor_get``), which the one in C skips."""
         for t, bound, node in self.meta:
             raw = np.empty(int(lib.ggml_nbytes(t)), dtype=np.uint8)
             with calling():

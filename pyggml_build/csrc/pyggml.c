@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ggml-impl.h" /* struct ggml_cgraph (internal: copied into pyggml/include by the build) */
 
@@ -232,6 +233,36 @@ int pyggml_check_indices(struct ggml_tensor **idx, const int64_t *bound, int n, 
         }
     }
     return -1;
+}
+
+typedef enum ggml_status (*pyggml_compute_fn)(void *obj, struct ggml_cgraph *graph);
+
+static int64_t compute_ns;  /* summed over the process: pyggml_compute_ns */
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* One compute, one call into C: fn(obj, graph) (ggml_backend_graph_compute,
+   ggml_backend_sched_graph_compute or their _async forms) after pyggml_check_indices(idx, bound,
+   n, &bad[1]) when n > 0 (bad unused otherwise). bad[0] = -1 and fn's status; or, with nothing
+   computed, bad[0] = the k of the first index tensor out of range, bad[1] its value, and
+   GGML_STATUS_FAILED. The time inside fn is added to pyggml_compute_ns. */
+enum ggml_status pyggml_compute(pyggml_compute_fn fn, void *obj, struct ggml_cgraph *graph,
+                                struct ggml_tensor **idx, const int64_t *bound, int n, int64_t *bad) {
+    if (n > 0 && (bad[0] = pyggml_check_indices(idx, bound, n, &bad[1])) >= 0) return GGML_STATUS_FAILED;
+    const int64_t t0 = now_ns();
+    const enum ggml_status status = fn(obj, graph);
+    __atomic_fetch_add(&compute_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    return status;
+}
+
+/* Nanoseconds spent inside ggml's compute calls made through pyggml_compute, summed over the
+   process and its threads (what benchmarks subtract from a step's wall time). */
+int64_t pyggml_compute_ns(void) {
+    return __atomic_load_n(&compute_ns, __ATOMIC_RELAXED);
 }
 
 /* Why `path` cannot be loaded (dlerror's message), or NULL if it can. */

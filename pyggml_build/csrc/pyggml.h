@@ -3,8 +3,9 @@
 
    Backend modules (a build without modules binds none): pyggml_dl_*. A graph's node sources
    saved and restored around a scheduler's split, which rewrites them (pyggml.sched); the live
-   memory of a graph's tensors; row indices checked before a compute; the throttled abort
-   callback of the CPU backend; a graph's uid (ggml_cgraph is opaque in ggml.h). */
+   memory of a graph's tensors; row indices checked before a compute; a compute with those
+   checks, timed; the throttled abort callback of the CPU backend; a graph's uid (ggml_cgraph is
+   opaque in ggml.h). */
 int pyggml_dl_bind(const char *module, const char *path);
 void pyggml_dl_unbind(const char *module);
 int pyggml_dl_is_bound(const char *name);
@@ -19,6 +20,10 @@ int pyggml_graph_unplace(struct ggml_cgraph *graph, ggml_backend_buffer_t *buffe
 ggml_backend_buffer_t pyggml_freed_buffer(int by_placer);
 int pyggml_ctx_forget_buffer(struct ggml_context *ctx, ggml_backend_buffer_t buffer, ggml_backend_buffer_t freed);
 int pyggml_check_indices(struct ggml_tensor **idx, const int64_t *bound, int n, int64_t *value);
+typedef enum ggml_status (*pyggml_compute_fn)(void *obj, struct ggml_cgraph *graph);
+enum ggml_status pyggml_compute(pyggml_compute_fn fn, void *obj, struct ggml_cgraph *graph,
+                                struct ggml_tensor **idx, const int64_t *bound, int n, int64_t *bad);
+int64_t pyggml_compute_ns(void);
 struct pyggml_abort_throttle { ggml_abort_callback callback; void *data; int64_t interval_us; int64_t last_us; };
 bool pyggml_abort_throttled(void *throttle);
 uint64_t pyggml_graph_uid(const struct ggml_cgraph *graph);
