@@ -422,8 +422,7 @@ class LlamaModel:
             if self.n_past + 1 > self.n_ctx:
                 raise ValueError(f"{self.n_past} + 1 tokens do not fit the context of {self.n_ctx} "
                                  "(use a larger n_ctx / --ctx-size)")
-            last: np.ndarray = self._eval_batch(np.array(ids, dtype=np.int64), False)[0]
-            return last
+            return self._decode(tok)
         a = np.asarray(ids, dtype=np.int64).reshape(-1)
         if a.size == 0:
             raise ValueError("no tokens to evaluate")
@@ -438,30 +437,41 @@ class LlamaModel:
             out.append(self._eval_batch(a[start:start + self.n_batch], all_logits))
         return np.concatenate(out) if all_logits else out[-1][-1]
 
+    def _decode(self, tok: int) -> np.ndarray:
+        """One token at position ``n_past`` (checked by :meth:`eval`): its logits, (n_vocab,).
+        The inputs are written in place (_Input): a few microseconds of NumPy whatever the
+        context, the mask's K cells included."""
+        p0 = self.n_past
+        step = self._step(1, self.n_kv_for(p0 + 1), False)
+        step.tokens.array[0] = tok
+        step.pos.array[0] = step.k_idx.array[0] = p0
+        mask = step.kq_mask.array
+        if step.mask_open == p0:                                # the step before was at p0 - 1
+            mask[0, p0] = 0.0
+        else:
+            mask[0, :p0 + 1] = 0.0                              # causal: cells 0..p0 ...
+            mask[0, p0 + 1:] = -np.inf                          # ... and no later one
+        step.mask_open = p0 + 1
+        self._compute(step)
+        self.n_past = p0 + 1
+        logits = np.empty(self.hp.n_vocab, dtype=np.float32)
+        lib.ggml_backend_tensor_get(step.logits.ptr, ffi.from_buffer(logits), 0, logits.nbytes)
+        return logits
+
     def _eval_batch(self, ids: np.ndarray, all_logits: bool) -> np.ndarray:
         T = ids.size
+        if T == 1 and not all_logits:
+            return self._decode(int(ids[0]))[None]
         p0 = self.n_past
         K = self.n_kv_for(p0 + T)
         step = self._step(T, K, all_logits)
-        # the inputs are written in place (_Input): a decode step (T = 1) costs a few
-        # microseconds of NumPy whatever the context, the mask's K cells included
         pos = step.pos.array
-        if T == 1:
-            step.tokens.array[0] = ids[0]
-            pos[0] = step.k_idx.array[0] = p0
-            mask = step.kq_mask.array
-            if step.mask_open == p0:                            # the step before was at p0 - 1
-                mask[0, p0] = 0.0
-            else:
-                mask[0, :p0 + 1] = 0.0                          # causal: cells 0..p0 ...
-                mask[0, p0 + 1:] = -np.inf                      # ... and no later one
-            step.mask_open = p0 + 1
-        else:
-            step.tokens.array[:] = ids
-            pos[:] = np.arange(p0, p0 + T, dtype=np.int32)
-            # query i (position p0+i) sees cells 0..p0+i
-            step.kq_mask.array[:] = np.where(np.arange(K)[None, :] <= pos[:, None], 0.0, -np.inf)
-            step.k_idx.array[:] = pos
+        step.tokens.array[:] = ids
+        pos[:] = np.arange(p0, p0 + T, dtype=np.int32)
+        # query i (position p0+i) sees cells 0..p0+i
+        step.kq_mask.array[:] = np.where(np.arange(K)[None, :] <= pos[:, None], 0.0, -np.inf)
+        step.k_idx.array[:] = pos
+        step.mask_open = -1
         self._compute(step)
         self.n_past += T
         n_out = T if all_logits else 1
