@@ -289,10 +289,11 @@ def _in_meta(t: Any) -> bool:
 class IndexCheck:
     """The row indices a graph's nodes read from tensor data (get_rows, set_rows,
     get_rows_back, mul_mat_id, add_id), checked before each compute in one C call
-    (``pyggml_check_indices``; a compute makes it in its own call into C, ``pyggml_compute``:
-    :func:`pyggml.backends.graph_run.compute`): an index out of range would abort in ggml's CPU kernel, or read
-    or write outside a tensor. Each index tensor is checked once per bound. Only index tensors that no node of the graph computes (leafs, such
-    as inputs, and views of them) are checked, and only in host memory; indices a node computes
+    (``pyggml_check_indices``; a compute makes it inside its own call into C,
+    ``pyggml_compute``: :func:`pyggml.backends.graph_run.compute`): an index out of range would
+    abort in ggml's CPU kernel, or read or write outside a tensor. Each index tensor is checked
+    once per bound. Only index tensors that no node of the graph computes (leafs, such as
+    inputs, and views of them) are checked, and only in host memory; indices a node computes
     (argsort, top_k) are ggml's own. Index tensors in a meta device's buffer (their ``data`` are
     not addresses, whatever the buffer type says) are read with ``ggml_backend_tensor_get``.
     :meth:`of` returns None for a graph without any."""

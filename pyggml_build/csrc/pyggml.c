@@ -235,6 +235,8 @@ int pyggml_check_indices(struct ggml_tensor **idx, const int64_t *bound, int n, 
     return -1;
 }
 
+/* a backend's or a scheduler's compute, called through one pointer type: their first argument,
+   a pointer, is passed as a void * is on every ABI ggml supports */
 typedef enum ggml_status (*pyggml_compute_fn)(void *obj, struct ggml_cgraph *graph);
 
 static int64_t compute_ns;  /* summed over the process: pyggml_compute_ns */
