@@ -31,7 +31,7 @@ from ..raw import threads
 from ..enums import GGMLType, Op, TensorFlag
 from ..errors import ClosedError
 from ..raw import ffi, lib, requires
-from ..raw.boundary import calling
+from ..raw.boundary import call, calling
 
 _BF16 = GGMLType.BF16
 
@@ -685,33 +685,32 @@ class Tensor(_cobject.CBorrowed):
         ``ggml_backend_tensor_get`` for tensors in backend buffers (raising what a Python
         buffer's ``get_tensor`` raised).
         """
-        with self._using_memory():
-            return self._numpy(copy)
+        held, memory = self._using_memory()
+        with held:
+            return self._numpy(copy, memory)
 
-    def _using_memory(self) -> Any:
-        """A :class:`~pyggml.raw.threads.using` of this tensor's context and of the owner of the
-        buffer its data is in (a graph allocator or scheduler that may place anew), held: no
-        close, reset or new placement meanwhile. The owner is found under the context's lock,
-        and again under both (taken all at once: never one while waiting for another)."""
+    def _using_memory(self) -> tuple[threads.Held, tuple[Any, "buffer.LiveBuffer | None", bool]]:
+        """(a held :class:`~pyggml.raw.threads.using` of this tensor's context and of the owner
+        of the buffer its data is in (a graph allocator or scheduler that may place anew), what
+        :meth:`_memory` found under it): no close, reset or new placement until it is let go.
+        The owner is found under the context's lock, and again under both (taken all at once:
+        never one while waiting for another)."""
         owner = None
         while True:
             held = threads.using(self._owner, owner).hold()
             try:
-                now = self._data_owner()
+                memory = self._memory()
             except BaseException:
                 held.release()
                 raise
+            now = memory[1].owner if memory[1] is not None else None
             if now is owner:
-                return held
+                return held, memory
             held.release()
             owner = now
 
-    def _data_owner(self) -> Any:
-        rec = self._memory()[1]
-        return rec.owner if rec is not None else None
-
-    def _numpy(self, copy: bool) -> np.ndarray:
-        p, rec, in_buffer = self._memory()
+    def _numpy(self, copy: bool, memory: tuple[Any, "buffer.LiveBuffer | None", bool]) -> np.ndarray:
+        p, rec, in_buffer = memory
         dtype = types.numpy_dtype(self._type)
         if not copy:
             if dtype is None or self._type == GGMLType.BF16:
@@ -729,8 +728,7 @@ class Tensor(_cobject.CBorrowed):
             raise ValueError(f"tensor {self._label()} is not contiguous: copy it with Context.cont first")
         raw = np.empty(int(lib.ggml_nbytes(p)), dtype=np.uint8)
         if in_buffer:
-            with calling():
-                lib.ggml_backend_tensor_get(p, ffi.from_buffer(raw), 0, raw.nbytes)
+            call(lib.ggml_backend_tensor_get, p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(ffi.from_buffer(raw), p.data, raw.nbytes)
         if dtype is not None and self._type is not _BF16:  # types.to_numpy's plain case, its
@@ -815,11 +813,12 @@ class Tensor(_cobject.CBorrowed):
         tensor, TypeError for a dtype that cannot be stored without changing its kind. Wraps
         ``ggml_backend_tensor_set`` for tensors in backend buffers.
         """
-        with self._using_memory():
-            return self._set(array, reshape)
+        held, memory = self._using_memory()
+        with held:
+            return self._set(array, reshape, memory)
 
-    def _set(self, array: Any, reshape: bool) -> "Tensor":
-        p, rec, in_buffer = self._memory()
+    def _set(self, array: Any, reshape: bool, memory: tuple[Any, "buffer.LiveBuffer | None", bool]) -> "Tensor":
+        p, rec, in_buffer = memory
         if not lib.ggml_is_contiguous(p):
             raise ValueError(f"tensor {self._label()} is not contiguous")
         a = np.asarray(array)
@@ -831,8 +830,7 @@ class Tensor(_cobject.CBorrowed):
             self._check_shape(a.shape)
         raw = types.from_numpy_bytes(a.reshape(shape), self._type)
         if in_buffer:
-            with calling():
-                lib.ggml_backend_tensor_set(p, ffi.from_buffer(raw), 0, raw.nbytes)
+            call(lib.ggml_backend_tensor_set, p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(p.data, ffi.from_buffer(raw), raw.nbytes)
         return self

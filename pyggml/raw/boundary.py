@@ -40,7 +40,7 @@ from ..errors import GGMLError
 from . import ffi, lib, threads
 from .threads import owner_frame
 
-__all__ = ["calling", "call_status", "record", "check_status", "status_name", "GGMLError"]
+__all__ = ["calling", "call", "call_status", "record", "check_status", "status_name", "GGMLError"]
 
 
 class _Local(threading.local):
@@ -103,11 +103,10 @@ class calling:
             self.errors.append(exc)
 
 
-def call_status(what: str, fn: Any, *args: Any) -> None:
-    """``with calling(): check_status(fn(*args), what)`` (``fn`` a C function returning a
-    ``ggml_status``, with no owner to declare), the short form for a hot path (a compute), at
-    about half the cost of the ``with`` statement: raises what a callback raised, chained to
-    the GGMLError of a failed status, or that GGMLError."""
+def _call(fn: Any, args: tuple[Any, ...]) -> tuple[Any, calling]:
+    """``fn(*args)`` inside a :class:`calling` frame of no owner, built without the ``with``
+    statement (about half its cost): (the result, the frame, whose ``errors`` the caller
+    raises)."""
     frame = _new_frame(calling)
     frame.errors = None
     frame.owners = ()
@@ -115,10 +114,29 @@ def call_status(what: str, fn: Any, *args: Any) -> None:
     token = threads.enter()
     frames.append(frame)
     try:
-        status = fn(*args)
+        result = fn(*args)
     finally:
         frames.pop()
         threads.leave(token)
+    return result, frame
+
+
+def call(fn: Any, *args: Any) -> Any:
+    """``with calling(): return fn(*args)`` (no owner to declare), the short form for a hot
+    path (a tensor's set or get): returns what ``fn`` returned, or raises what a callback
+    raised during it."""
+    result, frame = _call(fn, args)
+    if frame.errors is not None:
+        frame._raise(None)
+    return result
+
+
+def call_status(what: str, fn: Any, *args: Any) -> None:
+    """``with calling(): check_status(fn(*args), what)`` (``fn`` a C function returning a
+    ``ggml_status``, with no owner to declare), the short form for a hot path (a compute):
+    raises what a callback raised, chained to the GGMLError of a failed status, or that
+    GGMLError."""
+    status, frame = _call(fn, args)
     failure = None if status == _SUCCESS else GGMLError(f"{what} failed: {status_name(status)}", status)
     if frame.errors is not None:
         frame._raise(failure)
