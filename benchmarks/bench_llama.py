@@ -19,10 +19,10 @@ still, run it when nothing else runs).
 Also printed, for decode steps after a prompt of each ``--context`` length (1 token generated
 at a time, in the KV bucket of that context): the step's time and its Python time, i.e. the
 step's wall time minus the time inside ggml's ``ggml_backend_sched_graph_compute`` call itself
-(timed in C around the call, ``pyggml_compute_ns``: setting the four inputs, reading the logits, the example's bookkeeping
-and pyggml's own work in :meth:`pyggml.Scheduler.compute`); and the cost of pyggml's Ctrl-C
-check in the CPU backend (``interruptible=True``, a C throttle that asks Python at most every
-10 ms). ``--backend`` names the device that holds the weights (CUDA0...: then llama-bench is asked
+(timed in C around the call, ``pyggml_compute_ns``): setting the four inputs, reading the
+logits, the example's bookkeeping and pyggml's own work in :meth:`pyggml.Scheduler.compute`;
+and the cost of pyggml's Ctrl-C check in the CPU backend (``interruptible=True``, a C throttle
+that asks Python at most every 10 ms). ``--backend`` names the device that holds the weights (CUDA0...: then llama-bench is asked
 for ``-ngl 99``); set ``GGML_CUDA_DISABLE_GRAPHS=1`` to see ggml-cuda without its CUDA graphs.
 Nothing here is asserted.
 """

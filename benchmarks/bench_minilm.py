@@ -14,9 +14,10 @@ falls on both sides. The ratio column is the median over rounds of torch's time 
 installed (``pip install torch sentence-transformers``), on the CPU or, with ``--backend CUDA0``,
 on torch's ``cuda`` device. The "outside ggml" column is the share of pyggml's wall time not spent
 inside ggml's graph compute call (``ggml_backend_graph_compute`` or
-``ggml_backend_sched_graph_compute``, timed in C around the call itself: ``lib.pyggml_compute_ns()``): tokenizing, padding, setting
-inputs and reading outputs, and pyggml's own checks; "per call" is that time per call of the batch
-size in milliseconds. Nothing here is asserted.
+``ggml_backend_sched_graph_compute``, timed in C around the call itself:
+``lib.pyggml_compute_ns()``): tokenizing, padding, setting inputs and reading outputs, and
+pyggml's own checks; "per call" is that time per call of the batch size in milliseconds, the
+median of ``--repeat`` runs. Nothing here is asserted.
 """
 from __future__ import annotations
 

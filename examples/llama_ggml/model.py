@@ -86,7 +86,7 @@ class _Step:
     kq_mask: _Input       # F32 (F16 with flash attention) [K, T]: 0 or -inf
     k_idx: _Input         # I64 [T]: KV cell of each token
     logits: Tensor
-    mask_open: int = -1   # (T = 1) the mask's cells 0..mask_open-1 are 0, the rest -inf; -1: unknown
+    mask_open: int = -1   # (decode steps) the mask's cells 0..mask_open-1 are 0, the rest -inf; -1: unknown
 
     def close(self) -> None:
         self.sched.close()
@@ -471,7 +471,6 @@ class LlamaModel:
         # query i (position p0+i) sees cells 0..p0+i
         step.kq_mask.array[:] = np.where(np.arange(K)[None, :] <= pos[:, None], 0.0, -np.inf)
         step.k_idx.array[:] = pos
-        step.mask_open = -1
         self._compute(step)
         self.n_past += T
         n_out = T if all_logits else 1
