@@ -250,15 +250,20 @@ def lib_stub_source(ffibuilder, functions: dict[str, Function], version: str) ->
     return "\n".join(lines)
 
 
+#: functions of the op constructors' signature that make no node (as pyggml.core.ops)
+CONTEXT_LOOKUPS = frozenset({"ggml_get_tensor", "ggml_get_first_tensor", "ggml_get_next_tensor"})
+
+
 def op_constructor_names(ffibuilder) -> list[str]:
     """The op constructors of the headers without ``ggml_``, as :func:`pyggml.core.ops.op_constructors`
     finds them at run time: ``struct ggml_tensor * ggml_<name>(struct ggml_context *, ...)``,
-    less ``ggml_new_*``, ``ggml_get_*`` and ``ggml_graph_*``."""
+    less ``ggml_new_*``, ``ggml_graph_*`` and the context's tensor look-ups."""
     out = []
     for key, (t, _q) in c_declarations(ffibuilder).items():
         kind, _, name = key.partition(" ")
         if (kind != "function" or not name.startswith("ggml_")
-                or name.startswith(("ggml_new_", "ggml_get_", "ggml_graph_")) or not t.args):
+                or name.startswith(("ggml_new_", "ggml_graph_")) or name in CONTEXT_LOOKUPS
+                or not t.args):
             continue
         if t.result.get_c_name() == "struct ggml_tensor *" and t.args[0].get_c_name() == "struct ggml_context *":
             out.append(name[5:])

@@ -172,6 +172,32 @@ def test_every_op_of_ggml_h_is_reachable_and_tried_in_a_fork_first():
             ctx.op("not_an_op", a)
 
 
+
+def test_get_rel_pos_matches_segment_anythings_indexing():
+    """ggml_get_rel_pos, an op of ggml.h whose name starts like the context's look-ups: a checked
+    method. The reference is Segment Anything's ``get_rel_pos`` (image_encoder.py) for equal
+    sizes: ``rel_pos[(q - k) + (k_size - 1)]``, NumPy (q, k, C)."""
+    size, C = 5, 3
+    table = rng.standard_normal((2 * size - 1, C)).astype(np.float16)   # NumPy (2*size-1, C)
+    q = np.arange(size)[:, None]
+    k = np.arange(size)[None, :]
+    want = table[(q - k) + (size - 1)]                                  # (q, k, C)
+    with Context(1 << 20) as ctx:
+        t = ctx.from_numpy(table)
+        out = ctx.get_rel_pos(t, size, size)
+        assert out.ne == (C, size, size, 1) and out.type_name == "f16"
+        np.testing.assert_array_equal(compute(ctx, out), want)
+        assert ctx.op("get_rel_pos", t, size, size).ne == out.ne        # Context.op routes to the method
+        with pytest.raises(ValueError, match="must be equal"):
+            ctx.get_rel_pos(t, size, size - 1)
+        with pytest.raises(ValueError, match="2\\*qh - 1"):
+            ctx.get_rel_pos(t, size - 1, size - 1)
+        with pytest.raises(TypeError, match="F16"):
+            ctx.get_rel_pos(ctx.from_numpy(table.astype(np.float32)), size, size)
+        with pytest.raises(ValueError, match="contiguous"):
+            ctx.get_rel_pos(ctx.transpose(ctx.from_numpy(np.zeros((C, 2 * size - 1), np.float16))), size, size)
+
+
 # ------------------------------------------------------------------ new in ggml 0.25
 new_in_025 = pytest.mark.skipif(not hasattr(lib, "ggml_swiglu_clamp"), reason="built with ggml < 0.25")
 

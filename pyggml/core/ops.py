@@ -41,6 +41,9 @@ _F32, _F16, _I32, _I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
 #: order of the dimensions (see :func:`_check_nelements`)
 _NE_SAFE = 2**62
 _INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
+#: ggml_acc_impl and ggml_set_impl assert ``offset < (size_t)(1 << 30)``
+_ACC_MAX_OFFSET = 1 << 30
 
 
 _NONE = lib.GGML_OP_NONE
@@ -77,14 +80,19 @@ _UNARY_NEEDS_ROWS = {"neg", "abs", "sgn", "step", "tanh", "elu", "relu", "sigmoi
                      "floor", "ceil", "round", "trunc", "softplus", "expm1"}
 
 _CONSTRUCTORS: set[str] = set()
+#: functions of the op constructors' signature that make no node (pyggml_build.stubs has the same list)
+_CONTEXT_LOOKUPS = frozenset({"ggml_get_tensor", "ggml_get_first_tensor", "ggml_get_next_tensor"})
 
 
 def op_constructors() -> set[str]:
     """Names (without ``ggml_``) of the ggml.h functions ``struct ggml_tensor * f(struct
-    ggml_context *, ...)`` that make a node."""
+    ggml_context *, ...)`` that make a node: all of them less ``ggml_new_*``, ``ggml_graph_*``
+    and the context's tensor look-ups (``ggml_get_tensor``, ``ggml_get_first_tensor``,
+    ``ggml_get_next_tensor``)."""
     if not _CONSTRUCTORS:
         for n in dir(lib):
-            if not n.startswith("ggml_") or n.startswith(("ggml_new_", "ggml_get_", "ggml_graph_")):
+            if (not n.startswith("ggml_") or n.startswith(("ggml_new_", "ggml_graph_"))
+                    or n in _CONTEXT_LOOKUPS):
                 continue
             t = ffi.typeof(getattr(lib, n))
             if (t.kind == "function" and t.result.cname == "struct ggml_tensor *" and t.args
@@ -927,17 +935,41 @@ class Ops(UncheckedOps):
         return self._node_c(lib.ggml_cross_entropy_loss, (a, b), a._ptr, b._ptr)
 
     def acc(self, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
-        """``ggml_acc``: a copy of a with b added into the view (strides nb1..nb3, byte offset)."""
+        """``ggml_acc``: a copy of a with b added into the view of a that starts ``offset`` bytes
+        into a's data with byte strides ``nb1..nb3`` (b's ne, F32 elements). a and b F32, a
+        contiguous and at least as large as b. Raises TypeError for other types and ValueError
+        when the view reaches outside a, ``offset`` is not in 0..2**30-1 or a stride is not in
+        0..2**31-1 (ggml stores them as int32 op params and asserts the offset below 2**30)."""
         a, b = _t(a, "a"), _t(b, "b")
-        if a._type != _F32 or b._type != _F32:
-            raise TypeError("acc needs F32 tensors")
-        if not is_contiguous(a) or b.nelements > a.nelements:
-            raise ValueError("acc needs a contiguous a at least as large as b")
-        ne = b._ne
-        last = offset + 4 * (ne[0] - 1) + (ne[1] - 1) * nb1 + (ne[2] - 1) * nb2 + (ne[3] - 1) * nb3
-        if b.nelements and (offset < 0 or min(nb1, nb2, nb3) < 0 or last + 4 > c_read(a, lib.ggml_nbytes)):
-            raise ValueError("acc: the view of b reaches outside a")
+        _check_acc(a, b, nb1, nb2, nb3, offset)
         return self._node_c(lib.ggml_acc, (a, b), a._ptr, b._ptr, nb1, nb2, nb3, offset)
+
+    def acc_inplace(self, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+        """``ggml_acc_inplace``: :meth:`acc` computed into a's memory (the result is a view of
+        a). The same arguments, checks and errors as :meth:`acc`."""
+        a, b = _t(a, "a"), _t(b, "b")
+        _check_acc(a, b, nb1, nb2, nb3, offset)
+        return self._node_c(lib.ggml_acc_inplace, (a, b), a._ptr, b._ptr, nb1, nb2, nb3, offset)
+
+    def get_rel_pos(self, a: Tensor, qh: int, kh: int) -> Tensor:
+        """``ggml_get_rel_pos`` (Segment Anything's relative positions): F16 ne [C, kh, qh] with
+        ``result[:, k, q] = a[:, (kh - 1 - k) + q]`` from a contiguous F16 table ``a`` of ne
+        [C, 2·qh - 1]. Raises TypeError unless a is F16 (ggml's result is F16; its CPU kernel
+        copies BF16 bits unconverted and aborts on other types) and ValueError unless
+        ``qh == kh >= 1``, ``a.ne[1] == 2·qh - 1`` (as ggml asserts), a is contiguous and a
+        matrix."""
+        a = _t(a, "a")
+        if a._type != _F16:
+            raise TypeError(f"get_rel_pos needs an F16 table, not {a.type_name}")
+        qh, kh = int(qh), int(kh)
+        if qh != kh or qh < 1 or qh > 2**30:
+            raise ValueError(f"get_rel_pos: qh ({qh}) and kh ({kh}) must be equal and in 1..2**30")
+        an = a._ne
+        if an[1] != 2 * qh - 1 or an[2] != 1 or an[3] != 1 or not is_contiguous(a):
+            raise ValueError(f"get_rel_pos: a (ne={list(an)}) must be a contiguous matrix of "
+                             f"ne [C, 2*qh - 1 = {2 * qh - 1}]")
+        _check_nelements((an[0], kh, qh, 1), "get_rel_pos")
+        return self._node_c(lib.ggml_get_rel_pos, (a,), a._ptr, qh, kh)
 
     # ------------------------------------------------------------------ Python ops
     def map_custom(self, fn: Callable[..., None], *args: Tensor, n_tasks: int = -1) -> Tensor:
@@ -988,6 +1020,25 @@ class Ops(UncheckedOps):
         n = int(q)
         self._reserve(n * 4)
         return self._node_c(lib.ggml_arange, (), float(s0), float(s1), float(st))
+
+
+def _check_acc(a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> None:
+    """ggml_acc_impl's asserts and what its int32 op params can hold, for :meth:`Ops.acc` and
+    :meth:`Ops.acc_inplace`."""
+    if a._type != _F32 or b._type != _F32:
+        raise TypeError("acc needs F32 tensors")
+    if not is_contiguous(a) or b.nelements > a.nelements:
+        raise ValueError("acc needs a contiguous a at least as large as b")
+    if not 0 <= offset < _ACC_MAX_OFFSET:
+        raise ValueError(f"acc: offset {offset} is not in 0..2**30-1 (ggml stores it as an int32 "
+                         "op param and asserts offset < 2**30)")
+    if not all(0 <= nb <= _INT32_MAX for nb in (nb1, nb2, nb3)):
+        raise ValueError(f"acc: strides {[nb1, nb2, nb3]} must be in 0..2**31-1 (ggml stores "
+                         "them as int32 op params)")
+    ne = b._ne
+    last = offset + 4 * (ne[0] - 1) + (ne[1] - 1) * nb1 + (ne[2] - 1) * nb2 + (ne[3] - 1) * nb3
+    if b.nelements and last + 4 > c_read(a, lib.ggml_nbytes):
+        raise ValueError("acc: the view of b reaches outside a")
 
 
 def _pool_op(op: str) -> int:
