@@ -87,6 +87,10 @@ BLIND_SPOTS = [
     "(gguf.cpp's writer catches its own) are not GGML asserts and are not listed.",
     "The enclosing function is where the assert is written; who calls that function "
     "(static helpers, kernels) is the classification's business, not the parser's.",
+    "Parameter asserts (`op_parameters`) are found by name: a parameter of an op constructor that "
+    "is not a tensor, and the locals assigned from expressions that read one. A value that reaches "
+    "a condition through a helper's own parameters (`ggml_new_tensor_impl` called with sizes an op "
+    "computed) counts in the helper, where that helper's parameters are its op parameters.",
 ]
 
 ASSERT_RE = re.compile(r"\bGGML_(ASSERT|ABORT|ASSERT_ALIGNED)\s*\(")
@@ -102,6 +106,9 @@ class Site:
     condition: str         # the macro's argument text, whitespace collapsed
     pp: tuple[str, ...]    # #if conditions it sits under
     fn_line: int = 0       # line of the enclosing function's header
+    #: the op parameters the condition reads (see :func:`op_parameters`); empty for an assert that
+    #: reads only tensors, or one outside an op constructor
+    params: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -109,6 +116,7 @@ class Function:
     name: str
     start: int  # line of the opening brace
     end: int
+    params: frozenset[str] = frozenset()  # op_parameters(header, body)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,6 +260,36 @@ def _function_name(header: str) -> str | None:
     return None
 
 
+#: an identifier that is not a member (``a->type``, ``p.x``)
+_IDENT = re.compile(r"(?<![\w.])(?<!->)([A-Za-z_]\w*)")
+_OP_CONSTRUCTOR = re.compile(r"\bstruct\s+ggml_tensor\s*\*\s*\w+\s*\((.*)\)\s*$", re.S)
+
+
+def op_parameters(header: str, body: str) -> frozenset[str]:
+    """The op parameters of a function: empty unless it is an op constructor (it returns
+    ``struct ggml_tensor *`` and takes a ``struct ggml_context *``); else its parameters that are
+    not tensors or the context (offsets, strides, sizes, modes, counts: what ggml stores in
+    ``op_params``), and the locals assigned from expressions that read them, in the order of
+    the body (``OW = ggml_calc_conv_output_size(b->ne[0], a->ne[0], s0, p0, d0)``). An assert
+    whose condition reads one of these is a *parameter assert*: it must be mapped one by one
+    (:func:`problems`). Light, like the parser: a value that reaches a condition through a call
+    or a pointer is not followed."""
+    m = _OP_CONSTRUCTOR.search(header)
+    if not m or "ggml_context" not in m.group(1):
+        return frozenset()
+    names: set[str] = set()
+    for p in m.group(1).split(","):
+        if "ggml_tensor" in p or "ggml_context" in p:
+            continue
+        nm = re.search(r"(\w+)\s*(\[[^\]]*\])?\s*$", p.strip())
+        if nm and nm.group(1) != "void":
+            names.add(nm.group(1))
+    for a in re.finditer(r"(?<![\w.>])(\w+)\s*(?:\[[^\]]*\])?\s*=(?!=)([^;]*);", body):
+        if names & set(_IDENT.findall(a.group(2))):
+            names.add(a.group(1))
+    return frozenset(names)
+
+
 def parse(path: Path, rel: str) -> tuple[list[Site], list[Function]]:
     """Every GGML_ASSERT/GGML_ABORT of one source file, with its enclosing function."""
     text = path.read_text(encoding="utf-8", errors="replace")
@@ -276,6 +314,8 @@ def parse(path: Path, rel: str) -> tuple[list[Site], list[Function]]:
     # branch starts from it again, and after #endif the depth of the first branch is kept.
     functions: list[Function] = []
     fn_spans: list[tuple[int, int, str]] = []  # (start offset, end offset, name)
+    headers: dict[int, str] = {}  # start offset -> the function's header
+    params: dict[int, frozenset[str]] = {}  # start offset -> op_parameters of the function
     stack: list[tuple[str, str | None, int]] = []  # (kind, name, start offset)
     pp_events = sorted((off, word) for off, _conds, word in pp)
     ev = 0
@@ -306,6 +346,7 @@ def parse(path: Path, rel: str) -> tuple[list[Site], list[Function]]:
                 name = _function_name(header)
                 if name is not None:
                     stack.append(("function", name, i))
+                    headers[i] = header
                 elif re.search(r"\b(namespace|extern)\b", header) or re.search(r"\b(struct|class|union)\b[^=]*$", header):
                     stack.append(("container", None, i))
                 else:
@@ -316,7 +357,8 @@ def parse(path: Path, rel: str) -> tuple[list[Site], list[Function]]:
                 kind, name, start = stack.pop()
                 if kind == "function":
                     fn_spans.append((start, i, name))  # type: ignore[arg-type]
-                    functions.append(Function(name, line_of(start), line_of(i)))  # type: ignore[arg-type]
+                    params[start] = op_parameters(headers[start], code[start + 1:i])
+                    functions.append(Function(name, line_of(start), line_of(i), params[start]))  # type: ignore[arg-type]
             last_boundary = i + 1
         elif c == ";":
             last_boundary = i + 1
@@ -358,7 +400,8 @@ def parse(path: Path, rel: str) -> tuple[list[Site], list[Function]]:
         inner = [(s, e, nm) for s, e, nm in fn_spans if s <= off <= e]
         if inner:
             s, e, nm = max(inner, key=lambda x: x[0])
-            sites.append(Site(rel, line_of(off), nm, m.group(1), cond, conds, header_line(s)))
+            read = tuple(sorted(params[s] & set(_IDENT.findall(cond))))
+            sites.append(Site(rel, line_of(off), nm, m.group(1), cond, conds, header_line(s), read))
         else:
             sites.append(Site(rel, line_of(off), "<file scope>", m.group(1), cond, conds))
     return sites, functions
@@ -415,6 +458,7 @@ class Classifier:
         self.by_fn: dict[tuple[str, str], Verdict] = {}
         self.by_site: dict[tuple[str, str, str], Verdict] = {}
         self.site_entry: dict[tuple[str, str, str], int] = {}
+        self.probes: dict[tuple[str, str, str], str] = {}  # site -> Python that reaches it
         self.errors: list[str] = []
         for gi, g in enumerate(data.get("group", [])):
             v = self._verdict(g, f"group {gi + 1} ({g.get('file')})")
@@ -427,13 +471,19 @@ class Classifier:
             fns = s.get("functions") or [s.get("function", "")]
             v = self._verdict(s, f"site {si + 1} ({s.get('file')}:{fns[0]})")
             conds = s.get("conditions") or [s.get("condition", "")]
+            probes = s.get("probes")
+            if probes is not None and (len(probes) != len(conds) or len(fns) != 1):
+                self.errors.append(f"{v.source}: 'probes' needs one function and one probe per condition")
+                probes = None
             for fn in fns:
-                for c in conds:
+                for k, c in enumerate(conds):
                     key = (s["file"], fn, _norm(c))
                     if key in self.by_site:
                         self.errors.append(f"site {s['file']}:{fn} {c!r} is classified twice")
                     self.by_site[key] = v
                     self.site_entry[key] = si
+                    if probes is not None:
+                        self.probes[key] = probes[k]
         self.used_sites: set[tuple[str, str, str]] = set()
         self.gaps: dict[str, dict[str, Any]] = {}
         for g in data.get("gap", []):
@@ -483,6 +533,12 @@ class Classifier:
         return self.by_fn.get((site.file, site.function))
 
 
+    def probe(self, site: Site) -> str | None:
+        """The Python body the classification gives to reach ``site`` through the Pythonic
+        layer (the names of tests/test_assert_checks.py's prelude: ``ctx``, ``T``...), or None."""
+        return self.probes.get((site.file, site.function, _norm(site.condition)))
+
+
 def resolve(dotted: str) -> Any:
     """The object a ``by`` entry names (``pyggml.core.ops.Ops.mul_mat``)."""
     parts = dotted.split(".")
@@ -503,8 +559,16 @@ def problems(sites: list[Site], clf: Classifier, check_refs: bool = True) -> lis
     out = list(clf.errors)
     seen_fns = {(s.file, s.function) for s in sites}
     for s in sites:
-        if clf.classify(s) is None:
+        v = clf.classify(s)
+        if v is None:
             out.append(f"unclassified: {s.file}:{s.line} in {s.function}: GGML_{s.kind}({s.condition})")
+        elif s.params and not v.source.startswith("site"):
+            out.append(f"unmapped parameter assert: {s.file}:{s.line} in {s.function}: "
+                       f"GGML_{s.kind}({s.condition}) reads {', '.join(s.params)}: give it a [[site]] "
+                       "entry with a probe")
+        elif s.params and v.cls != "unreachable" and clf.probe(s) is None:
+            out.append(f"parameter assert without a probe: {s.file}:{s.line} in {s.function}: "
+                       f"GGML_{s.kind}({s.condition})")
     for key in clf.by_fn:
         if key not in seen_fns:
             out.append(f"stale: {key[0]}:{key[1]} is classified but has no assert (any more)")
@@ -612,6 +676,19 @@ def report(sites: list[Site], clf: Classifier, version: str) -> str:
         for gid, g in sorted(fixed_gaps.items(), key=lambda kv: int(kv[0][1:])):
             w(f"**{gid}. {_md(g['title'])}.**")
             w(f"Fixed: {_md(g['fix'])} Test: `{g['test']}`.\n")
+    params = [(s, v) for s, v in verdicts if s.params]
+    if params:
+        w("### Parameter asserts\n")
+        w("Asserts of op constructors that read a parameter which is not a tensor (offsets, strides, "
+          "sizes, modes, counts: what ggml stores in `op_params`), or a local computed from one. Each "
+          "is mapped on its own, with a probe (`probes` in the classification) that "
+          "`tests/test_assert_checks.py` runs in a subprocess: it must raise a Python exception.\n")
+        w("| site | function | condition | reads | class |")
+        w("|---|---|---|---|---|")
+        for s, v in params:
+            w(f"| `{s.file}:{s.line}` | `{s.function}` | {_cond_cell(s)} | {', '.join(s.params)} | "
+              + (f"{v.cls}" + (f" by {_by_cell(v)}" if v.by else "") if v else "**unclassified**") + " |")
+        w("")
     w("### What the parser cannot see\n")
     for b in BLIND_SPOTS:
         w(f"- {b}")

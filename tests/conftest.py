@@ -82,6 +82,16 @@ def ggml_tree() -> Path:
     return ROOT / "vendor" / f"ggml-{pyggml.GGML_VERSION}"
 
 
+@functools.cache
+def assert_audit():
+    """``scripts/assert_audit.py`` as a module (the GGML_ASSERT audit: parser and classification)."""
+    spec = importlib.util.spec_from_file_location("assert_audit", ROOT / "scripts" / "assert_audit.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["assert_audit"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def load_example(name: str):
     """Import ``examples/<name>.py`` as a module."""
     spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")

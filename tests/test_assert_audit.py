@@ -7,25 +7,15 @@ test fails and names them: classify them in docs/asserts/classification.toml, th
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 
 import pytest
-from conftest import ROOT, ggml_tree
+from conftest import ROOT, assert_audit, ggml_tree
 
 pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("assert_audit", ROOT / "scripts" / "assert_audit.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["assert_audit"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-A = _load()
+A = assert_audit()
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +143,45 @@ def test_parser_on_tricky_c(tmp_path):
         ("kv", "ABORT", '"fatal %s", "}"', ()),
         ("two", "ASSERT", "y", ()),
     ]
+
+
+def test_parameter_asserts_are_found_and_must_be_mapped(tmp_path):
+    """op_parameters: an op constructor's non-tensor parameters and the locals computed from
+    them (through an array too), not members of tensors (``a->type`` is no parameter ``type``),
+    and nothing in a function that makes no node. problems() refuses a parameter assert that
+    only a [[group]] classifies, or a [[site]] entry without a probe."""
+    code = r'''
+    struct ggml_tensor * ggml_thing(struct ggml_context * ctx, struct ggml_tensor * a, int s0, size_t offset) {
+        GGML_ASSERT(a->type == GGML_TYPE_F32);
+        GGML_ASSERT(offset < (size_t)(1 << 30));
+        const int64_t OW = ggml_calc_conv_output_size(a->ne[0], 3, s0, 0, 1);
+        int64_t ne[2] = { OW, a->ne[1] };
+        GGML_ASSERT(ne[0] > 0);
+        return a;
+    }
+    static void helper(struct ggml_context * ctx, int type) {
+        GGML_ASSERT(type > 0);
+    }
+    '''
+    path = tmp_path / "ggml.c"
+    path.write_text(code)
+    sites = A.parse(path, "ggml.c")[0]
+    assert [(s.condition, s.params) for s in sites] == [
+        ("a->type == GGML_TYPE_F32", ()),
+        ("offset < (size_t)(1 << 30)", ("offset",)),
+        ("ne[0] > 0", ("ne",)),
+        ("type > 0", ()),
+    ]
+    group = {"file": "ggml.c", "class": "checked", "by": ["pyggml.core.ops.Ops.acc"], "why": "w",
+             "functions": ["ggml_thing", "helper"]}
+    site = {"file": "ggml.c", "function": "ggml_thing", "class": "checked", "why": "w",
+            "by": ["pyggml.core.ops.Ops.acc"], "conditions": ["offset < (size_t)(1 << 30)", "ne[0] > 0"]}
+    out = A.problems(sites, A.Classifier({"group": [group]}), check_refs=False)
+    assert [p.split(":")[0] for p in out] == ["unmapped parameter assert"] * 2
+    out = A.problems(sites, A.Classifier({"group": [group], "site": [site]}), check_refs=False)
+    assert [p.split(":")[0] for p in out] == ["parameter assert without a probe"] * 2
+    probed = dict(site, probes=["ctx.acc(...)", "ctx.acc(...)"])
+    assert A.problems(sites, A.Classifier({"group": [group], "site": [probed]}), check_refs=False) == []
+    wrong = dict(site, probes=["ctx.acc(...)"])
+    assert "one probe per condition" in A.problems(sites, A.Classifier({"group": [group], "site": [wrong]}),
+                                                   check_refs=False)[0]

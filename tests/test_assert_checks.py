@@ -19,6 +19,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from conftest import assert_audit, ggml_tree
+
 import pyggml
 from pyggml import ClosedError, Context, CPUBackend
 from pyggml.backends.alloc import GraphAllocator
@@ -732,6 +734,79 @@ def test_gap_g18_scheduler_hash_set_full():  # G18 (fixed): ggml-impl.h:330 ggml
         pyggml.Scheduler([CPUBackend(1)], graph_size=2).alloc_graph(c.new_graph(8).build_forward(c.add(a, a)))
     """, where='ggml-impl.h')
 
+
+@pytest.mark.parametrize("case", [
+    "c.acc(a, b, 16, 16, 16, (1 << 30) + 16)",                      # the misuse campaign's reproducer
+    "c.acc_inplace(a, b, 16, 16, 16, (1 << 30) + 16)",
+    "c.acc(e, c.new_tensor('f32', [0]), 16, 16, 16, 1 << 30)",      # an empty a: no extent to check
+    "c.acc(a, b, 2**31, 16, 16, 0)",                                 # a stride past int32
+], ids=["acc", "acc_inplace", "empty", "stride"])
+def test_gap_g19_acc_offset(case):  # G19 (fixed): ggml.c:2202 GGML_ASSERT(offset < (size_t)(1 << 30))
+    body = ("c = Context.for_tensors(8, graph_size=8)\n"
+            "a, b = c.new_tensor('f32', [1 << 29]), c.new_tensor('f32', [4])\n"
+            "e = c.new_tensor('f32', [64, 0, 0])\n" + case)
+    r = _run_case(body)
+    assert r.returncode == 0, f"the interpreter died ({r.returncode}): {r.stderr.strip()[-400:]}"
+    assert "RAISED ValueError acc:" in r.stdout, r.stdout
+
+
+def test_acc_still_takes_what_ggml_takes(ctx, cpu):
+    """The int32 limits of _check_acc refuse nothing in range: the largest stride and an offset
+    just under 2**30 are accepted, and acc / acc_inplace add b into the view of a as NumPy does."""
+    c = Context(1 << 20, no_alloc=True)
+    big = c.new_tensor("f32", [1 << 29])
+    assert c.acc(big, c.new_tensor("f32", [4]), 2**31 - 1, 16, 16, (1 << 30) - 16).ne == big.ne
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    y = np.ones((2, 3), np.float32)
+    for inplace in (False, True):
+        a, b = ctx.from_numpy(x), ctx.from_numpy(y)
+        op = ctx.acc_inplace if inplace else ctx.acc
+        out = op(a, b, 6 * 4, 24 * 4, 24 * 4, (1 * 6 + 2) * 4)   # rows 1..2, columns 2..4
+        ctx.new_graph(16).build_forward(out).compute(cpu)
+        want = x.copy()
+        want[1:3, 2:5] += y
+        np.testing.assert_array_equal(out.numpy(), want)
+
+
+# ==============================================================================================
+# Part 3: parameter asserts (docs/asserts/classification.toml, section "parameter asserts")
+# ==============================================================================================
+
+def _parameter_probes():
+    """(site, verdict, probe) for every parameter assert of the classification, by the audit's
+    parser; empty where the audit cannot run (no ggml source, another ggml)."""
+    try:
+        import pyggml_build.pins as pins
+        A = assert_audit()  # needs tomllib (tomli on Python 3.10)
+    except ImportError:  # an installed pyggml without the source checkout
+        return []
+    src = ggml_tree() / "src"
+    if (pyggml.GGML_VERSION != pins.DEFAULT_VERSION or not (src / "ggml.c").is_file()
+            or not A.CLASSIFICATION.is_file()):
+        return []
+    clf = A.Classifier(A.load_classification())
+    out = []
+    for site in A.collect(src):
+        if site.params:
+            verdict, probe = clf.classify(site), clf.probe(site)
+            if probe is not None:
+                out.append(pytest.param(site, verdict, probe, id=f"{site.function}:{site.line}"))
+    return out
+
+
+@pytest.mark.parametrize("site, verdict, probe", _parameter_probes())
+def test_parameter_assert_is_refused(site, verdict, probe):
+    """The probe the classification gives for a parameter assert reaches it through the
+    Pythonic layer, in a subprocess: the process survives and a Python exception is raised;
+    a checked site raises before any forked trial, a fork-trialed one from the trial of this
+    very assert (its message names the line)."""
+    r = _run_case(probe)
+    assert r.returncode == 0, f"the interpreter died ({r.returncode}): {r.stderr.strip()[-400:]}"
+    assert "RAISED" in r.stdout, f"no exception: {r.stdout.strip()[-400:]}"
+    if verdict.cls == "fork-trialed":
+        assert f"{site.file}:{site.line}: GGML_" in r.stdout, r.stdout
+    else:
+        assert "would abort the process" not in r.stdout, r.stdout
 
 
 def test_fixed_gaps_do_not_over_refuse():
