@@ -11,142 +11,13 @@ import numpy as np
 import pytest
 
 import pyggml
+from arith import ArithBackend, ArithDevice, HostBufferType, arith, arith_expected, arith_graph  # noqa: F401 - arith: a fixture
 from pyggml import ClosedError, Context, CPUBackend, GGMLType, Scheduler
-from pyggml.backends.cpu import cpu_buffer_type
 from pyggml.backends.device import device_by_name
 from pyggml.enums import DeviceType
-from pyggml.impl import (
-    HostBuffer,
-    PyBackend,
-    PyBufferType,
-    PyDevice,
-    PyRegistry,
-    register,
-    unregister,
-)
+from pyggml.impl import HostBuffer, PyBufferType, PyRegistry, register, unregister
 from pyggml.impl._vtable import slot_arity
 from pyggml.impl.numpy import NumpyDevice
-from pyggml.core.ops import host_array
-
-BINARY = {"ADD": np.add, "MUL": np.multiply}
-
-
-class ArithBackend(PyBackend):
-    def graph_compute(self, graph):
-        for node in graph.nodes:
-            if node.is_empty_op():
-                continue
-            self.device.seen.append(node.op_name)
-            if self.device.fail:
-                raise RuntimeError("backend failure")
-            a, b = (host_array(s) for s in node.src[:2])
-            host_array(node)[...] = BINARY[node.op_name](a, b)
-
-
-class HostBufferType(PyBufferType):
-    def get_name(self):
-        return "ARITH_HOST"
-
-    def alloc_buffer(self, size):
-        self.allocated.append(size)
-        return HostBuffer(size)
-
-    def is_host(self):
-        return True
-
-    allocated: list = []
-
-
-class ArithDevice(PyDevice):
-    def __init__(self, name, own_buffers=False):
-        super().__init__()
-        self.name, self.seen, self.fail = name, [], False
-        self.buft = HostBufferType() if own_buffers else None
-
-    def get_name(self):
-        return self.name
-
-    def get_description(self):
-        return "element-wise ADD and MUL with NumPy"
-
-    def init_backend(self, params):
-        return ArithBackend(self)
-
-    def get_buffer_type(self):
-        return self.buft or cpu_buffer_type()
-
-    def supports_op(self, op):
-        if op.is_empty_op():
-            return True
-        return (op.op_name in BINARY and all(s.type == GGMLType.F32 for s in op.src[:2])
-                and op.src[0].ne == op.src[1].ne)
-
-    def offload_op(self, op):
-        return True
-
-
-@pytest.fixture
-def arith():
-    dev = ArithDevice("ARITH")
-    reg = PyRegistry("ARITH", [dev])
-    register(reg)
-    yield dev
-    unregister(reg)
-
-
-def _graph(ctx):
-    a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
-    b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
-    ab = (a + b) * b
-    out = ctx.sqr(ab) + ab            # SQR only on the CPU
-    return a, b, out, ctx.new_graph(32).build_forward(out)
-
-
-def _expected(x, y):
-    ab = (x + y) * y
-    return ab ** 2 + ab
-
-
-ARITH_SCRIPT = '''
-import numpy as np
-from pyggml import GGMLType
-from pyggml.backends.cpu import cpu_buffer_type
-from pyggml.impl import PyBackend, PyDevice, PyRegistry
-from pyggml.impl._vtable import slot_arity
-from pyggml.core.ops import host_array
-
-
-class AddBackend(PyBackend):
-    def graph_compute(self, graph):
-        for node in graph.nodes:
-            if not node.is_empty_op():
-                host_array(node)[...] = host_array(node.src[0]) + host_array(node.src[1])
-
-
-class AddDevice(PyDevice):
-    def get_name(self):
-        return "PYADD"
-
-    def get_description(self):
-        return "ADD of same-shape F32 tensors in NumPy"
-
-    def init_backend(self, params):
-        return AddBackend(self)
-
-    def get_buffer_type(self):
-        return cpu_buffer_type()
-
-    def supports_op(self, op):
-        if op.is_empty_op():
-            return True
-        return (op.op_name == "ADD" and op.type == GGMLType.F32 and op.src[0].ne == op.src[1].ne
-                and all(s.type == GGMLType.F32 for s in op.src[:2]))
-
-
-registry = PyRegistry("PYADD", [AddDevice()])
-'''
-
-CI_OPS = "ADD,MUL,SCALE,NORM,RMS_NORM,SOFT_MAX,GET_ROWS,SET_ROWS,CONT,CPY,SWIGLU,GELU,SILU,ROPE,MUL_MAT"
 
 
 def test_registered_device_appears_in_ggml_enumeration(arith):
@@ -164,12 +35,12 @@ def test_scheduler_splits_between_python_backend_and_cpu(arith):
     be, cpu = device_by_name("ARITH").init(), CPUBackend()
     sched = Scheduler([be, cpu])
     with Context.for_tensors(16, graph_size=32) as ctx:
-        a, b, out, g = _graph(ctx)
+        a, b, out, g = arith_graph(ctx)
         sched.alloc_graph(g)
         a.set(x)
         b.set(y)
         sched.compute(g)
-        np.testing.assert_array_equal(out.numpy(), _expected(x, y))
+        np.testing.assert_array_equal(out.numpy(), arith_expected(x, y))
         assert sched.n_splits == 3     # ARITH (ADD, MUL) | CPU (SQR) | ARITH (ADD)
         assert arith.seen == ["ADD", "MUL", "ADD"]
         assert sched.get_tensor_backend(out) is be
@@ -183,7 +54,7 @@ def test_exception_in_graph_compute_is_reraised_not_success(arith):
     be, cpu = device_by_name("ARITH").init(), CPUBackend()
     sched = Scheduler([be, cpu])
     with Context.for_tensors(16, graph_size=32) as ctx:
-        a, b, out, g = _graph(ctx)
+        a, b, out, g = arith_graph(ctx)
         sched.alloc_graph(g)
         with pytest.raises(RuntimeError, match="backend failure"):
             sched.compute(g)
@@ -347,7 +218,7 @@ def test_registration_is_undone_at_interpreter_exit(tmp_path):
     code = textwrap.dedent('''
         import sys
         sys.path.insert(0, sys.argv[1])
-        from test_py_backends import ArithDevice
+        from arith import ArithDevice
         from pyggml.impl import PyRegistry, register
         from pyggml.backends.device import device_by_name
         register(PyRegistry("EXITTEST", [ArithDevice("EXITTEST")]))
@@ -441,12 +312,12 @@ def test_graph_optimize_slot_gets_the_params_of_the_ggml_it_was_built_with():
         with device_by_name("OPTIM").init() as be, CPUBackend() as cpu, \
                 Context.for_tensors(32, graph_size=32) as ctx:
             sched = Scheduler([be, cpu], graph_size=64)
-            a, b, out, graph = _graph(ctx)
+            a, b, out, graph = arith_graph(ctx)
             sched.alloc_graph(graph)
             a.set(x)
             b.set(y)
             sched.compute(graph)
-            np.testing.assert_allclose(out.numpy(), _expected(x, y), rtol=1e-6)
+            np.testing.assert_allclose(out.numpy(), arith_expected(x, y), rtol=1e-6)
             sched.close()
     finally:
         unregister(reg)
@@ -554,7 +425,7 @@ def test_a_python_devices_failures_surface_from_the_call_not_later():
         with device_by_name("RAISING").init() as be, CPUBackend() as cpu, \
                 Context.for_tensors(16, graph_size=32) as ctx:
             sched = Scheduler([be, cpu])
-            a, b, out, g = _graph(ctx)
+            a, b, out, g = arith_graph(ctx)
             with pytest.raises(Boom, match="supports_op"):
                 sched.alloc_graph(g)                  # not from some later compute
             x = np.ones((2, 4), np.float32)
