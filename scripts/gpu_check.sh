@@ -36,7 +36,11 @@
 #     6. MNIST training per epoch: examples/train.py --backend CUDA0 vs tests/data/train_torch.py
 #        --device cuda (MLP 3 epochs, CNN 1 epoch)
 #     7. pyggml's torch backend on CUDA (TORCH0 = cuda:0): its CUDA tests (streams, events, async
-#        copies, plans captured into CUDA graphs, against the CPU; tests/impl/test_torch_capture.py),
+#        copies, plans captured into CUDA graphs, against the CPU; tests/impl/test_torch_capture.py,
+#        among them: a Q5_0 get_rows graph computed three times gives 1 capture, 1 replay, 0
+#        failures; two TORCH backends read one weights conversion with the first stream held
+#        back; a capture torch refuses, then another backend's capture succeeds, in a process of
+#        its own),
 #        its dispatch per node with and without CUDA graphs (benchmarks/bench_pybackend.py
 #        --torch-device cuda:0), the llama example's decode on TORCH0 with and without
 #        PYGGML_TORCH_CUDA_GRAPHS=0 against CUDA0, MiniLM batch 32 on TORCH0 (against CUDA0 in 4.)

@@ -34,6 +34,23 @@ def no_pending_frees():
     gc.collect()
 
 
+@pytest.fixture(autouse=True)
+def no_host_work_in_replayed_steps(monkeypatch):
+    """Every plan checks its replayed steps for host work at its first compute (plan.Plan: what
+    would stall a CUDA stream or fail a capture): a test whose graphs hit one fails, whatever it
+    asserts itself. So every kernel case here checks its op's steps. (Yields the list of what
+    was found, for a test that makes host work on purpose to empty.)"""
+    found: list = []
+    first_run = torch_backend.plan.Plan._first_run
+
+    def checked(plan):
+        first_run(plan)
+        found.extend(plan.host_work)
+    monkeypatch.setattr(torch_backend.plan.Plan, "_first_run", checked)
+    yield found
+    assert not found, f"replayed steps doing host work: {found}"
+
+
 @pytest.fixture(scope="module")
 def backend():
     be = torch_backend.init()

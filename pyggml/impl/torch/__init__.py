@@ -95,7 +95,8 @@ class TorchBackend(PyBackend):
     ``n_graph_replays`` those of the reused that replayed a CUDA graph, ``n_captures`` /
     ``n_capture_failures`` the plans captured / whose capture raised.
 
-    ``capture``: the ``capture.Capturer`` given to new plans (None: none is captured);
+    ``capture``: the ``capture.Capturer`` given to new plans (None: none is captured; set to
+    None by a failed capture, for every plan of the backend);
     ``checks``: the ``checks.DeviceChecks`` of its steps' row checks, raised by
     :meth:`synchronize` (None: checked on the host, raised by the compute). Both are None on
     ``cpu``, where computing is synchronous and has no streams or events; ``TorchCudaBackend``
@@ -150,8 +151,11 @@ class TorchBackend(PyBackend):
             self.n_graph_replays += 1
         elif outcome == CAPTURED:
             self.n_captures += 1
-        elif outcome == FAILED:
+        elif outcome == FAILED:     # torch's capture failed: never entered again by this backend
             self.n_capture_failures += 1
+            self.capture = None
+            for p in self.plans.values():
+                p.graph.capture = None
 
     def _quiesce(self) -> None:
         """Wait for the work queued by this backend (none on ``cpu``)."""

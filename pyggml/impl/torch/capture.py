@@ -16,10 +16,15 @@ copies), since a graph would replay none of that. A graph reads the float32 copi
 (``memory.WeightsCache``) that existed when it was captured: when one of those caches is emptied
 (a write into the weights), the graph is dropped before its next replay, and the plan runs eagerly
 and is captured again after :data:`WARMUP` more computes. A changed graph gets a new plan, which
-starts over; freeing a ``TorchBuffer`` drops the plans that see its memory. A capture that raises (an operation
-torch cannot capture) is logged as a warning (logger ``pyggml.torch``) and kept in
-``GraphReplay.error``, and that plan runs eagerly for good: a kernel's error comes from the eager
-run before the capture and is raised as without capture.
+starts over; freeing a ``TorchBuffer`` drops the plans that see its memory.
+
+A capture that raises is kept in ``GraphReplay.error``. An operation torch cannot capture is
+logged as a warning (logger ``pyggml.torch``), and the backend captures no plan from then on (its
+plans run eagerly: a failed ``torch.cuda.graph`` may leave torch's capture state behind, pytorch
+issues #180395 and #190308, so the backend does not enter it again). A kernel fault of the eager
+run just before (CUDA reports it late, at the capture's synchronize, and it is sticky: the
+process's CUDA context is unusable after it, :func:`sticky`) is logged as an error and raised by
+the compute, as without capture.
 
 ``PYGGML_TORCH_CUDA_GRAPHS=0`` disables capture for backends made afterwards (as
 ``GGML_CUDA_DISABLE_GRAPHS`` does for ggml-cuda). How a plan is captured is a ``Capturer``, a
@@ -29,11 +34,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["WARMUP", "Capturer", "GraphReplay", "enabled", "cuda_capturer",
+__all__ = ["WARMUP", "Capturer", "GraphReplay", "enabled", "cuda_capturer", "sticky",
            "EAGER", "CAPTURED", "GRAPH", "FAILED"]
 
 logger = logging.getLogger("pyggml.torch")
@@ -47,6 +53,18 @@ Capturer = Callable[[Callable[[], None]], Callable[[], object]]
 #: what a compute of a plan did (:meth:`GraphReplay.run`): ran the steps; ran them and captured
 #: them; replayed the graph; ran them and failed to capture them
 EAGER, CAPTURED, GRAPH, FAILED = "eager", "captured", "graph", "failed"
+
+
+#: CUDA's sticky errors (a kernel fault: every later CUDA call of the process fails), as torch
+#: words them (``cudaGetErrorString``)
+_STICKY = re.compile(r"illegal memory access|device-side assert|misaligned address|unspecified "
+                     r"launch failure|illegal instruction|hardware stack error|launch timed out")
+
+
+def sticky(error: BaseException) -> bool:
+    """Whether ``error`` (raised by a capture) is a kernel fault CUDA reported late, not an
+    operation the capture could not record."""
+    return bool(_STICKY.search(str(error)))
 
 
 def enabled() -> bool:
@@ -97,10 +115,14 @@ class GraphReplay:
         epochs = self._epochs()
         try:
             self.replay = self.capture(eager)
-        except Exception as e:  # noqa: BLE001 - the steps ran eagerly just before: not a kernel error
+        except Exception as e:  # noqa: BLE001 - any failure of torch's capture
             self.capture, self.error = None, e
-            logger.warning("a torch backend plan could not be captured into a CUDA graph; it runs "
-                           "without one: %r", e)
+            if sticky(e):
+                logger.error("a kernel of a torch backend plan failed on the GPU (reported when its "
+                             "CUDA graph was captured; the error is sticky): %r", e)
+                raise
+            logger.warning("a torch backend plan could not be captured into a CUDA graph: %r; "
+                           "that backend captures no plan from now on (they run without CUDA graphs)", e)
             return FAILED
         self.epochs = epochs
         return CAPTURED

@@ -31,7 +31,7 @@ after the work queued on the device's backend streams and are complete when they
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -66,14 +66,49 @@ def generation() -> int:
 
 class WeightsCache(dict[tuple[Any, ...], tuple[torch.Tensor, "torch.Tensor | None"]]):
     """A buffer's float32 conversions of its weights; ``epoch`` counts the times it was
-    emptied (``clear``)."""
+    emptied (``clear``).
+
+    On CUDA the backends that read a cache have streams of their own (:mod:`.stream`): a
+    conversion is queued on the stream of the step that made it, and ``fetch`` records an event
+    there after it. Another stream that reads it first waits for that event (on the GPU, once per
+    stream) and marks its tensors as used by that stream (``record_stream``), so that when the
+    cache drops them the allocator reuses the memory only after that stream's work queued so far."""
 
     epoch = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: key -> (the event after its conversion, the streams ordered after that event)
+        self.made: dict[tuple[Any, ...], tuple[Any, set[Any]]] = {}
+
+    def fetch(self, key: tuple[Any, ...], convert: Callable[[], "Weight"],
+              stream: Any = None) -> "Weight":
+        """The conversion under ``key``, made by ``convert()`` if there is none, for a step on
+        ``stream`` (a ``torch.cuda.Stream``; None on ``cpu``)."""
+        w = self.get(key)
+        if w is None:
+            w = self[key] = convert()
+            if stream is not None:
+                self.made[key] = (stream.record_event(), {stream})
+            return w
+        made = self.made.get(key)
+        if stream is not None and made is not None and stream not in made[1]:
+            stream.wait_event(made[0])
+            for t in w:
+                if t is not None and t.is_cuda:
+                    t.record_stream(stream)
+            made[1].add(stream)
+        return w
 
     def clear(self) -> None:
         """Empty the cache, counting it in ``epoch``."""
         self.epoch += 1
+        self.made.clear()
         super().clear()
+
+
+#: a weight as float32: (values, per-block minima of Q4_1/Q5_1 or None)
+Weight = tuple[torch.Tensor, "torch.Tensor | None"]
 
 
 class TorchBuffer(PyBuffer):

@@ -15,12 +15,10 @@ import torch
 
 from ..numpy.memory import _is_quant, _ne, _src
 from .._vtable import addr
-from .memory import weights_buffer
+from .memory import Weight, weights_buffer
 from .quant import DEQUANT, Q8_1_MINS, VEC_DOT, dequantize, dequantize_split, round_activations
+from .stream import current_stream
 from .table import Step, _add, numpy_rule
-
-#: a weight as float32: (values, per-block minima of Q4_1/Q5_1 or None), see ``_reader``
-Weight = tuple[torch.Tensor, "torch.Tensor | None"]
 
 
 def _reader(p: Any, v: Any, split: bool = False) -> Callable[[], Weight]:
@@ -47,12 +45,10 @@ def _reader(p: Any, v: Any, split: bool = False) -> Callable[[], Weight]:
         return convert
     cache = wb.weights_cache
     key = (addr(p.data), int(p.type), tuple(p.ne), tuple(p.nb), split)
+    stream = current_stream(v.device)   # the backend's: steps are built and run on it
 
     def cached() -> Weight:
-        t = cache.get(key)
-        if t is None:
-            t = cache[key] = convert()
-        return t
+        return cache.fetch(key, convert, stream)
     return cached
 
 

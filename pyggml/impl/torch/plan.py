@@ -15,8 +15,15 @@ op_params, flags, data, src and view pointers) and of every source that is not a
 pointer, ne, nb) must equal those recorded when the plan was built.
 
 A plan computes through its ``GraphReplay`` (:mod:`pyggml.impl.torch.capture`): with a
-``Capturer`` (the backend's on a CUDA device), a plan without eager steps is captured into a CUDA
-graph after its warm-up and replayed as one.
+``Capturer`` (the backend's on a CUDA device), a plan with steps, none of them eager, is captured
+into a CUDA graph after its warm-up and replayed as one.
+
+The first compute runs each step that is not eager under :class:`~pyggml.impl.torch.host_work.HostWork`:
+a step that copies host data to the device, reads device data on the host or makes a
+data-dependent shape would stall or break a CUDA graph, which the kernel table must not let
+happen (a defect of pyggml's). Such a plan is refused a capture (it runs eagerly, correct but
+slower), ``host_work`` names the calls, and a warning (logger ``pyggml.torch``) is written once
+per op and call.
 """
 from __future__ import annotations
 
@@ -24,8 +31,9 @@ from typing import Any
 
 from ...enums import TensorFlag
 from ...core.tensor import EMPTY_OPS
-from ...raw import ffi
-from .capture import Capturer, GraphReplay
+from ...raw import ffi, lib
+from .capture import Capturer, GraphReplay, logger
+from .host_work import HostWork
 from .memory import weights_buffer
 from .table import Step, build, eager, is_eager
 
@@ -33,6 +41,8 @@ __all__ = ["Plan"]
 
 _COMPUTE = int(TensorFlag.COMPUTE)
 _SIZE = ffi.sizeof("struct ggml_tensor")
+#: (op, call) pairs already reported by a warning
+_reported: set[tuple[str, str]] = set()
 
 
 def _signature(tensors: list[Any]) -> bytes:
@@ -49,11 +59,14 @@ def _dropping(step: Step, cache: dict[Any, Any]) -> Step:
 class Plan:
     """The steps of one graph (``nodes``: its raw nodes in order) on ``views``
     (``memory.Views``), with what identifies the graph: ``uid`` and the bytes of the
-    nodes and of their sources that are not nodes. ``capturable``: no step is eager;
-    ``graph``: its ``capture.GraphReplay`` (with ``capture`` if capturable)."""
+    nodes and of their sources that are not nodes. ``capturable``: it has steps and none is
+    eager (nor, after the first compute, does host work); ``graph``: its ``capture.GraphReplay``
+    (with ``capture`` if capturable); ``host_work``: (op, call) of the host work its replayed
+    steps did at the first compute (None before it)."""
 
     def __init__(self, nodes: list[Any], uid: int, views: Any, capture: Capturer | None = None):
         steps: list[Step] = []
+        ops: list[str] = []
         node_set = set(nodes)
         leafs: dict[Any, None] = {}
         caches: dict[int, Any] = {}     # the weights caches a step may read
@@ -74,8 +87,11 @@ class Plan:
                 if wb is not None:       # a write into weights: their float32 copies are stale
                     step = eager(_dropping(step, wb.weights_cache))
                 steps.append(step)
+                ops.append(ffi.string(lib.ggml_op_desc(p)).decode())
         self.steps = steps
-        self.capturable = not any(is_eager(s) for s in steps)
+        self.ops = ops
+        self.host_work: list[tuple[str, str]] | None = None
+        self.capturable = bool(steps) and not any(is_eager(s) for s in steps)
         self.graph = GraphReplay(capture if self.capturable else None, list(caches.values()))
         self.uid = uid
         self.n_nodes = len(nodes)
@@ -97,9 +113,33 @@ class Plan:
         return True
 
     def run(self) -> None:
-        """Run the steps in order (an exception from torch propagates)."""
+        """Run the steps in order (an exception from torch propagates); the first time, look
+        for host work in the steps that are not eager (see the module)."""
+        if self.host_work is None:
+            self._first_run()
+            return
         for step in self.steps:
             step()
+
+    def _first_run(self) -> None:
+        found: list[tuple[str, str]] = []
+        for step, op in zip(self.steps, self.ops):
+            if is_eager(step):
+                step()
+                continue
+            with HostWork() as hw:
+                step()
+            found += [(op, call) for call in dict.fromkeys(hw.found)]
+        self.host_work = found
+        if found:
+            self.capturable = False
+            self.graph.capture = None
+            for key in found:
+                if key not in _reported:
+                    _reported.add(key)
+                    logger.warning("the torch backend's %s step calls %s, which waits for the GPU and "
+                                   "cannot be captured into a CUDA graph: its plans run without one "
+                                   "(a defect of pyggml's kernel table)", *key)
 
     def compute(self) -> str:
         """Compute the graph once: replay its CUDA graph, or run the steps (and capture them

@@ -17,9 +17,6 @@ from ...raw import lib
 
 __all__ = ["DEQUANT", "dequantize", "dequantize_split", "VEC_DOT", "round_activations", "Q8_1_MINS"]
 
-_SHIFTS = torch.arange(8, dtype=torch.uint8)
-
-
 def _f16(b: torch.Tensor) -> torch.Tensor:
     """Two bytes (last dim) as a float16 value, widened to float32: shape [..., 1]."""
     return b.contiguous().view(torch.float16).float()
@@ -31,8 +28,9 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
 
 
 def _high_bits(qh: torch.Tensor) -> torch.Tensor:
-    """[..., 4] bytes (a little-endian uint32) -> [..., 32] bits, bit i for value i."""
-    shifts = _SHIFTS.to(qh.device)
+    """[..., 4] bytes (a little-endian uint32) -> [..., 32] bits, bit i for value i. The shifts
+    are made on qh's device (a kernel, not a copy of host data: capturable in a CUDA graph)."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=qh.device)
     return ((qh.unsqueeze(-1) >> shifts) & 1).flatten(-2)
 
 

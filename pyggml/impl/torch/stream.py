@@ -8,22 +8,24 @@ events (``torch.cuda.Event``). Its ``synchronize`` waits for the stream.
 
 The buffers' synchronous slots (``set_tensor``, ``get_tensor``, ``memset_tensor``,
 ``cpy_tensor``, ``clear``, and ``free_buffer``, of a ``TorchBuffer`` on a CUDA device) run on
-torch's current stream of the device inside :func:`synchronous`: that stream first waits (on the
-GPU) for everything queued so far on the device's backend streams, and is synchronized before the
-slot returns, so the slot sees the results of earlier computes and is complete when later work is
-queued. ggml calls these slots only after a backend's ``synchronize`` or an
+the device's default stream inside :func:`synchronous` (named, not torch's current stream: while
+a backend captures a CUDA graph its stream is the current one, and a buffer freed then by the
+garbage collector must not synchronize it): the default stream first waits (on the GPU) for
+everything queued so far on the device's backend streams that are not capturing, and is
+synchronized before the slot returns, so the slot sees the results of earlier computes and is
+complete when later work is queued. ggml calls these slots only after a backend's ``synchronize`` or an
 ``event_synchronize`` anyway (its scheduler does, as ggml-cuda's buffers require); the rule
 makes them correct without it, for one event per live backend stream of the device.
 """
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator
 
 import torch
 
-__all__ = ["BackendStream", "synchronous"]
+__all__ = ["BackendStream", "current_stream", "synchronous"]
 
 #: the backend streams alive in this process (what :func:`synchronous` waits for)
 _LIVE: "weakref.WeakSet[BackendStream]" = weakref.WeakSet()
@@ -89,23 +91,37 @@ class BackendStream:
         recorded)."""
         self.stream.wait_event(event)
 
+    def capturing(self) -> bool:
+        """Whether a CUDA graph capture is under way on the stream."""
+        with self.context():
+            return bool(torch.cuda.is_current_stream_capturing())
+
     def close(self) -> None:
         """Wait for the stream and stop counting it as live."""
         self.synchronize()
         _LIVE.discard(self)
 
 
+def current_stream(device: torch.device) -> "torch.cuda.Stream | None":
+    """Torch's current stream of ``device`` (a backend's while it computes), None off CUDA."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+
 @contextmanager
 def synchronous(*devices: torch.device) -> Iterator[None]:
     """Run the body as a synchronous buffer slot on ``devices`` (see the module's rule): on each
-    CUDA device, torch's current stream first waits for the device's live backend streams, and
-    after the body it is synchronized. Nothing on other devices."""
+    CUDA device, the default stream is made current, first waits for the device's live backend
+    streams that are not capturing, and after the body it is synchronized. Nothing on other
+    devices."""
     cuda = [d for d in devices if d.type == "cuda"]
-    current = [torch.cuda.current_stream(d) for d in cuda]
-    for d, cur in zip(cuda, current):
+    defaults = [torch.cuda.default_stream(d) for d in cuda]
+    for d, default in zip(cuda, defaults):
         for s in list(_LIVE):
-            if s.device == d:
-                cur.wait_stream(s.stream)
-    yield
-    for cur in current:
-        cur.synchronize()
+            if s.device == d and not s.capturing():
+                default.wait_stream(s.stream)
+    with ExitStack() as stack:
+        for default in defaults:
+            stack.enter_context(torch.cuda.stream(default))
+        yield
+    for default in defaults:
+        default.synchronize()
