@@ -207,7 +207,8 @@ def _beam(model: WhisperModel, filters: _Filters, n_prompt: int, first: np.ndarr
             lg = logits.astype(np.float64)
             filters.apply(lg, seq)
             lp = _log_softmax(lg)
-            for t in np.argsort(-lp, kind="stable")[:beam_size + 1]:
+            top = np.argpartition(-lp, beam_size)[:beam_size + 1]          # the best, unordered
+            for t in top[np.argsort(-lp[top], kind="stable")]:
                 key = tuple(seq) + (int(t),)
                 s = score + float(lp[t])
                 if key not in cands or cands[key][0] < s:
@@ -224,12 +225,10 @@ def _beam(model: WhisperModel, filters: _Filters, n_prompt: int, first: np.ndarr
                 break
         if len(finished) >= beam_size or not chosen:
             break
-        new_live = []
-        for seq, s, b in chosen:
-            cells = live[b][3] + [next_cell]
-            next_cell += 1
-            new_live.append((seq, s, model.decode(seq[-1:], cells), cells))
-        live = new_live
+        cells = [live[b][3] + [next_cell + j] for j, (_seq, _s, b) in enumerate(chosen)]
+        next_cell += len(chosen)
+        logits_b = model.decode_batch([seq[-1:] for seq, _s, _b in chosen], cells)   # one graph
+        live = [(seq, s, logits_b[j], cells[j]) for j, (seq, s, _b) in enumerate(chosen)]
     if not finished:
         finished = [(seq, s) for seq, s, _l, _c in live]
     return max(finished, key=lambda fs: fs[1] / max(len(fs[0]), 1))

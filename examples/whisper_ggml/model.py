@@ -81,7 +81,7 @@ class WhisperModel:
         self.cpu = CPUBackend(n_threads=n_threads)
         self._closables: list[Context] = []
         self._owned: list[pyggml.Backend] = []
-        self._graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
+        self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
         self._encoder: _Graph | None = None
         try:
             if backend.lower() == "cpu":
@@ -143,20 +143,21 @@ class WhisperModel:
 
     def _attend(self, ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                 n_head: int, v_transposed: bool) -> Tensor:
-        """Attention of q [Dh, H, T] over k [Dh, H, N] and v ([Dh, H, N], or [N, Dh, H] when
-        ``v_transposed``): [Dh*H, T]. ``mask`` F32 [N, T] (F16 with flash attention) or None."""
-        Dh, T = q.ne[0], q.ne[2]
+        """Attention of q [Dh, H, T, B] over k [Dh, H, N, B] and v ([Dh, H, N, B], or
+        [N, Dh, H] when ``v_transposed``), B sequences of T queries (B = 1: 3-D tensors):
+        [Dh*H, T*B]. ``mask`` F32 [N, T, 1, B] (F16 with flash attention) or None."""
+        Dh, T, B = q.ne[0], q.ne[2], q.ne[3]
         scale = 1.0 / math.sqrt(Dh)
-        qp = ctx.permute(q, 0, 2, 1, 3)                                         # [Dh, T, H]
-        kp = ctx.permute(k, 0, 2, 1, 3)                                         # [Dh, N, H]
+        qp = ctx.permute(q, 0, 2, 1, 3)                                         # [Dh, T, H, B]
+        kp = ctx.permute(k, 0, 2, 1, 3)                                         # [Dh, N, H, B]
         if self.flash_attn and not v_transposed:
             vp = ctx.permute(v, 0, 2, 1, 3)
-            o = ctx.flash_attn(qp, kp, vp, mask, scale)                         # [Dh, H, T]
-            return ctx.reshape(o, Dh * n_head, T)
-        kq = ctx.soft_max(ctx.mul_mat(kp, qp), mask, scale=scale)              # [N, T, H]
-        vt = v if v_transposed else ctx.cont(ctx.permute(v, 1, 2, 0, 3))        # [N, Dh, H]
-        o = ctx.mul_mat(vt, kq)                                                 # [Dh, T, H]
-        return ctx.reshape(ctx.cont(ctx.permute(o, 0, 2, 1, 3)), Dh * n_head, T)
+            o = ctx.flash_attn(qp, kp, vp, mask, scale)                         # [Dh, H, T, B]
+            return ctx.reshape(o, Dh * n_head, T * B)
+        kq = ctx.soft_max(ctx.mul_mat(kp, qp), mask, scale=scale)              # [N, T, H, B]
+        vt = v if v_transposed else ctx.cont(ctx.permute(v, 1, 2, 0, 3))        # [N, Dh, H, B]
+        o = ctx.mul_mat(vt, kq)                                                 # [Dh, T, H, B]
+        return ctx.reshape(ctx.cont(ctx.permute(o, 0, 2, 1, 3)), Dh * n_head, T * B)
 
     def _mlp(self, ctx: Context, x: Tensor, p: str) -> Tensor:
         h = ctx.gelu(self._linear(ctx, self._ln(ctx, x, p + ".mlp_ln"), p + ".mlp.0"))
@@ -221,36 +222,38 @@ class WhisperModel:
         g.sched.compute(g.graph)
 
     # ------------------------------------------------------------------ decoder
-    def _build_decoder(self, T: int, K: int) -> _Build:
+    def _build_decoder(self, T: int, K: int, B: int) -> _Build:
+        """The decoder graph of B sequences of T new tokens each (T = 1 when B > 1), attending
+        to K cache cells each: the logits of each sequence's last token, F32 [V, B]."""
         def build(ctx: Context, ictx: Context, graph: pyggml.Graph
                   ) -> tuple[dict[str, tuple[Tensor, tuple[int, ...]]], Tensor | None]:
             hp, w = self.hp, self.w
-            D, H, A, C = hp.n_text_state, hp.n_text_head, hp.n_audio_ctx, hp.n_text_ctx
-            Dh = D // H
-            tokens = ictx.new_tensor(GGMLType.I32, [T], name="tokens").set_input()
-            pos = ictx.new_tensor(GGMLType.I32, [T], name="pos").set_input()
-            rows = ictx.new_tensor(GGMLType.I64, [T], name="rows").set_input()      # cells written
-            cells = ictx.new_tensor(GGMLType.I32, [K], name="cells").set_input()    # cells read
+            D, H, A = hp.n_text_state, hp.n_text_head, hp.n_audio_ctx
+            Dh, TB = D // H, T * B
+            tokens = ictx.new_tensor(GGMLType.I32, [TB], name="tokens").set_input()
+            pos = ictx.new_tensor(GGMLType.I32, [TB], name="pos").set_input()
+            rows = ictx.new_tensor(GGMLType.I64, [TB], name="rows").set_input()       # cells written
+            cells = ictx.new_tensor(GGMLType.I32, [K * B], name="cells").set_input()  # cells read
             mask_t = GGMLType.F16 if self.flash_attn else GGMLType.F32
-            mask = ictx.new_tensor(mask_t, [K, T], name="mask").set_input()
+            mask = ictx.new_tensor(mask_t, [K, T, 1, B], name="mask").set_input()
             x = ctx.get_rows(w["decoder.token_embedding.weight"], tokens) + \
-                ctx.get_rows(w["decoder.positional_embedding"], pos)                       # [D, T]
+                ctx.get_rows(w["decoder.positional_embedding"], pos)                         # [D, T*B]
             es = self.cross_k[0].nb[0]
             for i in range(hp.n_text_layer):
                 p = f"decoder.blocks.{i}"
                 cur = self._ln(ctx, x, p + ".attn_ln")
-                q = ctx.reshape(self._linear(ctx, cur, p + ".attn.query"), Dh, H, T)
+                q = ctx.reshape(self._linear(ctx, cur, p + ".attn.query"), Dh, H, T, B)
                 graph.build_forward(ctx.set_rows(self.kv_k[i], ctx.mul_mat(w[p + ".attn.key.weight"], cur), rows))
                 graph.build_forward(ctx.set_rows(self.kv_v[i], self._linear(ctx, cur, p + ".attn.value"), rows))
-                k = ctx.reshape(ctx.get_rows(self.kv_k[i], cells), Dh, H, K)               # [Dh, H, K] F32
-                v = ctx.reshape(ctx.get_rows(self.kv_v[i], cells), Dh, H, K)
+                k = ctx.reshape(ctx.get_rows(self.kv_k[i], cells), Dh, H, K, B)              # [Dh, H, K, B] F32
+                v = ctx.reshape(ctx.get_rows(self.kv_v[i], cells), Dh, H, K, B)
                 x = self._linear(ctx, self._attend(ctx, q, k, v, mask, H, False), p + ".attn.out") + x
-                cur = self._ln(ctx, x, p + ".cross_attn_ln")
-                q = ctx.reshape(self._linear(ctx, cur, p + ".cross_attn.query"), Dh, H, T)
+                cur = self._ln(ctx, x, p + ".cross_attn_ln")                                   # every token
+                q = ctx.reshape(self._linear(ctx, cur, p + ".cross_attn.query"), Dh, H, TB)    # of every sequence
                 ck = ctx.view(self.cross_k[i], [Dh, H, A], nb=[Dh * es, D * es])
                 if self.flash_attn:
                     cv = ctx.view(self.cross_v[i], [Dh, H, A], nb=[Dh * es, D * es])
-                else:                                                                       # [A, Dh, H]
+                else:                                                                         # [A, Dh, H]
                     cv = ctx.view(self.cross_v[i], [A, Dh, H], nb=[A * es, A * Dh * es])
                 o = self._attend(ctx, q, ck, cv, None, H, not self.flash_attn)
                 x = self._linear(ctx, o, p + ".cross_attn.out") + x
@@ -258,10 +261,10 @@ class WhisperModel:
             if T > 1:                                                   # the last token's logits only
                 x = ctx.view(x, [D, 1], offset=(T - 1) * x.nb[1])
             x = self._ln(ctx, x, "decoder.ln")
-            logits = ctx.mul_mat(w["decoder.token_embedding.weight"], x).set_output()      # [V, 1]
+            logits = ctx.mul_mat(w["decoder.token_embedding.weight"], x).set_output()        # [V, B]
             graph.build_forward(logits)
-            return {"tokens": (tokens, (T,)), "pos": (pos, (T,)), "rows": (rows, (T,)),
-                    "cells": (cells, (K,)), "mask": (mask, (T, K))}, logits
+            return {"tokens": (tokens, (TB,)), "pos": (pos, (TB,)), "rows": (rows, (TB,)),
+                    "cells": (cells, (B, K)), "mask": (mask, (B, T, K))}, logits
         return build
 
     def decode(self, tokens: Sequence[int], cells: Sequence[int]) -> np.ndarray:
@@ -270,33 +273,48 @@ class WhisperModel:
         are at positions ``len(cells) - len(tokens)``... Returns the float32 logits of the last
         token, NumPy shape (n_vocab,). Call after :meth:`encode`. Raises ValueError when the
         sequence does not fit the text context (448 positions), for an id or a cell out of range."""
+        return self.decode_batch([tokens], [cells])[0]
+
+    def decode_batch(self, tokens: Sequence[Sequence[int]], cells: Sequence[Sequence[int]]) -> np.ndarray:
+        """:meth:`decode` of several sequences at once, in one graph (a beam search's beams):
+        ``tokens[b]`` after sequence b's history, ``cells[b]`` its cells as there. The sequences
+        must all be as long, and with more than one, each gets one new token. Returns float32
+        logits, NumPy shape (len(tokens), n_vocab)."""
         hp = self.hp
-        T, n = len(tokens), len(cells)
+        B = len(tokens)
+        if B == 0 or len(cells) != B:
+            raise ValueError("give the tokens and the cells of one or more sequences")
+        T, n = len(tokens[0]), len(cells[0])
+        if any(len(t) != T for t in tokens) or any(len(c) != n for c in cells) or (B > 1 and T != 1):
+            raise ValueError("the sequences of a batch must be as long, and get one token each")
         p0 = n - T
         if T == 0 or p0 < 0 or n > hp.n_text_ctx:
             raise ValueError(f"{T} tokens after {p0} do not fit the decoder's {hp.n_text_ctx} positions")
-        if min(tokens) < 0 or max(tokens) >= hp.n_vocab:
+        tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        cel = np.asarray(cells, dtype=np.int64)
+        if tok.min() < 0 or tok.max() >= hp.n_vocab:
             raise ValueError(f"token ids must be in 0..{hp.n_vocab - 1}")
-        if min(cells) < 0 or max(cells) >= self.n_cells:
+        if cel.min() < 0 or cel.max() >= self.n_cells:
             raise ValueError(f"cells must be in 0..{self.n_cells - 1}")
         K = min(hp.n_text_ctx, -(-n // KV_PAD) * KV_PAD)
-        key = (T, K)
+        key = (T, K, B)
         g = self._graphs.get(key)
         if g is None:
-            g = self._graphs[key] = self._new_graph(64 * hp.n_text_layer + 64, self._build_decoder(T, K))
+            g = self._graphs[key] = self._new_graph(64 * hp.n_text_layer + 64, self._build_decoder(T, K, B))
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)[1].close()
         else:
             self._graphs.move_to_end(key)
         a = g.arrays
-        a["tokens"][:] = tokens
-        a["pos"][:] = np.arange(p0, n, dtype=np.int32)
-        a["rows"][:] = cells[p0:]
-        a["cells"][:n] = cells
-        a["cells"][n:] = cells[0]                    # padding: masked
-        a["mask"][:] = np.where(np.arange(K)[None, :] <= a["pos"][:, None], 0.0, -np.inf)
+        positions = np.arange(p0, n, dtype=np.int32)
+        a["tokens"][:] = tok
+        a["pos"][:] = np.tile(positions, B)
+        a["rows"][:] = cel[:, p0:].reshape(-1)
+        a["cells"][:, :n] = cel
+        a["cells"][:, n:] = cel[:, :1]               # padding: masked
+        a["mask"][:] = np.where(np.arange(K)[None, None, :] <= positions[None, :, None], 0.0, -np.inf)
         g.sched.compute(g.graph)
         assert g.out is not None
-        logits = np.empty(hp.n_vocab, dtype=np.float32)
+        logits = np.empty((B, hp.n_vocab), dtype=np.float32)
         lib.ggml_backend_tensor_get(g.out.ptr, ffi.from_buffer(logits), 0, logits.nbytes)
         return logits
