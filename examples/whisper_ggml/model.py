@@ -273,7 +273,8 @@ class WhisperModel:
         are at positions ``len(cells) - len(tokens)``... Returns the float32 logits of the last
         token, NumPy shape (n_vocab,). Call after :meth:`encode`. Raises ValueError when the
         sequence does not fit the text context (448 positions), for an id or a cell out of range."""
-        return self.decode_batch([tokens], [cells])[0]
+        logits: np.ndarray = self.decode_batch([tokens], [cells])[0]
+        return logits
 
     def decode_batch(self, tokens: Sequence[Sequence[int]], cells: Sequence[Sequence[int]]) -> np.ndarray:
         """:meth:`decode` of several sequences at once, in one graph (a beam search's beams):

@@ -349,7 +349,7 @@ def test_cli_dump_and_subtitles(model_path, upstream, tmp_path):
     assert set(d) == {"text", "tokens", "segments", "timings"} and d["text"] == JFK_TEXT
     assert set(d["timings"]) >= {"mel_ms", "encode_ms", "decode_ms", "total_ms"}
     assert whisper.main([str(wav), "--model", str(model_path), "-t", str(THREADS), "--beam-size", "1",
-                         "--output-srt", "--output-vtt", "--output-json"]) == 0
+                         "--no-fallback", "--output-srt", "--output-vtt", "--output-json"]) == 0
     assert (tmp_path / "jfk.srt").read_text().startswith("1\n00:00:00,000 --> ")
     assert (tmp_path / "jfk.vtt").read_text().startswith("WEBVTT\n\n00:00:00.000 --> ")
     assert json.loads((tmp_path / "jfk.json").read_text())["segments"]
