@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Whisper tiny.en speech to text: pyggml (examples/whisper.py) against CTranslate2 (the engine of
-faster-whisper) on the same weights and the same threads, and whisper.cpp through
-``pywhispercpp`` when it is installed, side by side.
+faster-whisper) on the same weights and the same threads, and whisper.cpp 1.8.5 through
+``pywhispercpp`` (in a process of its own, reading the same converted file) when it is
+installed, side by side.
 
     python benchmarks/bench_whisper.py [--threads 2] [--repeat 5] [--audio jfk.wav]
 
@@ -36,6 +37,16 @@ from whisper_ggml import Whisper, default_model, load_audio, log_mel  # noqa: E4
 from whisper_ggml.audio import CHUNK, FRAMES  # noqa: E402
 
 SDIST = ("pywhispercpp", "pywhispercpp-1.5.1.tar.gz", "5df897e5dd9d9f16804fc937bd85b9f5880a0b29a55f8843585e0e03d76195e5")
+
+
+#: the whisper.cpp side, run as ``python -c WHISPER_CPP MODEL AUDIO THREADS``: one transcript per input line
+WHISPER_CPP = """
+import sys
+from pywhispercpp.model import Model
+m = Model(sys.argv[1], n_threads=int(sys.argv[3]), print_progress=False, print_realtime=False)
+for _ in sys.stdin:
+    print("".join(" " + s.text for s in m.transcribe(sys.argv[2])), flush=True)
+"""
 
 
 def jfk() -> Path:
@@ -102,16 +113,32 @@ def main() -> int:
               f"{texts['pyggml']!r} ({same})")
         w.close()
     if importlib.util.find_spec("pywhispercpp") is None:
-        print("whisper.cpp: pywhispercpp is not installed (pip install pywhispercpp==1.5.1 builds it from source)")
+        print("whisper.cpp: pywhispercpp is not installed (pip install pywhispercpp==1.5.1)")
     else:
-        from pywhispercpp.model import Model
+        # whisper.cpp in a process of its own (pywhispercpp carries its own ggml, whose libraries
+        # would meet pyggml's in one process): it transcribes each time a line arrives
+        import subprocess
+        child = subprocess.Popen([sys.executable, "-c", WHISPER_CPP, str(default_model("f16")), str(audio),
+                                  str(a.threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+        assert child.stdin is not None and child.stdout is not None
+        cpp_text: list[str] = []
+
+        def cpp() -> None:
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            cpp_text[:] = [child.stdout.readline().strip()]
+
         w = Whisper(default_model("f16"), n_threads=a.threads)
-        cpp = Model(str(default_model("f16")), n_threads=a.threads, print_progress=False, print_realtime=False)
-        rounds = paired_seconds([lambda: w.transcribe(audio, beam_size=1, timestamps=False),
-                                 lambda: cpp.transcribe(str(audio))], a.repeat)
+        mine: list[str] = []
+        rounds = paired_seconds([lambda: mine.__setitem__(slice(None), [w.transcribe(audio, beam_size=1).text]),
+                                 cpp], a.repeat)
         med = [statistics.median(t[i] for t in rounds) for i in range(2)]
-        print(f"{'greedy, F16':<22} {med[0]:9.3f} {'whisper.cpp (pywhispercpp)':<24} {med[1]:7.3f} "
-              f"{median_ratio(rounds, 1, 0):6.2f}")
+        print(f"{'greedy, F16, timestamps':<22} {med[0]:9.3f} {'whisper.cpp 1.8.5':<24} {med[1]:7.3f} "
+              f"{median_ratio(rounds, 1, 0):6.2f}  {'':22}    {'':11}  {mine[0]!r} (whisper.cpp: {cpp_text[0]!r})")
+        child.stdin.close()
+        child.wait()
         w.close()
     return 0
 

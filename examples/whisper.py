@@ -75,7 +75,7 @@ def _print(r: Transcription, timestamps: bool) -> None:
             print(s.text.strip())
     sys.stdout.flush()
     t = r.timings
-    print(f"[whisper] mel {t['mel_ms']:.0f} ms, encode {t['encode_ms']:.0f} ms, decode {t['decode_ms']:.0f} ms "
+    print(f"[whisper] language {r.language}; mel {t['mel_ms']:.0f} ms, encode {t['encode_ms']:.0f} ms, decode {t['decode_ms']:.0f} ms "
           f"({int(t['n_tokens'])} tokens), total {t['total_ms']:.0f} ms", file=sys.stderr)
 
 

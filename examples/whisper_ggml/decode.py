@@ -14,7 +14,8 @@ import numpy as np
 from .model import WhisperModel
 from .tokenizer import WhisperTokenizer
 
-__all__ = ["DecodeOptions", "WindowResult", "decode_window", "compression_ratio", "prompt_tokens"]
+__all__ = ["DecodeOptions", "WindowResult", "decode_window", "detect_language", "compression_ratio",
+           "prompt_tokens"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,21 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
         return np.full_like(x, -np.inf)
     y: np.ndarray = x - m
     return y - np.log(np.exp(y).sum())  # type: ignore[no-any-return]
+
+
+def detect_language(model: WhisperModel, tok: WhisperTokenizer) -> tuple[str, float]:
+    """The language of the window :meth:`~.model.WhisperModel.encode` left in ``model`` (a
+    multilingual model): the most likely language token after ``<|startoftranscript|>``, as
+    openai-whisper's ``detect_language``: (code, its probability among the languages). ValueError
+    for an English-only model."""
+    n = tok.sp.n_languages
+    if not n:
+        raise ValueError("an English-only model detects no language")
+    logits = model.decode([tok.sp.sot], [0])[tok.sp.lang:tok.sp.lang + n].astype(np.float64)
+    p = np.exp(_log_softmax(logits))
+    best = int(np.argmax(p))
+    from .tokenizer import LANGUAGES
+    return LANGUAGES[best], float(p[best])
 
 
 def decode_window(model: WhisperModel, tok: WhisperTokenizer, opts: DecodeOptions) -> WindowResult:

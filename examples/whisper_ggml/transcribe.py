@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .audio import CHUNK, FRAMES, HOP, SAMPLE_RATE, load_audio, log_mel
-from .decode import DecodeOptions, WindowResult, decode_window
+from .decode import DecodeOptions, WindowResult, decode_window, detect_language
 from .loader import WhisperFile
 from .model import WhisperModel
 from .tokenizer import WhisperTokenizer
@@ -40,12 +40,14 @@ class Segment:
 class Transcription:
     """``text``: the whole transcript; ``tokens``: its text token ids (no special or timestamp
     tokens); ``segments``; ``timings`` in milliseconds: ``mel_ms``, ``encode_ms``, ``decode_ms``,
-    ``total_ms`` (and ``n_tokens``, the tokens decoded)."""
+    ``total_ms`` (and ``n_tokens``, the tokens decoded); ``language``: the language given or
+    detected (``"en"`` for English-only models)."""
 
     text: str
     tokens: list[int]
     segments: list[Segment]
     timings: dict[str, float]
+    language: str = "en"
 
     def as_dict(self) -> dict[str, Any]:
         """The ``--dump`` JSON object: text, tokens, segments (start, end, text), timings."""
@@ -112,6 +114,8 @@ class Whisper:
             t1 = time.perf_counter()
             self.model.encode(np.ascontiguousarray(window))
             t2 = time.perf_counter()
+            if language is None and self.tok.sp.n_languages:
+                language, _p = detect_language(self.model, self.tok)     # from the first window
             res: WindowResult | None = None
             for temp in temperatures:
                 opts = DecodeOptions(beam_size=beam_size if temp == 0 else 1, temperature=temp,
@@ -141,7 +145,7 @@ class Whisper:
         total = time.perf_counter() - t0
         return Transcription(text, all_tokens, segments,
                              {"mel_ms": 1e3 * t_mel, "encode_ms": 1e3 * t_enc, "decode_ms": 1e3 * t_dec,
-                              "total_ms": 1e3 * total, "n_tokens": float(n_decoded)})
+                              "total_ms": 1e3 * total, "n_tokens": float(n_decoded)}, language or "en")
 
     def _segments(self, tokens: list[int], offset: float, seg_frames: int) -> tuple[list[Segment], int]:
         """The segments of one window's tokens (openai-whisper's rule: consecutive timestamp

@@ -219,11 +219,12 @@ def test_bad_model_files_are_model_errors(model_path, tmp_path):
 
 # ------------------------------------------------------------------ converters
 
-def _random_whisper(tmp_path: Path) -> tuple[Path, Path, HParams]:
+def _random_whisper(tmp_path: Path, n_vocab: int = 51864) -> tuple[Path, Path, HParams]:
     """A small random Whisper as a Hugging Face directory and as a CTranslate2 directory with
-    the same weights (CTranslate2's fused Q/K/V and K/V, as its converter writes them)."""
+    the same weights (CTranslate2's fused Q/K/V and K/V, as its converter writes them);
+    multilingual with ``n_vocab`` 51865."""
     from safetensors.numpy import save_file
-    hp = HParams(51864, 1500, 64, 2, 1, 448, 64, 2, 2, 80, 1)
+    hp = HParams(n_vocab, 1500, 64, 2, 1, 448, 64, 2, 2, 80, 1)
     rng = np.random.default_rng(0)
     E, V = 64, hp.n_vocab
 
@@ -280,7 +281,7 @@ def _random_whisper(tmp_path: Path) -> tuple[Path, Path, HParams]:
     alphabet = {b: ch for ch, b in gpt2_bytes().items()}
     tokens = [alphabet[i % 256] + (alphabet[(i // 256) % 256] if i >= 256 else "") + ("x" * (i // 65536))
               for i in range(50256)] + ["<|endoftext|>"] + [f"<|special{i}|>" for i in range(V - 50257)]
-    hf_dir, ct_dir = tmp_path / "hf", tmp_path / "ct2"
+    hf_dir, ct_dir = tmp_path / f"hf{n_vocab}", tmp_path / f"ct2{n_vocab}"
     hf_dir.mkdir()
     ct_dir.mkdir()
     save_file(hf, str(hf_dir / "model.safetensors"))
@@ -334,6 +335,27 @@ def test_hugging_face_and_ctranslate2_conversions_agree(tmp_path):
         from_hf(ct_dir, tmp_path / "x.bin")
 
 
+def test_a_multilingual_model_detects_the_language_and_takes_a_task(tmp_path):
+    """Random multilingual weights (51,865 tokens): the language is one of Whisper's 99, detected
+    from the logits of its tokens; the prompt of a translation names the language and the task."""
+    from whisper_ggml.decode import DecodeOptions, decode_window, detect_language, prompt_tokens
+    from whisper_ggml.tokenizer import LANGUAGES
+    hf_dir, _ct, _hp = _random_whisper(tmp_path, 51865)
+    path = from_hf(hf_dir, tmp_path / "multi.bin")
+    with Whisper(path, n_threads=THREADS) as w:
+        w.model.encode(np.random.default_rng(2).standard_normal((80, FRAMES)).astype(np.float32))
+        code, p = detect_language(w.model, w.tok)
+        assert code in LANGUAGES[:99] and 0 < p <= 1
+        logits = w.model.decode([w.tok.sp.sot], [0])[w.tok.sp.lang:w.tok.sp.lang + 99]
+        assert LANGUAGES[int(np.argmax(logits))] == code
+        opts = DecodeOptions(language="de", task="translate", timestamps=False, sample_len=8)
+        assert prompt_tokens(w.tok, opts) == [50258, 50261, 50358, 50363]
+        assert len(decode_window(w.model, w.tok, opts).tokens) <= 8
+        r = w.transcribe(np.random.default_rng(3).uniform(-0.5, 0.5, 16000).astype(np.float32),
+                         beam_size=1, temperatures=(0.0,))
+        assert r.language in LANGUAGES[:99]
+
+
 # ------------------------------------------------------------------ the command line
 
 def test_cli_dump_and_subtitles(model_path, upstream, tmp_path):
@@ -366,3 +388,9 @@ def test_cli_errors(model_path, tmp_path, capsys):
         whisper.main(["--beam-size", "0", "x.wav"])
     with pytest.raises(SystemExit):
         whisper.main([])
+
+
+def test_on_a_python_backend(model_path, upstream):
+    """The NumPy reference backend beside the CPU under the model's schedulers: the same sentence."""
+    with Whisper(model_path, backend="numpy", n_threads=THREADS) as w:
+        assert w.transcribe(upstream["jfk"], beam_size=1, timestamps=False).text == JFK_TEXT
