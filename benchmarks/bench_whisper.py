@@ -99,7 +99,7 @@ def main() -> int:
 
         def reference() -> None:
             x = load_audio(audio)
-            mel = log_mel(np.concatenate([x, np.zeros(CHUNK, np.float32)]), w.file.mel_filters)[:, :FRAMES]
+            mel = log_mel(x, w.file.mel_filters, pad=CHUNK)[:, :FRAMES]
             res = ct.generate(ctranslate2.StorageView.from_array(np.ascontiguousarray(mel[None])),
                               [[50257, 50362]], beam_size=beam)
             texts["ct2"] = w.tok.decode(res[0].sequences_ids[0])

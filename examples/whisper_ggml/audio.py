@@ -52,23 +52,28 @@ def _hann(n: int) -> np.ndarray:
 _WINDOW = _hann(N_FFT)
 
 
-def log_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int | None = None) -> np.ndarray:
-    """The log-mel spectrogram of ``samples`` (float32 at 16 kHz, any length): float32, NumPy
-    shape (n_mels, frames) with frames = len(samples) // 160 (or ``n_frames``: the samples are
-    zero-padded or cut to ``n_frames * 160`` first). ``filters``: the model file's mel filters,
-    (n_mels, 201)."""
+def log_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int | None = None, pad: int = 0) -> np.ndarray:
+    """The log-mel spectrogram of ``samples`` (float32 at 16 kHz, any length) followed by ``pad``
+    zeros: float32, NumPy shape (n_mels, frames) with frames = (len(samples) + pad) // 160 (or
+    ``n_frames``: the samples are zero-padded or cut to ``n_frames * 160`` first). ``filters``:
+    the model file's mel filters, (n_mels, 201). The frames that see only the padding's zeros
+    are not transformed: their power is 0 (the result is that of the padded samples)."""
     x = np.asarray(samples, dtype=np.float32)
     if n_frames is not None:
         n = n_frames * HOP
         x = np.pad(x[:n], (0, max(0, n - x.size)))
-    if x.size == 0:
-        return np.zeros((filters.shape[0], 0), np.float32)
-    pad = N_FFT // 2
-    padded = np.pad(x, (pad, pad), mode="reflect") if x.size > pad else np.pad(x, (pad, pad))
-    n_fr = 1 + (padded.size - N_FFT) // HOP
-    frames = np.lib.stride_tricks.as_strided(padded, (n_fr, N_FFT), (padded.strides[0] * HOP, padded.strides[0]))
+    total = (x.size + pad) // HOP                    # frames of the padded samples
+    if x.size == 0 or total == 0:
+        return np.zeros((filters.shape[0], total), np.float32)
+    half = N_FFT // 2
+    # frames 0..m-1 see a sample of x (frame k covers samples [k*HOP - 200, k*HOP + 200))
+    m = min(total, (x.size + half - 1) // HOP + 1)
+    x = np.pad(x, (0, min(pad, m * HOP + half - x.size)))     # the zeros those frames see
+    padded = np.pad(x, (half, half), mode="reflect") if x.size > half else np.pad(x, (half, half))
+    frames = np.lib.stride_tricks.as_strided(padded, (m, N_FFT), (padded.strides[0] * HOP, padded.strides[0]))
     spec = np.fft.rfft(frames * _WINDOW, axis=-1)
-    power = (spec.real ** 2 + spec.imag ** 2).astype(np.float32)[:-1]        # (frames, 201)
+    power = np.zeros((total, N_FFT // 2 + 1), np.float32)
+    power[:m] = (spec.real ** 2 + spec.imag ** 2)[:total]
     mel = filters.astype(np.float32) @ power.T                                  # (n_mels, frames)
     logm = np.log10(np.maximum(mel, 1e-10))
     logm = np.maximum(logm, logm.max() - 8.0)

@@ -96,7 +96,7 @@ class Whisper:
             raise ValueError("give at least one temperature")
         hp = self.model.hp
         n_frames = samples.size // HOP
-        mel = log_mel(np.concatenate([samples, np.zeros(CHUNK, np.float32)]), self.file.mel_filters)
+        mel = log_mel(samples, self.file.mel_filters, pad=CHUNK)   # as openai-whisper: 30 s of zeros after
         t_mel = time.perf_counter() - t0
         t_enc = t_dec = 0.0
         segments: list[Segment] = []

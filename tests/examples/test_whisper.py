@@ -139,6 +139,17 @@ def test_audio_is_read_mixed_and_resampled(upstream, tmp_path):
     assert b.shape == (176000,) and np.corrcoef(a[1000:-1000], 2 * b[1000:-1000])[0, 1] > 0.9
 
 
+def test_log_mel_of_padding_is_not_transformed_but_the_same(upstream):
+    """``pad`` zeros after the samples give the log-mel of the padded samples exactly (the frames
+    that see only zeros are filled, not transformed), for lengths around the frame edges."""
+    a = load_audio(upstream["jfk"])
+    f = WhisperFile(upstream["tiny.en"], weights=False).mel_filters
+    for n in (176000, 1000, 399, 200, 150, 1):
+        x = a[:n]
+        full = log_mel(np.concatenate([x, np.zeros(CHUNK, np.float32)]), f)
+        np.testing.assert_array_equal(log_mel(x, f, pad=CHUNK), full)
+
+
 # ------------------------------------------------------------------ transcripts
 
 @pytest.mark.parametrize("beam", [1, 5])
