@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from .hparams import ModelError
 
-__all__ = ["GGUFTokenizer", "ChatTemplate", "TOKEN_TYPE_CONTROL", "TOKEN_TYPE_USER_DEFINED"]
+__all__ = ["GGUFTokenizer", "ChatTemplate", "TOKEN_TYPE_CONTROL", "TOKEN_TYPE_USER_DEFINED", "bytes_to_unicode"]
 
 TOKEN_TYPE_CONTROL = 3        # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL (<|im_start|>, <|endoftext|>...)
 TOKEN_TYPE_USER_DEFINED = 4   # added tokens matched whole but not special
@@ -32,7 +32,7 @@ _PRE_SPLITS = {name: _LLAMA3_SPLIT for name in (
     "jina-v5-nano", "dbrx", "smaug-bpe")}
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character table (the byte-level alphabet)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
         list(range(ord("®"), ord("ÿ") + 1))
@@ -80,7 +80,7 @@ class GGUFTokenizer:
 
         # as transformers' byte_level_tokenizer: a token outside the byte-level alphabet is
         # respelled byte by byte
-        spelling = _bytes_to_unicode()
+        spelling = bytes_to_unicode()
         alphabet = set(spelling.values())
         vocab: dict[str, int] = {}
         for i, tok in enumerate(tokens):

@@ -17,6 +17,8 @@ import numpy as np
 from pyggml import GGMLType
 from pyggml.types import quantize
 
+from llama_ggml.tokenizer import bytes_to_unicode
+
 from .ct2 import read_ct2
 from .hparams import HParams, ModelError, expected_tensors
 from .loader import write_model
@@ -58,16 +60,9 @@ def mel_filters(n_mels: int, sr: int = 16000, n_fft: int = 400) -> np.ndarray:
 
 
 def gpt2_bytes() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet: the character standing for each byte -> the byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    """GPT-2's byte-level BPE alphabet: the character standing for each byte -> the byte (the
+    llama example's table, inverted)."""
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def _vocab_bytes(tokens: list[str], n: int, where: Path) -> list[bytes]:

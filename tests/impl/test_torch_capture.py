@@ -269,6 +269,19 @@ def _q5_embedding(be, qtype):
     return ctx, ids, x, (rows, prod), g, deq
 
 
+def _compute_q5_three_times(be, qtype):
+    """The graph of ``_q5_embedding`` computed three times with new row ids, the rows checked
+    against ggml's dequantization each time: the graph."""
+    ctx, ids, x, (rows, _prod), g, deq = _q5_embedding(be, qtype)
+    with ctx:
+        for k in range(3):
+            ids.set(np.array([k, 5, 2], np.int32))
+            x.set(np.ones((2, 64), np.float32))
+            g.compute(be)
+            np.testing.assert_allclose(rows.numpy(), deq[[k, 5, 2]], rtol=1e-6)
+        return _vtable.addr(g.nodes[0].ptr)
+
+
 def test_a_q5_token_embedding_is_captured(cpu_torch):
     """Q5_0/Q5_1 dequantization made its shifts on the host and copied them to the device in
     every step (inside torch.cuda.graph: "operation not permitted"): GET_ROWS of a Q5 embedding
@@ -277,16 +290,9 @@ def test_a_q5_token_embedding_is_captured(cpu_torch):
     be, tb, fake = cpu_torch
     for qtype in (GGMLType.Q5_0, GGMLType.Q5_1):
         before = fake.captures
-        ctx, ids, x, (rows, prod), g, deq = _q5_embedding(be, qtype)
-        with ctx:
-            for k in range(3):
-                ids.set(np.array([k, 5, 2], np.int32))
-                x.set(np.ones((2, 64), np.float32))
-                g.compute(be)
-                np.testing.assert_allclose(rows.numpy(), deq[[k, 5, 2]], rtol=1e-6)
-            plan = tb.plans[_vtable.addr(g.nodes[0].ptr)]
-            assert plan.host_work == [] and plan.capturable
-            assert fake.captures == before + 1 and plan.graph.replay is not None
+        plan = tb.plans[_compute_q5_three_times(be, qtype)]
+        assert plan.host_work == [] and plan.capturable
+        assert fake.captures == before + 1 and plan.graph.replay is not None
     assert tb.n_capture_failures == 0
 
 
@@ -846,14 +852,8 @@ def test_cuda_q5_0_get_rows_is_captured_once_and_replayed():
     failures, the rows of ggml's dequantization."""
     be = _cuda_backend()
     tb = py_backend(be)
-    ctx, ids, x, (rows, _prod), g, deq = _q5_embedding(be, GGMLType.Q5_0)
-    with ctx:
-        for k in range(3):
-            ids.set(np.array([k, 5, 2], np.int32))
-            x.set(np.ones((2, 64), np.float32))
-            g.compute(be)
-            np.testing.assert_allclose(rows.numpy(), deq[[k, 5, 2]], rtol=1e-6)
-        assert (tb.n_captures, tb.n_graph_replays, tb.n_capture_failures) == (1, 1, 0)
+    _compute_q5_three_times(be, GGMLType.Q5_0)
+    assert (tb.n_captures, tb.n_graph_replays, tb.n_capture_failures) == (1, 1, 0)
     be.close()
 
 
