@@ -122,19 +122,18 @@ class Plan:
             step()
 
     def _first_run(self) -> None:
-        found: list[tuple[str, str]] = []
-        for step, op in zip(self.steps, self.ops):
-            if is_eager(step):
+        found: dict[tuple[str, str], None] = {}
+        with HostWork() as hw:          # one mode for the run; each replayed step's calls kept
+            for step, op in zip(self.steps, self.ops):
+                hw.found.clear()
                 step()
-                continue
-            with HostWork() as hw:
-                step()
-            found += [(op, call) for call in dict.fromkeys(hw.found)]
-        self.host_work = found
+                if hw.found and not is_eager(step):
+                    found.update(((op, call), None) for call in hw.found)
+        self.host_work = list(found)
         if found:
             self.capturable = False
             self.graph.capture = None
-            for key in found:
+            for key in self.host_work:
                 if key not in _reported:
                     _reported.add(key)
                     logger.warning("the torch backend's %s step calls %s, which waits for the GPU and "
