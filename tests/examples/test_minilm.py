@@ -51,6 +51,33 @@ def test_embeddings_match_sentence_transformers(model, reference, batch_size):
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
 
 
+#: the least cosine each weight type keeps to sentence-transformers on these sentences (the F32
+#: model's is >= 0.99999995); measured on 2 AVX-512 cores: F16 0.9999997, BF16 0.99998, Q8_0 0.99901
+WTYPE_COSINE = {"f32": 0.9999, "f16": 0.9999, "bf16": 0.9999, "q8_0": 0.998}
+
+
+@pytest.mark.parametrize("wtype", sorted(WTYPE_COSINE))
+def test_each_weight_type_keeps_its_cosine(reference, minilm_dir, wtype):
+    """--type: the linear layers' weights converted by ggml at load (the rest stays F32)."""
+    minilm = load_example("minilm")
+    sentences, expected, _ = reference
+    with minilm.MiniLM(minilm_dir, n_threads=2, wtype=wtype) as m:
+        assert m.w["encoder.layer.0.attention.self.qkv.weight"].type_name == wtype
+        assert m.w["embeddings.word_embeddings.weight"].type_name == "f32"
+        cos = _cosine(m.embed(sentences, batch_size=64), expected)
+    assert cos.min() >= WTYPE_COSINE[wtype], f"{sentences[int(np.argmin(cos))]!r}: cosine {cos.min()}"
+
+
+def test_the_default_weight_type_follows_the_cpu(minilm_dir):
+    minilm = load_example("minilm")
+    pyggml = pytest.importorskip("pyggml")
+    bf16 = bool(pyggml.lib.ggml_cpu_has_avx512_bf16())
+    assert minilm.default_wtype("cpu") == ("bf16" if bf16 else "f32")
+    assert minilm.default_wtype("numpy") == minilm.default_wtype("cpu", ["RPC0"]) == "f32"
+    with pytest.raises(ValueError, match="wtype"):
+        minilm.MiniLM(minilm_dir, wtype="q4_k")
+
+
 def test_attention_without_flash_attn_matches_too(model, reference, minilm_dir):
     """The CPU computes attention as one ggml_flash_attn_ext node by default; the other form
     (mul_mat, soft_max, mul_mat: for devices without a flash-attention kernel for 32-value
