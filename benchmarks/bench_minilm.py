@@ -5,6 +5,7 @@ the same model on PyTorch CPU (sentence-transformers), same thread count, side b
     python benchmarks/bench_minilm.py [--threads 2] [--repeat 5]
     python benchmarks/bench_minilm.py --backend CUDA0 [--batch 1 32]   # a CUDA build, vs torch CUDA
     build/venv-blas/bin/python benchmarks/bench_minilm.py --backend BLAS   # the BLAS variant, vs torch CPU
+    python benchmarks/bench_minilm.py --type f32 bf16 f16 q8_0            # a row per weight type
 
 Batch 1 embeds 64 sentences one call each; batch N embeds them in calls of N. pyggml and torch
 run in turns, in the same process: ``--repeat`` rounds, each timing one run of both (the order
