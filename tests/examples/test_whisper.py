@@ -366,6 +366,15 @@ def test_a_multilingual_model_detects_the_language_and_takes_a_task(tmp_path):
         r = w.transcribe(np.random.default_rng(3).uniform(-0.5, 0.5, 16000).astype(np.float32),
                          beam_size=1, temperatures=(0.0,))
         assert r.language in LANGUAGES[:99]
+        # sampling at a temperature (the fallback's): best_of candidates, reproducible by seed
+        hot = [decode_window(w.model, w.tok, DecodeOptions(temperature=1.0, best_of=2, seed=s, sample_len=6))
+               for s in (0, 0, 1)]
+        assert hot[0].tokens == hot[1].tokens and hot[0].temperature == 1.0
+        assert all(len(h.tokens) <= 6 and np.isfinite(h.avg_logprob) for h in hot)
+        # a window that always looks unlikely goes through every temperature and is kept
+        r = w.transcribe(np.random.default_rng(3).uniform(-0.5, 0.5, 16000).astype(np.float32),
+                         beam_size=1, temperatures=(0.0, 0.5), logprob_threshold=1.0, no_speech_threshold=1.0)
+        assert r.timings["n_tokens"] > 0
 
 
 # ------------------------------------------------------------------ the command line
