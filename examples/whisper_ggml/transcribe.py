@@ -5,7 +5,7 @@ on repetitive or unlikely text, silent windows skipped), into a :class:`Transcri
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -94,7 +94,6 @@ class Whisper:
             raise ValueError("audio samples must be one channel (a 1-D array)")
         if not temperatures:
             raise ValueError("give at least one temperature")
-        hp = self.model.hp
         n_frames = samples.size // HOP
         mel = log_mel(samples, self.file.mel_filters, pad=CHUNK)   # as openai-whisper: 30 s of zeros after
         t_mel = time.perf_counter() - t0
@@ -140,7 +139,7 @@ class Whisper:
             segments += new
             for sgm in new:
                 all_tokens += self.tok.text_tokens(sgm.tokens)
-            seek += seek_step
+            seek += seek_step if seek_step > 0 else seg_frames   # <|0.00|><|0.00|>: never stand still
         text = "".join(s.text for s in segments)
         total = time.perf_counter() - t0
         return Transcription(text, all_tokens, segments,
