@@ -1,7 +1,7 @@
 """Converters into whisper.cpp's model file: from a CTranslate2 Whisper directory (``model.bin``,
 ``vocabulary.txt``) and from Hugging Face ``openai/whisper-*`` safetensors (``model.safetensors``,
 ``config.json``, ``vocab.json``). Weights are stored as whisper.cpp stores them: 1-D tensors,
-conv biases and positional embeddings F32, the rest F16, or with ``wtype`` F32 or a ggml
+conv biases and positional embeddings F32, the rest F16, or with ``wtype`` F32, BF16 or a ggml
 quantized type (every matrix, quantized with ggml's own quantizer, as whisper.cpp's ``quantize``
 tool does; the convolutions stay F16). The mel filters are computed (:func:`mel_filters`):
 neither format carries them.
@@ -27,7 +27,7 @@ __all__ = ["WTYPES", "default_model", "from_ct2", "from_hf", "mel_filters", "gpt
 
 #: the weight types a conversion takes -> (ggml type of the matrices, whisper.cpp's ftype field)
 WTYPES: dict[str, tuple[GGMLType, int]] = {
-    "f32": (GGMLType.F32, 0), "f16": (GGMLType.F16, 1), "q4_0": (GGMLType.Q4_0, 2002),
+    "f32": (GGMLType.F32, 0), "f16": (GGMLType.F16, 1), "bf16": (GGMLType.BF16, 24), "q4_0": (GGMLType.Q4_0, 2002),
     "q4_1": (GGMLType.Q4_1, 2003), "q8_0": (GGMLType.Q8_0, 2007), "q5_0": (GGMLType.Q5_0, 2008),
     "q5_1": (GGMLType.Q5_1, 2009)}
 

@@ -341,8 +341,11 @@ def test_hugging_face_and_ctranslate2_conversions_agree(tmp_path):
             logits.append(m.decode([50257, 50362], [0, 1]))
     np.testing.assert_array_equal(logits[0], logits[1])
     assert np.isfinite(logits[0]).all()
-    q = from_hf(hf_dir, tmp_path / "q8.bin", "q8_0")
-    assert WhisperFile(q).tensors["decoder.blocks.0.attn.query.weight"].type.name == "Q8_0"
+    for wtype in ("q8_0", "bf16"):
+        f = WhisperFile(from_hf(hf_dir, tmp_path / f"{wtype}.bin", wtype))
+        assert f.tensors["decoder.blocks.0.attn.query.weight"].type.name == wtype.upper()
+        assert f.tensors["encoder.conv1.weight"].type.name == "F16"          # convolutions stay F16
+        assert f.tensors["decoder.blocks.0.attn_ln.weight"].type.name == "F32"
     with pytest.raises(ModelError, match="config.json"):
         from_hf(ct_dir, tmp_path / "x.bin")
 
