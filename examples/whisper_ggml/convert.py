@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -216,8 +216,7 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
-def from_hf(model_dir: str | Path, out: str | Path, wtype: str = "f16",
-            load: Callable[[Path], Mapping[str, np.ndarray]] | None = None) -> Path:
+def from_hf(model_dir: str | Path, out: str | Path, wtype: str = "f16") -> Path:
     """Convert a Hugging Face ``openai/whisper-*`` directory (``model.safetensors``,
     ``config.json``, ``vocab.json``) to the whisper.cpp file ``out``. Returns ``out``. Raises
     :class:`~.hparams.ModelError` for a directory that is not such a model."""
@@ -227,12 +226,8 @@ def from_hf(model_dir: str | Path, out: str | Path, wtype: str = "f16",
         vocab_json: dict[str, int] = json.loads((d / "vocab.json").read_text())
     except FileNotFoundError as e:
         raise ModelError(f"{d}: {e.filename} is missing (a Hugging Face Whisper directory)") from None
-    if load is None:
-        from safetensors.numpy import load_file
-
-        def load(p: Path) -> Mapping[str, np.ndarray]:
-            return load_file(str(p))
-    st = load(d / "model.safetensors")
+    from safetensors.numpy import load_file
+    st = load_file(str(d / "model.safetensors"))
     a: dict[str, np.ndarray] = {}
     for k, arr in st.items():
         name = _hf_name(k)

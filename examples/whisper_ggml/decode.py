@@ -6,7 +6,7 @@ temperature for the fallback (:func:`decode_window`). Logits come from
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -60,7 +60,6 @@ class WindowResult:
     temperature: float
     compression_ratio: float
     text: str = ""
-    steps: int = field(default=0)
 
 
 def compression_ratio(text: str) -> float:
@@ -92,8 +91,6 @@ class _Filters:
         sup = [sp.translate, sp.transcribe, sp.sot, sp.prev, sp.solm, sp.nosp]
         if opts.suppress_non_speech:
             sup += tok.non_speech()
-        if not opts.timestamps:
-            sup.append(sp.timestamp_begin)   # no timestamps: none of them either
         self.suppress = np.array(sorted(set(t for t in sup if t < n_vocab)), dtype=np.int64)
         self.max_initial = sp.timestamp_begin + round(opts.max_initial_timestamp / 0.02)
 
@@ -212,6 +209,9 @@ def _beam(model: WhisperModel, filters: _Filters, n_prompt: int, first: np.ndarr
     finishes end-of-text candidates ranked below the first ``beam_size``, so it can stop before a
     longer, likelier sequence ends.) Each sequence keeps the cache cells of its positions: a new
     token gets a fresh cell, prefixes share theirs (the prompt's are cells 0..n_prompt-1)."""
+    if n_prompt + beam_size * limit > model.n_cells:
+        raise ValueError(f"beam search of {beam_size} beams over {limit} tokens needs "
+                         f"{n_prompt + beam_size * limit} KV cells; the model has {model.n_cells} (n_cells)")
     prompt_cells = list(range(n_prompt))
     # (tokens, score, logits after them, cells of prompt + tokens)
     live: list[tuple[list[int], float, np.ndarray, list[int]]] = [([], 0.0, first, prompt_cells)]

@@ -68,14 +68,15 @@ class WhisperModel:
     on it what it supports and the rest on the CPU backend (``n_threads``). ``flash_attn``
     (default, as whisper.cpp): the attention with ``ggml_flash_attn_ext`` (on 2 CPU cores the
     encoder takes 210 ms instead of 360 for tiny.en); False: ``mul_mat`` + ``soft_max``.
-    ``n_cells``: cells of the KV cache (default 8 x n_text_ctx: beam search gives each beam's
-    tokens cells of their own). Raises :class:`pyggml.BackendNotAvailableError` for
+    ``n_cells``: cells of the KV cache (default 3 x n_text_ctx: beam search gives each beam's
+    tokens cells of their own, the prompt plus beams x tokens per window: 1,123 for 5 beams of
+    224 tokens). Raises :class:`pyggml.BackendNotAvailableError` for
     an unknown device."""
 
     def __init__(self, f: WhisperFile, *, backend: str = "cpu", n_threads: int | None = None,
                  flash_attn: bool = True, max_graphs: int = 16, n_cells: int | None = None):
         self.hp = hp = f.hparams
-        self.n_cells = n_cells or 8 * hp.n_text_ctx
+        self.n_cells = n_cells or 3 * hp.n_text_ctx
         self.flash_attn = flash_attn
         self.max_graphs = max_graphs
         self.cpu = CPUBackend(n_threads=n_threads)

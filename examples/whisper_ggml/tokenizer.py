@@ -30,6 +30,7 @@ class WhisperTokenizer:
         self.sp = Specials.of(hp)
         self.n_vocab = hp.n_vocab
         self._ids = {tok: i for i, tok in enumerate(self.vocab)}
+        self._non_speech: list[int] | None = None
 
     def is_timestamp(self, token: int) -> bool:
         return token >= self.sp.timestamp_begin
@@ -58,7 +59,12 @@ class WhisperTokenizer:
     def non_speech(self) -> list[int]:
         """openai-whisper's non-speech tokens (``Tokenizer.non_speech_tokens``): the symbols that
         are one token alone or after a space, the first token of the music symbols, and the
-        tokens of " -" and " '"."""
+        tokens of " -" and " '". Looked up once."""
+        if self._non_speech is None:
+            self._non_speech = self._find_non_speech()
+        return list(self._non_speech)
+
+    def _find_non_speech(self) -> list[int]:
         out = set()
         for s in (" -", " '"):
             t = self._first(s.encode())
