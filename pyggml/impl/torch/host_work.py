@@ -48,7 +48,7 @@ def _has_mask(index: Any) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
 
 
-class HostWork(TorchFunctionMode):
+class HostWork(TorchFunctionMode):  # type: ignore[misc,unused-ignore]  # Any without torch
     """Records (in ``found``, as torch's names: ``"torch.Tensor.item"``) the calls made inside
     it that would make a step wait for the GPU or fail in a CUDA graph capture. Calls run as
     usual."""

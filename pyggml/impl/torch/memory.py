@@ -64,7 +64,11 @@ def generation() -> int:
     return _freed[0]
 
 
-class WeightsCache(dict[tuple[Any, ...], tuple[torch.Tensor, "torch.Tensor | None"]]):
+#: a weight as float32: (values, per-block minima of Q4_1/Q5_1 or None)
+Weight = tuple[torch.Tensor, "torch.Tensor | None"]
+
+
+class WeightsCache(dict[tuple[Any, ...], Weight]):
     """A buffer's float32 conversions of its weights; ``epoch`` counts the times it was
     emptied (``clear``).
 
@@ -81,10 +85,12 @@ class WeightsCache(dict[tuple[Any, ...], tuple[torch.Tensor, "torch.Tensor | Non
         #: key -> (the event after its conversion, the streams ordered after that event)
         self.made: dict[tuple[Any, ...], tuple[Any, set[Any]]] = {}
 
-    def fetch(self, key: tuple[Any, ...], convert: Callable[[], "Weight"],
-              stream: Any = None) -> "Weight":
-        """The conversion under ``key``, made by ``convert()`` if there is none, for a step on
-        ``stream`` (a ``torch.cuda.Stream``; None on ``cpu``)."""
+    def fetch(self, key: tuple[Any, ...],
+              convert: Callable[[], tuple[torch.Tensor, torch.Tensor | None]],
+              stream: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The conversion under ``key`` (a weight as float32: its values, and the per-block minima
+        of Q4_1/Q5_1 or None), made by ``convert()`` if there is none, for a step on ``stream``
+        (a ``torch.cuda.Stream``; None on ``cpu``)."""
         w = self.get(key)
         if w is None:
             w = self[key] = convert()
@@ -105,10 +111,6 @@ class WeightsCache(dict[tuple[Any, ...], tuple[torch.Tensor, "torch.Tensor | Non
         self.epoch += 1
         self.made.clear()
         super().clear()
-
-
-#: a weight as float32: (values, per-block minima of Q4_1/Q5_1 or None)
-Weight = tuple[torch.Tensor, "torch.Tensor | None"]
 
 
 class TorchBuffer(PyBuffer):
