@@ -42,15 +42,30 @@ def _tensor_with_data(t: Tensor) -> Any:
     return p
 
 
-def _copy_arg(t: Tensor) -> Any:
-    """A tensor for ggml_backend_tensor_copy(_async), which reads the tensor's own buffer (not
-    its view source's): a view made after its source was allocated has none (buffer NULL) and
-    would abort in ggml_backend_buffer_get_type."""
+def _copy_arg(t: Tensor, read: bool) -> Any:
+    """A tensor for ggml_backend_tensor_copy(_async) (its source if ``read``), which reads the
+    tensor's own buffer (not its view source's): a view made after its source was allocated has
+    none (buffer NULL) and would abort in ggml_backend_buffer_get_type."""
     p = _tensor_with_data(t)
+    buffer.check_layout(p, read=read)
     if p.buffer == ffi.NULL:
         raise ValueError(f"view {t._label()} has no buffer of its own (made after its source was "
                          "allocated): give it one with pyggml.backends.utils.view_init first")
     return p
+
+
+def _check_own_layouts(nodes: list[Any]) -> None:
+    """ValueError if a node reads a view of a tensor in memory with a layout of its own (an
+    extra buffer type's: :func:`pyggml.memory.buffer.check_layout`): the view's bytes are not
+    the tensor's. (A node reading such a tensor itself is refused by supports_op.)"""
+    for p in nodes:
+        for s in p.src:
+            if s != ffi.NULL and s.view_src != ffi.NULL and s.view_src.buffer != ffi.NULL \
+                    and s.view_src.buffer.iface.get_tensor == ffi.NULL:
+                raise ValueError(f"node {buffer.label(p)} reads a view {buffer.label(s)} of "
+                                 f"{buffer.label(s.view_src)}, which a "
+                                 f"{_str(lib.ggml_backend_buffer_name(s.view_src.buffer))} buffer "
+                                 "keeps in a layout of its own: read the tensor itself")
 
 
 def _same_layout(a: Tensor, b: Tensor) -> bool:
@@ -157,6 +172,7 @@ class Backend(_cobject.CObject):
         p = _tensor_with_data(tensor)
         a = np.ascontiguousarray(array)
         _check_range(tensor, offset, a.nbytes)
+        buffer.check_layout(p, read=False, offset=offset, size=a.nbytes)
         self._async_keep.append(a)
         with calling():
             lib.ggml_backend_tensor_set_async(self.ptr, p, ffi.from_buffer(a), offset, a.nbytes)
@@ -168,6 +184,7 @@ class Backend(_cobject.CObject):
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise ValueError("out must be a writable C-contiguous array")
         _check_range(tensor, offset, out.nbytes)
+        buffer.check_layout(p, read=True)
         self._async_keep.append(out)
         with calling():
             lib.ggml_backend_tensor_get_async(self.ptr, p, ffi.from_buffer(out), offset, out.nbytes)
@@ -201,7 +218,7 @@ class Backend(_cobject.CObject):
         """``ggml_backend_tensor_copy`` between any buffers; layouts must match. Raises
         ValueError for a tensor outside a backend buffer, a view without a buffer of its own
         (see :func:`pyggml.backends.utils.view_init`) and differing layouts."""
-        ps, pd = _copy_arg(src), _copy_arg(dst)
+        ps, pd = _copy_arg(src, True), _copy_arg(dst, False)
         if not _same_layout(src, dst):
             raise ValueError("tensor_copy needs tensors of the same type, ne and nb")
         with calling():
@@ -210,7 +227,7 @@ class Backend(_cobject.CObject):
     def tensor_copy_async(self, dst_backend: "Backend", src: Tensor, dst: Tensor) -> None:
         """``ggml_backend_tensor_copy_async`` from this backend to ``dst_backend``; raises
         ValueError as :meth:`tensor_copy` does."""
-        ps, pd = _copy_arg(src), _copy_arg(dst)
+        ps, pd = _copy_arg(src, True), _copy_arg(dst, False)
         if not _same_layout(src, dst):
             raise ValueError("tensor_copy_async needs tensors of the same type, ne and nb")
         with calling():
@@ -233,6 +250,8 @@ class Backend(_cobject.CObject):
         buffer.check_graph_memory(g, need_data=True)
         records = [r for r in map(buffer.lookup, buffer.graph_buffers(g)) if r is not None]
         foreign = buffer.check_placements(graph, records, placer)
+        if any(r.ptr.iface.get_tensor == ffi.NULL for r in records):
+            _check_own_layouts(graph.raw_nodes()[:n_nodes])
         unusable = self._unusable(records)
         indices = buffer.IndexCheck.of(graph.raw_nodes())
         if lib.ggml_backend_is_meta(self._ptr):  # how ggml's meta backend splits each node

@@ -9,7 +9,7 @@ the reason (:mod:`pyggml.raw.dl`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -18,9 +18,11 @@ from ..memory import buffer
 from .backend import Backend
 from .blas import BLASBackend
 from .cpu import CPUBackend
+from . import extra_bufts
 from ..memory.buffer import Buffer
 from ..memory.buffer_type import BufferType
 from ..enums import DeviceType, member
+from ..types import TypeLike, ggml_type
 from ..errors import BackendNotAvailableError, GGMLError
 from ..raw import dl, ffi, lib
 from ..raw.boundary import calling
@@ -131,6 +133,39 @@ class Device(_cobject.CObject):
         with calling():
             p = lib.ggml_backend_dev_host_buffer_type(self.ptr)
         return None if p == ffi.NULL else BufferType(p)
+
+    @property
+    def extra_buffer_types(self) -> list[BufferType]:
+        """The device's extra buffer types that passed their trial on this machine, in ggml's
+        order (``ggml_backend_dev_get_extra_bufts``, through the registry's proc address): the
+        memory in which it keeps weights re-laid for its fastest products (``CPU_REPACK``,
+        ``AMX``...; [] for most devices). The trial (:mod:`pyggml.backends.extra_bufts`) runs
+        in a forked process on first use, once per process; :attr:`extra_buffer_type_trials`
+        says what it found, types dropped included."""
+        return extra_bufts.usable(self.ptr)
+
+    @property
+    def extra_buffer_type_trials(self) -> list[extra_bufts.Trial]:
+        """Every extra buffer type ggml lists for this device with its trial's verdict: the
+        weight types the device's products take in it, and ``error``, why it is not used
+        (None: it is)."""
+        return extra_bufts.trials(self.ptr)
+
+    def weight_buffer_type(self, type: TypeLike, ne: Sequence[int], *, extra: bool = True) -> BufferType:
+        """Where llama.cpp's rule puts a weight of ``type`` and ``ne`` (ggml order) that a
+        matrix product by float32 activations reads (``MUL_MAT``, the weight as source 0): the
+        first of :attr:`extra_buffer_types` for which the device's ``supports_op`` takes that
+        product, else :attr:`buffer_type` (always, with ``extra=False``). Weights read by other
+        ops (``GET_ROWS`` of an embedding table, a view) belong in :attr:`buffer_type`: ggml's
+        kernels read only products from an extra buffer type. Raises ValueError for an unknown
+        type or an ``ne`` of other than 1 to 4 sizes >= 0."""
+        t = ggml_type(type)
+        ne = [int(n) for n in ne]
+        if not 1 <= len(ne) <= 4 or min(ne) < 0:
+            raise ValueError(f"ne must be 1 to 4 sizes >= 0, not {ne}")
+        if not extra or len(ne) != 2 or ne[0] % int(lib.ggml_blck_size(t)):
+            return self.buffer_type
+        return extra_bufts.weight_buffer_type(self.ptr, self.buffer_type, t, ne)
 
     def buffer_from_host_ptr(self, array: np.ndarray, max_tensor_size: int | None = None) -> Buffer:
         """A buffer over ``array``'s memory, no copy (``ggml_backend_dev_buffer_from_host_ptr``).

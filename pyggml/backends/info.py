@@ -22,7 +22,10 @@ def info() -> dict[str, Any]:
       or why it found no device (None otherwise);
     - ``libraries``: the ``libggml*.so`` files in the package;
     - ``registries``: the registered backend registries (Python backends included);
-    - ``devices``: name, description, type, memory in bytes.
+    - ``devices``: name, description, type, memory in bytes, and ``extra_buffer_types``: for each
+      one ggml lists, its ``name``, the weight ``types`` whose products the device takes in it, and
+      ``error``: why pyggml does not use it (its trial failed), or None
+      (:attr:`pyggml.Device.extra_buffer_type_trials`).
     """
     return {
         "ggml_version": GGML_VERSION,
@@ -32,7 +35,9 @@ def info() -> dict[str, Any]:
         "libraries": sorted(p.name for p in LIB_DIR.glob("*.so")),
         "registries": [r.name for r in registries()],
         "devices": [{"name": d.name, "description": d.description, "type": d.type.name.lower(),
-                     "memory_free": d.memory[0], "memory_total": d.memory[1]} for d in devices()],
+                     "memory_free": d.memory[0], "memory_total": d.memory[1],
+                     "extra_buffer_types": [{"name": t.name, "types": [k.name for k in t.types], "error": t.error}
+                                            for t in d.extra_buffer_type_trials]} for d in devices()],
     }
 
 
@@ -60,4 +65,7 @@ def format_info(data: dict[str, Any]) -> str:
     for d in data["devices"]:
         mem = f"{d['memory_free'] / 2**30:.1f}/{d['memory_total'] / 2**30:.1f} GiB free" if d["memory_total"] else "memory n/a"
         lines.append(f"  {d['name']:<8} {d['type']:<6} {d['description']} ({mem})")
+        for x in d["extra_buffer_types"]:
+            state = f"NOT USED: {x['error']}" if x["error"] else "in use"
+            lines.append(f"           extra buffer type {x['name']} ({', '.join(x['types']) or 'no weight type'}): {state}")
     return "\n".join(lines)

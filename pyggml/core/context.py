@@ -48,6 +48,10 @@ _ALIGN = int(lib.GGML_MEM_ALIGN)
 _MAX_BYTES = 2**62
 
 
+#: bytes new_graph reserves beyond ggml_graph_overhead_custom (the estimate's margin)
+_GRAPH_MARGIN = 64
+
+
 def _pad(n: int, align: int) -> int:
     return (n + align - 1) // align * align
 
@@ -124,8 +128,8 @@ class Context(_cobject.CObject, Ops):
         """A ``no_alloc`` context sized for ``n_tensors`` tensor structs plus, if ``graph_size``,
         one graph of that many nodes."""
         size = n_tensors * _OVERHEAD
-        if graph_size:
-            size += int(lib.ggml_graph_overhead_custom(graph_size, False))
+        if graph_size:  # as much as new_graph(graph_size) reserves
+            size += int(lib.ggml_graph_overhead_custom(graph_size, False)) + _GRAPH_MARGIN
         return cls(size, no_alloc=True)
 
     # ------------------------------------------------------------------ properties
@@ -557,7 +561,7 @@ class Context(_cobject.CObject, Ops):
         """``ggml_new_graph_custom``: an empty graph of at most ``size`` nodes and ``size`` leafs."""
         if size < 1:
             raise ValueError("graph size must be >= 1")
-        extra = int(lib.ggml_graph_overhead_custom(size, grads)) + 64
+        extra = int(lib.ggml_graph_overhead_custom(size, grads)) + _GRAPH_MARGIN
         with threads.using(self, gate=False):
             self._reserve(0, n_objects=0, extra=extra)
             p = lib.ggml_new_graph_custom(self._live_ptr(), size, grads)

@@ -37,6 +37,7 @@ from .. import _cobject
 from .context import Context
 from ..enums import BufferUsage, GGUFValueType
 from ..errors import ClosedError
+from ..memory.buffer import check_layout
 from ..raw import ffi, lib
 from ..raw.boundary import calling
 from .tensor import Tensor, lookup_name_bytes
@@ -346,6 +347,7 @@ class GGUFFile(_cobject.CObject):
         with calling():
             for i in infos:
                 raw = np.ascontiguousarray(self.raw(i.name))
+                check_layout(tensors[i.name]._ptr, read=False)
                 lib.ggml_backend_tensor_set(tensors[i.name]._ptr, ffi.from_buffer(raw), 0, raw.nbytes)
         return ctx, tensors
 

@@ -728,6 +728,7 @@ class Tensor(_cobject.CBorrowed):
             raise ValueError(f"tensor {self._label()} is not contiguous: copy it with Context.cont first")
         raw = np.empty(int(lib.ggml_nbytes(p)), dtype=np.uint8)
         if in_buffer:
+            buffer.check_layout(p, read=True)
             call(lib.ggml_backend_tensor_get, p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(ffi.from_buffer(raw), p.data, raw.nbytes)
@@ -830,6 +831,7 @@ class Tensor(_cobject.CBorrowed):
             self._check_shape(a.shape)
         raw = types.from_numpy_bytes(a.reshape(shape), self._type)
         if in_buffer:
+            buffer.check_layout(p, read=False)
             call(lib.ggml_backend_tensor_set, p, ffi.from_buffer(raw), 0, raw.nbytes)
         else:
             ffi.memmove(p.data, ffi.from_buffer(raw), raw.nbytes)

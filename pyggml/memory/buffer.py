@@ -34,7 +34,7 @@ from ..raw import ffi, lib
 from ..raw.boundary import calling
 
 
-__all__ = ["Buffer", "LiveBuffer", "track", "retire", "forget", "FREED", "lookup", "live_table", "graph_buffers",
+__all__ = ["Buffer", "LiveBuffer", "check_layout", "track", "retire", "forget", "FREED", "lookup", "live_table", "graph_buffers",
            "retired_by_placer", "check_graph_memory", "check_placements", "IndexCheck", "host_array_owner"]
 
 
@@ -211,6 +211,28 @@ def check_tensor_memory(p: Any, name: Callable[[], str]) -> LiveBuffer | None:
                           "graph allocator or scheduler was closed, or reallocated for a larger "
                           "graph): allocate it again")
     return rec
+
+
+def check_layout(p: Any, *, read: bool, offset: int = 0, size: int | None = None) -> None:
+    """ValueError if tensor struct ``p`` is in memory that keeps tensors in a layout of its own
+    (a buffer without ``get_tensor``: an extra buffer type's, such as ``CPU_REPACK`` or ``AMX``,
+    :mod:`pyggml.backends.extra_bufts`) and this access would crash or abort the process: any
+    read (``read=True``); a write of a view, of bytes [``offset``, ``offset + size``) short of
+    the whole tensor, or of a tensor the buffer type has no layout for (``extra`` NULL)."""
+    v = p.view_src
+    buf = v.buffer if v != ffi.NULL else p.buffer
+    if buf == ffi.NULL or buf.iface.get_tensor != ffi.NULL:
+        return
+    where = f"tensor {label(p)} is in a {_str(lib.ggml_backend_buffer_name(buf))} buffer, which keeps it in a layout of its own"
+    if read:
+        raise ValueError(f"{where}: it cannot be read back (keep the values you wrote into it)")
+    if v != ffi.NULL:
+        raise ValueError(f"{where}: a view of it cannot be written")
+    if offset != 0 or (size is not None and size != int(lib.ggml_nbytes(p))):
+        raise ValueError(f"{where}: it is written whole or not at all")
+    if p.extra == ffi.NULL:
+        raise ValueError(f"{where}, and has none for a {_str(lib.ggml_type_name(p.type))} tensor "
+                         f"of ne {list(p.ne)}: allocate it in the device's default buffer type")
 
 
 _AUTO_NAME = re.compile(r"(node|leaf)_\d+")
