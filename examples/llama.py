@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
     p.add_argument("--dequantize", action="store_true",
                    help="load weights as F32 (dequantized by ggml): for checks against float32 references")
+    p.add_argument("--no-repack", action="store_true",
+                   help="keep the CPU's weights in its default memory (default: in the CPU's extra "
+                        "buffer types where its products take them, e.g. CPU_REPACK for Q4_0/Q4_K, as llama.cpp)")
     s = p.add_argument_group("sampling")
     s.add_argument("--greedy", action="store_true", help="always the most likely token")
     s.add_argument("--temp", type=float, default=0.8, help="temperature (default 0.8; 0 = greedy)")
@@ -134,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 rpc.add_server(endpoint)
         llm = Llama(a.model, backend=a.backend, devices=devices, split=a.split, tensor_split=weights,
                     n_threads=a.threads or _default_threads(), n_ctx=a.ctx_size,
-                    n_batch=a.batch_size, flash_attn=a.flash_attn, kv_type=a.cache_type, dequantize=a.dequantize)
+                    n_batch=a.batch_size, flash_attn=a.flash_attn, kv_type=a.cache_type, dequantize=a.dequantize,
+                    repack=not a.no_repack)
     except (ModelError, ValueError, OSError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

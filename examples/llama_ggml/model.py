@@ -112,6 +112,10 @@ class LlamaModel:
     ones are freed). ``dequantize``: load every weight as F32 (dequantized by ggml's own
     ``to_float``), for checking the graph against a float32 reference without the error of the
     quantized matmuls (which quantize the activations too); about 5x the memory of Q4_1.
+    ``repack``: the CPU's matrix weights go where llama.cpp puts them (``--repack``, its default):
+    in the first extra buffer type of the CPU device that takes their products
+    (:meth:`pyggml.Device.weight_buffer_type`; ``CPU_REPACK`` for Q4_0/Q4_K/IQ4_NL on x86);
+    False: all in the CPU's default memory. :attr:`weight_buffers` says where they went.
     ``interruptible``: keep pyggml's Ctrl-C check inside the CPU backend's computation (a C
     throttle that asks Python at most every 10 ms, :data:`pyggml.backends.cpu.ABORT_INTERVAL_US`; it
     used to call Python after every node, and was off by default then). False: Ctrl-C stops
@@ -125,7 +129,7 @@ class LlamaModel:
                  split: str = "layer", tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
                  n_ctx: int = 2048, n_batch: int = 512, flash_attn: bool = False, kv_type: str = "f16",
                  kv_pad: int = 256, max_graphs: int = 8, dequantize: bool = False,
-                 interruptible: bool = True):
+                 repack: bool = True, interruptible: bool = True):
         if n_ctx < 1 or n_batch < 1 or kv_pad < 1 or max_graphs < 1:
             raise ValueError("n_ctx, n_batch, kv_pad and max_graphs must be >= 1")
         if n_threads is not None and n_threads < 1:
@@ -168,12 +172,24 @@ class LlamaModel:
             # weights: the file's bytes straight into a buffer of their device (quantized
             # tensors stay quantized)
             self.w: dict[str, Tensor] = {}
+            #: buffer type name -> (tensors, bytes) of the weights in it
+            self.weight_buffers: dict[str, tuple[int, int]] = {}
             for j, home in enumerate(self.homes):
                 mine = [n for n in names if home_of(n) == j]
-                if mine:
-                    wctx, w = self._load_f32(gguf, mine, home) if dequantize else gguf.load(home, mine)
+                if not mine:
+                    continue
+                if dequantize:
+                    wctx, w = self._load_f32(gguf, mine, home)
+                    groups = {home.default_buffer_type.name: (wctx, w)}
+                else:
+                    groups = {}
+                    for buft, group in self._weight_places(gguf, mine, home, repack):
+                        groups[buft.name] = gguf.load(buft, group)
+                for name, (wctx, w) in groups.items():
                     self._closables.append(wctx)
                     self.w.update(w)
+                    n, size = self.weight_buffers.get(name, (0, 0))
+                    self.weight_buffers[name] = (n + len(w), size + sum(t.nbytes for t in w.values()))
             self.out_weight = self.w.get("output.weight", self.w["token_embd.weight"])  # tied
             self._init_cache()
         except BaseException:
@@ -225,6 +241,24 @@ class LlamaModel:
             buf.clear(0)  # unused cells are masked, but 0 * NaN would still be NaN
         self.cache_k = [k[il] for il in range(hp.n_layer)]
         self.cache_v = [v[il] for il in range(hp.n_layer)]
+
+    def _weight_places(self, gguf: GGUFFile, names: list[str], home: pyggml.Backend,
+                       repack: bool) -> list[tuple[BufferType, list[str]]]:
+        """``names`` grouped by the buffer type each goes in: on the CPU backend, with
+        ``repack``, the matrices that only products read (all but the token embeddings, which
+        GET_ROWS reads) where :meth:`pyggml.Device.weight_buffer_type` says; the rest in
+        ``home``'s default buffer type."""
+        default = home.default_buffer_type
+        if home is not self.cpu or not repack:
+            return [(default, names)]
+        dev = Device.of(self.cpu)
+        places: dict[BufferType, list[str]] = {}
+        for n in names:
+            info = gguf.tensor_info(n)
+            product = n != "token_embd.weight" and len(info.ne) == 2
+            buft = dev.weight_buffer_type(info.type, info.ne) if product else default
+            places.setdefault(buft, []).append(n)
+        return list(places.items())
 
     @staticmethod
     def _load_f32(gguf: GGUFFile, names: list[str], main: pyggml.Backend) -> tuple[Context, dict[str, Tensor]]:
