@@ -24,12 +24,21 @@ logits, the example's bookkeeping and pyggml's own work in :meth:`pyggml.Schedul
 and the cost of pyggml's Ctrl-C check in the CPU backend (``interruptible=True``, a C throttle
 that asks Python at most every 10 ms). ``--backend`` names the device that holds the weights (CUDA0...: then llama-bench is asked
 for ``-ngl 99``); set ``GGML_CUDA_DISABLE_GRAPHS=1`` to see ggml-cuda without its CUDA graphs.
+
+Weights: both sides put the CPU's matrices where llama.cpp's rule does (``llama-bench --repack
+1``, its default; pyggml's ``repack=True``, :meth:`pyggml.Device.weight_buffer_type`): in an
+extra buffer type of the CPU where its products take them (``CPU_REPACK`` for Q4_0/Q4_K/IQ4_NL
+on x86), else the CPU's default memory. ``--no-repack`` turns that off on both sides. The table
+is preceded by the buffer types that hold the weights on each side (pyggml's
+``LlamaModel.weight_buffers``; llama.cpp's "model buffer size" lines, from ``llama-bench -v``),
+so that a ratio compares the same layouts.
 Nothing here is asserted.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -63,7 +72,7 @@ def decode_steps(m: object, n: int) -> list[tuple[float, float]]:
 
 
 def bench_pyggml(model: Path, threads: int, repeat: int, flash_attn: bool, backend: str,
-                 contexts: list[int]) -> dict[str, float]:
+                 contexts: list[int], repack: bool) -> dict[str, float]:
     """pp64 and tg64 tokens/s; per context c of ``contexts``: the median decode step after a
     c-token prompt (``step@c``) and its Python time (``python@c``), seconds."""
     rng = np.random.default_rng(0)
@@ -71,7 +80,7 @@ def bench_pyggml(model: Path, threads: int, repeat: int, flash_attn: bool, backe
     n_ctx = max(256, max(contexts) + 2 * N)
     for interruptible in (False, True):
         with Llama(model, backend=backend, n_threads=threads, n_ctx=n_ctx, flash_attn=flash_attn,
-                   interruptible=interruptible) as llm:
+                   interruptible=interruptible, repack=repack) as llm:
             m = llm.model
             tokens = rng.integers(0, m.hp.n_vocab, N).tolist()
 
@@ -101,11 +110,28 @@ def bench_pyggml(model: Path, threads: int, repeat: int, flash_attn: bool, backe
     return out
 
 
+def pyggml_weight_buffers(model: Path, backend: str, repack: bool) -> dict[str, float]:
+    """Buffer type name -> MiB of the weights pyggml puts in it."""
+    with Llama(model, backend=backend, n_threads=1, n_ctx=256, repack=repack) as llm:
+        return {k: size / 2**20 for k, (_, size) in llm.model.weight_buffers.items()}
+
+
+def llama_cpp_weight_buffers(exe: Path, model: Path, gpu: bool, repack: bool) -> dict[str, float]:
+    """Buffer type name -> MiB of the weights llama.cpp puts in it (its "model buffer size"
+    log lines: a one-token run with ``-v``)."""
+    cmd = [str(exe), "-m", str(model), "-t", "1", "-p", "0", "-n", "1", "-r", "1", "-v",
+           "--repack", "1" if repack else "0", "-ngl", "99" if gpu else "0", "-o", "json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    found = re.findall(r"(\S+) model buffer size\s*=\s*([\d.]+) MiB", r.stderr)
+    return {name: float(mib) for name, mib in found}
+
+
 def bench_llama_cpp(exe: Path, model: Path, threads: int, repeat: int, flash_attn: bool,
-                    gpu: bool) -> dict[str, float]:
+                    gpu: bool, repack: bool) -> dict[str, float]:
     """pp64 and tg64 tokens/s from ``llama-bench -o json`` (median of its samples)."""
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", str(N), "-n", str(N), "-r", str(repeat),
-           "-fa", "on" if flash_attn else "off", "-ngl", "99" if gpu else "0", "-o", "json"]
+           "-fa", "on" if flash_attn else "off", "-ngl", "99" if gpu else "0", "-o", "json",
+           "--repack", "1" if repack else "0"]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     out = {}
     for entry in json.loads(r.stdout):
@@ -125,6 +151,8 @@ def main() -> None:
     p.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
     p.add_argument("--pyggml-only", action="store_true", help="do not run llama-bench")
     p.add_argument("--backend", default="cpu", help="cpu (default) or the device holding the weights, e.g. CUDA0")
+    p.add_argument("--no-repack", action="store_true",
+                   help="weights in the CPU's default memory on both sides (llama-bench --repack 0)")
     p.add_argument("--context", type=int, nargs="+", default=[8, 1000],
                    help="prompt lengths after which decode steps are timed (default 8 1000)")
     a = p.parse_args()
@@ -137,16 +165,24 @@ def main() -> None:
     elif not have_cpp:
         print(f"no llama-bench at {a.llama_bench} (scripts/build_llama_bench.sh builds it): pyggml only\n")
 
+    repack, gpu = not a.no_repack, a.backend.lower() != "cpu"
     print(f"{model.name} on {a.backend}, {a.threads} CPU threads, median of {a.repeat} runs, "
-          f"median of {a.rounds} rounds\n")
+          f"median of {a.rounds} rounds, repack {'on' if repack else 'off'}\n")
+
+    def places(mib: dict[str, float]) -> str:
+        return ", ".join(f"{k} {v:.1f} MiB" for k, v in mib.items()) or "?"
+    print(f"weights, pyggml:      {places(pyggml_weight_buffers(model, a.backend, repack))}")
+    if have_cpp:
+        print(f"weights, llama-bench: {places(llama_cpp_weight_buffers(exe, model, gpu, repack))}")
+    print()
     print("| attention | test | pyggml t/s | llama-bench t/s | ratio | median ratio of the rounds |")
     print("|---|---|---|---|---|---|")
     notes = []
     for fa in (False, True):
         rounds = []
         for _ in range(a.rounds):
-            ours = bench_pyggml(model, a.threads, a.repeat, fa, a.backend, a.context)
-            cpp = bench_llama_cpp(exe, model, a.threads, a.repeat, fa, a.backend.lower() != "cpu") if have_cpp else {}
+            ours = bench_pyggml(model, a.threads, a.repeat, fa, a.backend, a.context, repack)
+            cpp = bench_llama_cpp(exe, model, a.threads, a.repeat, fa, gpu, repack) if have_cpp else {}
             rounds.append((ours, cpp))
         ours = {k: statistics.median(r[0][k] for r in rounds) for k in rounds[0][0]}
         cpp = {k: statistics.median(r[1][k] for r in rounds) for k in ("pp", "tg")} if have_cpp else {}

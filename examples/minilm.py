@@ -86,7 +86,7 @@ class MiniLM:
 
     def __init__(self, model_dir: Path, n_threads: int | None = None, backend: str = "cpu",
                  flash_attn: bool | None = None, devices: Sequence[str] | None = None,
-                 wtype: str = DEFAULT_WTYPE):
+                 wtype: str = DEFAULT_WTYPE, repack: bool = True):
         """``backend``: "cpu", or a device name that holds the weights and runs what it supports
         under the scheduler (the CPU the rest). ``devices``: several device names instead (e.g.
         ``["RPC0", "RPC1"]``): the encoder's layers split over them in equal runs, each
@@ -100,7 +100,12 @@ class MiniLM:
         host memory (BLAS, NumPy) costs none: the CPU computes the node in place. ``wtype``: the
         type of the linear layers' weight matrices (a key of :data:`WTYPES`), converted at load
         by ggml (``Tensor.set``: ggml's F16/BF16 conversions and quantizer); embeddings, norms
-        and biases stay F32; ``"auto"``: :func:`default_wtype`. ValueError for an unknown one."""
+        and biases stay F32; ``"auto"``: :func:`default_wtype`. ValueError for an unknown one.
+        ``repack``: on the CPU backend, each weight matrix goes where llama.cpp's rule puts it
+        (:meth:`pyggml.Device.weight_buffer_type`: an extra buffer type of the CPU that takes
+        its products, e.g. ``AMX`` for Q8_0 on Intel CPUs with AMX, ``CPU_REPACK`` for Q8_0 on
+        Arm; on x86 without AMX none takes these types); :attr:`weight_buffers` says where
+        they went."""
         if wtype == "auto":
             wtype = default_wtype(backend, devices or ())
         self.wtype = wtype
@@ -157,16 +162,26 @@ class MiniLM:
 
         self.w: dict[str, pyggml.Tensor] = {}
         self.wctxs: list[pyggml.Context] = []
+        #: buffer type name -> the number of weights in it
+        self.weight_buffers: dict[str, int] = {}
         for j, be in enumerate(homes):
-            mine = {n: a for n, a in weights.items() if home(n) == j}
-            if not mine:
-                continue
-            ctx = pyggml.Context.for_tensors(len(mine))
-            self.wctxs.append(ctx)
-            self.w.update({name: (ctx.new_tensor(WTYPES[wtype], list(arr.shape[::-1]), name=name)
-                                   if _is_matrix(name, arr) else ctx.from_numpy(arr, name=name))
-                           for name, arr in mine.items()})
-            ctx.alloc_tensors(be).usage = "weights"
+            cpu_dev = pyggml.Device.of(be) if repack and isinstance(be, pyggml.CPUBackend) else None
+            groups: dict[pyggml.BufferType, list[str]] = {}
+            for name, arr in weights.items():
+                if home(name) == j:
+                    matrix = _is_matrix(name, arr) and cpu_dev is not None
+                    buft = (cpu_dev.weight_buffer_type(WTYPES[wtype], arr.shape[::-1]) if matrix
+                            else be.default_buffer_type)
+                    groups.setdefault(buft, []).append(name)
+            for buft, names in groups.items():
+                ctx = pyggml.Context.for_tensors(len(names))
+                self.wctxs.append(ctx)
+                for name in names:
+                    arr = weights[name]
+                    self.w[name] = (ctx.new_tensor(WTYPES[wtype], list(arr.shape[::-1]), name=name)
+                                    if _is_matrix(name, arr) else ctx.from_numpy(arr, name=name))
+                ctx.alloc_tensors(buft).usage = "weights"
+                self.weight_buffers[buft.name] = self.weight_buffers.get(buft.name, 0) + len(names)
         for name, arr in weights.items():
             self.w[name].set(arr)
         # one graph per (padded length, batch size), built once and computed again with new
@@ -379,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--type", choices=["auto"] + sorted(WTYPES), default=DEFAULT_WTYPE,
                    help="type of the linear layers' weights, converted at load by ggml (default auto: "
                         "bf16 on the CPU backend where ggml has AVX512-BF16 kernels, else f32)")
+    p.add_argument("--no-repack", action="store_true",
+                   help="keep the CPU's weights in its default memory (default: in an extra buffer "
+                        "type of the CPU that takes their products, where there is one)")
     p.add_argument("--devices", metavar="DEV,DEV,...",
                    help="split the layers over these devices instead of --backend (e.g. RPC0,RPC1)")
     p.add_argument("--rpc", metavar="HOST:PORT", action="append", default=[],
@@ -416,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             if name.lower() != "cpu":
                 device(name)  # a missing device is said before the model is looked for
         model = MiniLM(a.model_dir or default_model_dir(), n_threads=a.threads, backend=a.backend,
-                       devices=devices, wtype=a.type)
+                       devices=devices, wtype=a.type, repack=not a.no_repack)
     except (ImportError, pyggml.BackendNotAvailableError, ValueError, ConnectionError) as e:
         p.exit(1, f"{p.prog}: error: {e}\n")
     with model:

