@@ -5,6 +5,7 @@ file and thread count, side by side.
     scripts/build_llama_bench.sh                      # once: build/llama.cpp/build/bin/llama-bench
     python benchmarks/bench_llama.py [--threads 2] [--repeat 5] [--rounds 3] [--model X.gguf]
     python benchmarks/bench_llama.py --pyggml-only    # without llama-bench, even where it is built
+    python benchmarks/bench_llama.py --type q4_0      # matrices requantized to Q4_0 (CPU_REPACK)
     python benchmarks/bench_llama.py --backend CUDA0 --context 8 1000   # a GPU; decode at two contexts
 
 Tests, as llama-bench names them: ``pp64`` processes a 64-token prompt in one batch (tokens/s);
@@ -21,6 +22,8 @@ at a time, in the KV bucket of that context): the step's time and its Python tim
 step's wall time minus the time inside ggml's ``ggml_backend_sched_graph_compute`` call itself
 (timed in C around the call, ``pyggml_compute_ns``): setting the four inputs, reading the
 logits, the example's bookkeeping and pyggml's own work in :meth:`pyggml.Scheduler.compute`;
+the same for the command line's own loop (``Llama.generate`` with its sampler and text
+streaming, 160 tokens after a 900-token prompt, graph builds included), greedy and sampled;
 and the cost of pyggml's Ctrl-C check in the CPU backend (``interruptible=True``, a C throttle
 that asks Python at most every 10 ms). ``--backend`` names the device that holds the weights (CUDA0...: then llama-bench is asked
 for ``-ngl 99``); set ``GGML_CUDA_DISABLE_GRAPHS=1`` to see ggml-cuda without its CUDA graphs.
@@ -54,7 +57,8 @@ from bench_minilm import compute_seconds
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
-from llama_ggml import Llama  # noqa: E402
+from llama_ggml import Llama, Sampler, requantize  # noqa: E402
+from llama_ggml.generate import TextStream  # noqa: E402
 from llama_ggml.generate import default_model_path  # noqa: E402
 
 DEFAULT_LLAMA_BENCH = ROOT / "build" / "llama.cpp" / "build" / "bin" / "llama-bench"
@@ -110,6 +114,37 @@ def bench_pyggml(model: Path, threads: int, repeat: int, flash_attn: bool, backe
     return out
 
 
+def cli_steps(model: Path, threads: int, repeat: int, flash_attn: bool, backend: str,
+              repack: bool, n_prompt: int = 900, n_gen: int = 160) -> dict[str, float]:
+    """The CLI's own Python per decode step, seconds: its loop (``Llama.generate`` with the
+    CLI's sampler and text streaming, graph builds included) after an ``n_prompt``-token
+    prompt, for ``n_gen`` tokens, minus the time inside ggml's compute calls (C-timed), per
+    step; ``greedy`` and ``sampled`` (the CLI's defaults: temperature 0.8, top-k 40, top-p
+    0.95). Median of ``repeat`` runs."""
+    rng = np.random.default_rng(1)
+    out: dict[str, list[float]] = {"greedy": [], "sampled": []}
+    with Llama(model, backend=backend, n_threads=threads, n_ctx=n_prompt + n_gen + 8, flash_attn=flash_attn,
+               repack=repack) as llm:
+        ids = rng.integers(0, llm.model.hp.n_vocab, n_prompt).tolist()
+        for r in range(repeat):
+            for kind in out:
+                stream, sink = TextStream(llm.tokenizer), []
+                mark: list[float] = []
+
+                def emit(tok: int) -> None:
+                    if not mark:   # the loop's first token: the prompt is done
+                        mark.extend((time.perf_counter(), compute_seconds()))
+                    piece = stream.push(tok)
+                    if piece:
+                        sink.append(piece)
+
+                sampler = Sampler(greedy=kind == "greedy", seed=r)
+                gen = llm.generate(ids, n_gen, sampler, on_token=emit)
+                t, c = time.perf_counter() - mark[0], compute_seconds() - mark[1]
+                out[kind].append((t - c) / max(gen.decode_steps, 1))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def pyggml_weight_buffers(model: Path, backend: str, repack: bool) -> dict[str, float]:
     """Buffer type name -> MiB of the weights pyggml puts in it."""
     with Llama(model, backend=backend, n_threads=1, n_ctx=256, repack=repack) as llm:
@@ -151,12 +186,21 @@ def main() -> None:
     p.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
     p.add_argument("--pyggml-only", action="store_true", help="do not run llama-bench")
     p.add_argument("--backend", default="cpu", help="cpu (default) or the device holding the weights, e.g. CUDA0")
+    p.add_argument("--type", default=None,
+                   help="the model's matrices requantized to this type first (e.g. q4_0, which "
+                        "CPU_REPACK takes on x86; written once to build/), both sides read that file")
     p.add_argument("--no-repack", action="store_true",
                    help="weights in the CPU's default memory on both sides (llama-bench --repack 0)")
     p.add_argument("--context", type=int, nargs="+", default=[8, 1000],
                    help="prompt lengths after which decode steps are timed (default 8 1000)")
     a = p.parse_args()
     model = a.model or default_model_path()
+    if a.type:
+        out = ROOT / "build" / f"{model.stem}-{a.type}.gguf"
+        if not out.is_file():
+            out.parent.mkdir(exist_ok=True)
+            requantize(model, out, a.type)
+        model = out
     found = shutil.which("llama-bench")
     exe: Path = a.llama_bench if a.llama_bench.is_file() or found is None else Path(found)
     have_cpp = exe.is_file() and not a.pyggml_only
@@ -182,6 +226,8 @@ def main() -> None:
         rounds = []
         for _ in range(a.rounds):
             ours = bench_pyggml(model, a.threads, a.repeat, fa, a.backend, a.context, repack)
+            ours.update({f"cli_{k}": v for k, v in
+                         cli_steps(model, a.threads, a.repeat, fa, a.backend, repack).items()})
             cpp = bench_llama_cpp(exe, model, a.threads, a.repeat, fa, gpu, repack) if have_cpp else {}
             rounds.append((ours, cpp))
         ours = {k: statistics.median(r[0][k] for r in rounds) for k in rounds[0][0]}
@@ -196,6 +242,9 @@ def main() -> None:
             step, py = ours[f"step@{c}"], ours[f"python@{c}"]
             notes.append(f"{name}, decode after {c} tokens: step {step * 1e3:.3f} ms ({1 / step:.0f} tok/s), "
                          f"Python outside ggml's compute call {py * 1e3:.3f} ms ({100 * py / step:.1f} %)")
+        notes.append(f"{name}, the CLI's loop after 900 tokens (sampling, text streaming, graph builds): "
+                     f"Python per step {ours['cli_greedy'] * 1e3:.3f} ms greedy, "
+                     f"{ours['cli_sampled'] * 1e3:.3f} ms sampled (top-k 40, top-p 0.95)")
         notes.append(f"{name}: tg{N} with pyggml's Ctrl-C check (interruptible=True, throttled): "
                      f"{ours['tg_interruptible']:.1f} t/s ({100 * (ours['tg'] / ours['tg_interruptible'] - 1):+.1f} % "
                      "time per token)")

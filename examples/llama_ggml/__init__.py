@@ -7,6 +7,7 @@ Modules, one concept each:
 * :mod:`.model`     -- weights, KV cache and the llama graphs (built once per shape, reused)
 * :mod:`.sampling`  -- greedy / temperature / top-k / top-p / repetition penalty
 * :mod:`.generate`  -- :class:`Llama`: tokenize, process the prompt, decode, stream
+* :mod:`.quantize`  -- :func:`requantize`: a GGUF file's matrices in another type
 
 ``examples/llama.py`` is the command line on top of :class:`Llama`.
 """
@@ -15,7 +16,8 @@ from __future__ import annotations
 from .generate import Llama
 from .hparams import HParams, ModelError
 from .model import LlamaModel
+from .quantize import requantize
 from .sampling import Sampler
 from .tokenizer import ChatTemplate, GGUFTokenizer
 
-__all__ = ["Llama", "LlamaModel", "HParams", "ModelError", "Sampler", "GGUFTokenizer", "ChatTemplate"]
+__all__ = ["Llama", "LlamaModel", "HParams", "ModelError", "Sampler", "GGUFTokenizer", "ChatTemplate", "requantize"]

@@ -58,15 +58,20 @@ class Sampler:
             logits[recent] = np.where(vals > 0, vals / self.repeat_penalty, vals * self.repeat_penalty)
         if self.is_greedy:
             return int(np.argmax(logits))
-        ids = np.arange(logits.shape[0])
-        if 0 < self.top_k < logits.shape[0]:
-            ids = np.argpartition(logits, -self.top_k)[-self.top_k:]
-        vals = logits[ids].astype(np.float64) / self.temperature
-        order = np.argsort(-vals, kind="stable")
-        ids, vals = ids[order], vals[order]
-        probs = np.exp(vals - vals[0])
-        probs /= probs.sum()
-        if self.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), self.top_p)) + 1   # smallest set >= top_p
-            ids, probs = ids[:keep], probs[:keep] / probs[:keep].sum()
-        return int(ids[self.rng.choice(len(ids), p=probs)])
+        # a step's time is mostly memory traffic (the logits are 49,152 values for SmolLM2, and
+        # ggml has just streamed the weights through the caches): one pass finds the k-th
+        # largest value, one picks the ids at or above it; the rest works on k values
+        n, k = logits.shape[0], self.top_k
+        if 0 < k < n:
+            kth = np.partition(logits, n - k)[n - k]
+            ids = np.flatnonzero(logits >= kth)        # k ids, more when the k-th value is tied
+        else:
+            ids, k = np.arange(n), n
+        vals = logits[ids].astype(np.float64)
+        order = np.argsort(-vals, kind="stable")[:k]   # ties: the lower id first
+        ids = ids[order]
+        cdf = np.cumsum(np.exp((vals[order] - vals[order[0]]) / self.temperature))
+        if self.top_p < 1.0:   # the smallest set whose probability reaches top_p
+            cdf = cdf[:int(np.searchsorted(cdf, self.top_p * cdf[-1])) + 1]
+        # Generator.choice(len(ids), p=...)'s draw, without its checks of p
+        return int(ids[int(np.searchsorted(cdf / cdf[-1], self.rng.random(), side="right"))])

@@ -329,6 +329,32 @@ def test_sampling_is_seeded_and_follows_its_settings():
         Sampler(temperature=-1)
 
 
+@pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (8, 0.7), (0, 0.9)])
+def test_sampling_draws_the_distribution_it_describes(top_k, top_p):
+    """The draws' frequencies are llama.cpp's distribution (top-k, then softmax at the
+    temperature, then the smallest set reaching top-p), computed here with a plain sort; a value
+    tied at the k-th place keeps only k tokens, the lower ids."""
+    logits = np.random.default_rng(5).standard_normal(300).astype(np.float32)
+    logits[[3, 4, 250]] = 2.5              # a tie at the top
+    temp, n = 0.7, 20000
+    order = sorted(range(300), key=lambda i: (-logits[i], i))
+    kept = order[:top_k] if top_k else order
+    p = np.exp((logits[kept].astype(np.float64) - logits[kept[0]]) / temp)
+    p /= p.sum()
+    if top_p < 1.0:
+        cut = int(np.searchsorted(np.cumsum(p), top_p)) + 1
+        kept, p = kept[:cut], p[:cut] / p[:cut].sum()
+    s = Sampler(temperature=temp, top_k=top_k, top_p=top_p, seed=11)
+    counts = np.bincount([s(logits) for _ in range(n)], minlength=300)
+    assert set(np.flatnonzero(counts)) <= set(kept)
+    want = np.zeros(300)
+    want[kept] = p
+    assert np.abs(counts / n - want).max() < 4 * np.sqrt(want.max() / n)
+    tie = np.zeros(10, np.float32)
+    tie[[2, 6, 7]] = 1.0                   # three tokens tied at the top, top_k=2
+    assert {Sampler(temperature=1.0, top_k=2, seed=i)(tie) for i in range(50)} == {2, 6}
+
+
 # --------------------------------------------------------------------------- command line
 def _run_cli(*args: str, threads: int = THREADS) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
@@ -566,19 +592,8 @@ def test_streamed_text_is_the_decoded_text(llm):
 def q4_0_path(model_path, tmp_path_factory) -> Path:
     """SmolLM2 with its matrices requantized to Q4_0 (ggml's quantizer; the token embeddings
     as shipped): the type CPU_REPACK takes on x86 and Arm."""
-    from pyggml.core.gguf import GGUFWriter
-    out = tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf"
-    with GGUFFile(model_path) as f, GGUFWriter() as w:
-        md = f.metadata
-        for key in md:
-            w.add_value(key, md[key], md.value_type(key), md.element_type(key))
-        for info in f.tensors:
-            if len(info.ne) == 2 and info.name != "token_embd.weight":
-                w.add_tensor(info.name, pyggml.types.quantize(f.array(info.name), "q4_0"), "q4_0", info.ne)
-            else:
-                w.add_tensor(info.name, f.raw(info.name), info.type, info.ne)
-        w.write(out)
-    return out
+    from llama_ggml import requantize
+    return requantize(model_path, tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf", "q4_0")
 
 
 def test_repacked_weights_give_the_tokens_of_plain_ones(q4_0_path, capsys):
