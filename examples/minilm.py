@@ -169,9 +169,8 @@ class MiniLM:
             groups: dict[pyggml.BufferType, list[str]] = {}
             for name, arr in weights.items():
                 if home(name) == j:
-                    matrix = _is_matrix(name, arr) and cpu_dev is not None
-                    buft = (cpu_dev.weight_buffer_type(WTYPES[wtype], arr.shape[::-1]) if matrix
-                            else be.default_buffer_type)
+                    buft = (cpu_dev.weight_buffer_type(WTYPES[wtype], arr.shape[::-1])
+                            if cpu_dev is not None and _is_matrix(name, arr) else be.default_buffer_type)
                     groups.setdefault(buft, []).append(name)
             for buft, names in groups.items():
                 ctx = pyggml.Context.for_tensors(len(names))

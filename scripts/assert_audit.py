@@ -74,8 +74,11 @@ BLIND_SPOTS = [
     "(checked by `grep`, see the test).",
     "Other compiled sources are not listed site by site: `ggml-cpu/binary-ops.cpp`, "
     "`ggml-cpu/unary-ops.cpp` (type dispatch of the kernels, covered by the kernel table like "
-    "ops.cpp), `ggml-cpu/repack.cpp` and `ggml-cpu/amx`, `kleidiai` (extra CPU buffer types "
-    "pyggml never selects), `ggml-quants.c` (quantization of rows, reached through "
+    "ops.cpp), `ggml-cpu/repack.cpp` and `ggml-cpu/amx`, `kleidiai` (the extra CPU buffer "
+    "types: pyggml uses one only after a forked trial of its products, writes a tensor there only "
+    "whole and only where the type has a layout for it, never reads one back, and its CPU "
+    "backend lets only the products `supports_op` takes read it: `pyggml.backends.extra_bufts`, "
+    "`pyggml.memory.buffer.check_layout`), `ggml-quants.c` (quantization of rows, reached through "
     "`ggml_quantize_chunk` whose asserts are listed), `ggml-backend-reg.cpp`, "
     "`ggml-backend-meta.cpp` (the meta device, not exposed by the Pythonic layer), and the "
     "GPU/RPC backends.",

@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 import pyggml
-from pyggml import Context, CPUBackend, GGMLType, Scheduler, Tensor, ffi, lib
+from pyggml import BufferType, Context, CPUBackend, GGMLType, Scheduler, Tensor, ffi, lib
 from pyggml.backends.device import Device, device_by_name
 from pyggml.backends.meta import meta_device
 from pyggml.core.gguf import GGUFFile

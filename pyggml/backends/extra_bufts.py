@@ -35,6 +35,7 @@ from ..memory.buffer_type import BufferType
 from ..raw import ffi, lib
 from ..raw.boundary import calling
 from .. import types
+from .cpu import CPUBackend
 
 __all__ = ["Trial", "listed", "trials", "usable", "weight_buffer_type", "TRIAL_SHAPE"]
 
@@ -116,7 +117,6 @@ def _say(text: str) -> None:
 def _products(buft: BufferType, kinds: tuple[GGMLType, ...]) -> None:
     """The trial itself, in the forked child: each product in ``buft`` and on the CPU's default
     memory; prints ``error: ...`` and exits 1 when they differ. ggml dying is the other answer."""
-    from .cpu import CPUBackend
     cpu = CPUBackend(n_threads=1)   # the OpenMP runtime of the parent does not survive fork()
     rng = np.random.default_rng(0)
     k, n = TRIAL_SHAPE
