@@ -1,0 +1,118 @@
+"""``torch.compile(model, backend="pyggml")``: the graphs dynamo captures, decomposed to core
+ATen by AOT autograd, partitioned between ggml and torch, the ggml partitions computed by
+:class:`~.graph.LoweredGraph`.
+
+Options (``torch.compile(..., options={...})``): ``device`` (``"cpu"``, the default, or a ggml
+device name such as ``"CUDA0"``, ``"Vulkan0"``, ``"RPC0"``: that device holds the weights and
+runs what it supports, the CPU the rest), ``threads`` (CPU threads). Tensors in and out are CPU
+torch tensors. Graphs are built once per input shape (``dynamic=False`` semantics). Only the
+forward pass is lowered: under autograd the backward pass runs in torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx
+
+from ..backends.backend import Backend
+from ..backends.cpu import CPUBackend
+from ..backends.device import device_by_name
+from .graph import LoweredGraph
+from .partition import Explanation, explain_graph, partition
+
+__all__ = ["Options", "compile_fx", "lower_module", "explain"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """The backend's options; ValueError for a bad one."""
+    device: str = "cpu"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, str):
+            raise ValueError(f"device must be a ggml device name, not {self.device!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"threads must be an int >= 1, not {self.threads!r}")
+
+
+class _Devices:
+    """The backends of one compiled model: the CPU's and, for another device, that one's."""
+
+    def __init__(self, opts: Options):
+        self.cpu = CPUBackend(n_threads=opts.threads)
+        self.other: Backend | None = None
+        if opts.device.lower() != "cpu":
+            from ..impl import register_builtin   # a Python device (numpy, TORCH0) by its name
+            register_builtin(opts.device)
+            self.other = device_by_name(opts.device).init()
+
+    def graph(self, gm: fx.GraphModule, weights: set[int]) -> LoweredGraph:
+        if self.other is None:
+            return LoweredGraph(gm, weights, backend=self.cpu)
+        return LoweredGraph(gm, weights, backends=[self.other, self.cpu])
+
+
+def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any) -> fx.GraphModule:
+    """``gm`` (core ATen) with its ggml partitions replaced by :class:`LoweredGraph` modules.
+    ``weights``: the placeholder indices that receive parameters and buffers."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    weight_nodes = {placeholders[i] for i in weights}
+    fused = partition(gm)
+    for node in list(fused.graph.nodes):
+        if node.op != "call_module" or not str(node.target).startswith("fused_"):
+            continue
+        sub = getattr(fused, str(node.target))
+        sub_weights = {i for i, a in enumerate(node.args) if a in weight_nodes}
+        setattr(fused, str(node.target), _Module(devices.graph(sub, sub_weights), sub))
+    fused.recompile()
+    return fused
+
+
+class _Module(torch.nn.Module):
+    """A ggml partition as the submodule FX calls."""
+
+    def __init__(self, lowered: LoweredGraph, original: fx.GraphModule):
+        super().__init__()
+        self.lowered = lowered
+        out = next(n for n in original.graph.nodes if n.op == "output")
+        self.single = not isinstance(out.args[0], (list, tuple))
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        outs = self.lowered(*args)
+        return outs[0] if self.single else tuple(outs)
+
+
+def _is_weight(name: str, x: Any) -> bool:
+    return isinstance(x, torch.nn.Parameter) or "_parameters_" in name or "_buffers_" in name
+
+
+def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any],
+               options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The ``torch.compile`` backend ``"pyggml"`` (registered through the
+    ``torch_dynamo_backends`` entry point). ``options``: see :class:`Options`."""
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+    opts = Options(**(options or {}))
+    devices = _Devices(opts)
+    names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+    weights = {i for i, (name, x) in enumerate(zip(names, example_inputs)) if _is_weight(name, x)}
+
+    def forward(aten_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
+        return lower_module(aten_gm, weights, devices)
+
+    def backward(aten_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
+        return aten_gm
+
+    compiler = aot_autograd(fw_compiler=forward, inference_compiler=forward, bw_compiler=backward,
+                            decompositions=core_aten_decompositions())
+    return compiler(gm, list(example_inputs))
+
+
+def explain(model: torch.nn.Module, *inputs: Any) -> Explanation:
+    """Which ATen ops of ``model(*inputs)`` ggml would run and why the others stay in torch:
+    the model exported (``torch.export``), decomposed to core ATen."""
+    ep = torch.export.export(model, tuple(inputs)).run_decompositions()
+    return explain_graph(ep.graph_module)

@@ -1,0 +1,217 @@
+"""One FX graph of ATen ops (every node lowerable) as ggml graphs: :class:`Builder` lowers the
+nodes into a context, :class:`LoweredGraph` runs them, one ggml graph per input shape (a
+:class:`~pyggml.GraphCache`), with the weights copied once into a backend buffer.
+
+Data flow: torch CPU tensors -> NumPy views -> the graph's input tensors -> compute -> NumPy
+copies of the outputs -> torch tensors. Index inputs (int64 token ids) are given to ggml as I32.
+"""
+from __future__ import annotations
+
+from typing import Any, Collection, Sequence
+
+import numpy as np
+import torch
+from torch import fx
+
+from ..backends.backend import Backend
+from ..backends.graph_cache import GraphCache
+from ..core.context import Context
+from ..core.tensor import Tensor
+from ..enums import GGMLType
+from .layout import DTYPES, INDEX_DTYPES, ne_of, shape_of, val
+from .table import TABLE, LoweringError, Val, why_not
+
+__all__ = ["Builder", "LoweredGraph"]
+
+#: nodes per ggml graph (a lowered ATen node makes up to ~10 ggml nodes)
+GRAPH_SIZE = 8192
+
+
+class Builder:
+    """Lowers FX nodes into ``ctx``: ``env`` maps each node to its :class:`Val` (or a tuple of
+    them); ``consts`` are the constant inputs made on the way (name -> array), set at every
+    compute."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.env: dict[fx.Node, Any] = {}
+        self.consts: dict[str, np.ndarray] = {}
+        self.const_tensors: dict[str, Tensor] = {}
+        #: a tensor made by swapping the last two dims of a contiguous one -> that one (mm reads it)
+        self.transposed_of: dict[int, Tensor] = {}
+
+    # ------------------------------------------------------------------ helpers for lowerings
+    def constant(self, array: Any, dtype: Any = np.float32) -> Tensor:
+        """An input tensor holding ``array`` (NumPy order), set at every compute."""
+        a = np.ascontiguousarray(np.asarray(array, dtype=dtype))
+        if a.ndim == 0:
+            a = a.reshape(1)
+        name = f"const{len(self.consts)}"
+        t = self.ctx.new_tensor(GGMLType.F32 if a.dtype == np.float32 else GGMLType.I32, ne_of(a.shape))
+        self.consts[name], self.const_tensors[name] = a, t
+        return t
+
+    def contig(self, t: Tensor) -> Tensor:
+        return t if t.is_contiguous() else self.ctx.cont(t)
+
+    def reshape(self, t: Tensor, shape: Sequence[int]) -> Tensor:
+        """``t`` as torch ``shape`` (same number of elements)."""
+        ne = ne_of(shape)
+        if list(t.ne[:len(ne)]) == ne and all(n == 1 for n in t.ne[len(ne):]):
+            return t
+        return self.ctx.reshape(self.contig(t), *ne)
+
+    def expand(self, v: Val, shape: Sequence[int]) -> Tensor:
+        """``v`` broadcast (NumPy's rule) to torch ``shape``: ggml's repeat tiles it."""
+        if tuple(v.shape) == tuple(shape):
+            return v.t
+        padded = (1,) * (len(shape) - v.ndim) + tuple(v.shape)
+        t = self.reshape(v.t, padded)
+        like = self.ctx.new_tensor(t.type, ne_of(shape))
+        return self.ctx.repeat(t, like)
+
+    # ------------------------------------------------------------------ the graph
+    def lower(self, node: fx.Node) -> Any:
+        """Lower ``node`` (a call_function node whose inputs are in :attr:`env`)."""
+        why = why_not(node)
+        if why is not None:
+            raise LoweringError(f"{node.format_node()}: {why}")
+        lowering = TABLE[node.target]
+
+        def arg(x: Any) -> Any:
+            if isinstance(x, fx.Node):
+                return self.env[x]
+            if isinstance(x, (list, tuple)):
+                return type(x)(arg(y) for y in x)
+            return x
+
+        out = lowering.lower(self, node, *arg(node.args), **{k: arg(x) for k, x in node.kwargs.items()})
+        fake = val(node)
+        if isinstance(fake, (tuple, list)):
+            return tuple(None if o is None else self._checked(node, o, tuple(f.shape))
+                         for o, f in zip(out, fake))
+        return self._checked(node, out, tuple(fake.shape))
+
+    def _checked(self, node: fx.Node, t: Tensor, shape: tuple[int, ...]) -> Val:
+        ne = ne_of(shape)
+        if list(t.ne[:len(ne)]) != ne or any(n != 1 for n in t.ne[len(ne):]):
+            raise LoweringError(f"{node.format_node()}: lowered to ne {list(t.ne)}, torch says {list(shape)} "
+                                "(a bug in pyggml's lowering)")
+        return Val(t, tuple(int(d) for d in shape))
+
+
+class LoweredGraph:
+    """``gm`` (an FX graph of ATen ops, all lowerable) computed by ggml on ``backend`` (or by a
+    :class:`~pyggml.Scheduler` over ``backends``, the CPU last). ``weights``: the indices of the
+    placeholders that receive parameters and buffers: copied into a backend buffer at the first
+    call and again only when torch has changed them (another tensor, or written in place), not
+    at every call. Call it with the graph's inputs (CPU tensors); it returns the outputs as a list
+    of torch tensors. Raises :class:`~.table.LoweringError` for a node it cannot lower."""
+
+    def __init__(self, gm: fx.GraphModule, weights: Collection[int], backend: Backend | None = None,
+                 backends: Sequence[Backend] | None = None, max_graphs: int = 8):
+        self.gm = gm
+        home = backend if backend is not None else (backends or [None])[0]
+        if home is None:
+            raise ValueError("give a backend or backends")
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        self.outputs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+        for n in gm.graph.nodes:
+            if n.op == "call_function":
+                why = why_not(n)
+                if why is not None:
+                    raise LoweringError(f"{n.format_node()}: {why}")
+        self._weight_seen: dict[int, tuple[int, int]] = {}
+        self._wctx = Context.for_tensors(max(1, len(weights)))
+        self._w: dict[int, Tensor] = {}
+        for i in sorted(weights):
+            node = self.placeholders[i]
+            self._w[i] = self._wctx.new_tensor(self._type_of(node), ne_of(shape_of(node)))
+        if self._w:
+            self._wctx.alloc_tensors(home).usage = "weights"
+        self._consts: dict[Any, dict[str, np.ndarray]] = {}
+        self._out_shapes: dict[Any, list[tuple[int, ...]]] = {}
+        #: the input shapes the nodes' fake tensors are for
+        self._traced = tuple(shape_of(n) for i, n in enumerate(self.placeholders) if i not in self._w)
+        self.cache = GraphCache(self._build, backend=backend, backends=None if backend is not None else backends,
+                                graph_size=GRAPH_SIZE, max_graphs=max_graphs)
+        self.graphs_built = 0
+
+    @staticmethod
+    def _type_of(node: fx.Node) -> GGMLType:
+        v = val(node)
+        return GGMLType.I32 if v.dtype in INDEX_DTYPES else DTYPES[v.dtype]
+
+    def close(self) -> None:
+        self.cache.close()
+        self._wctx.close()
+
+    def _upload_weights(self, args: Sequence[torch.Tensor]) -> None:
+        for i, t in self._w.items():
+            src = args[i]
+            stamp = (src.data_ptr(), src._version)
+            if self._weight_seen.get(i) != stamp:
+                t.set(_array(src))
+                self._weight_seen[i] = stamp
+
+    def _propagate(self, shapes: tuple[tuple[int, ...], ...]) -> None:
+        """The nodes' fake tensors for inputs of ``shapes`` (the graph was traced for others)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+        mode = FakeTensorMode()
+        fakes, k = [], 0
+        for i, node in enumerate(self.placeholders):
+            v = val(node)
+            shape = shape_of(node) if i in self._w else shapes[k]
+            k += i not in self._w
+            fakes.append(mode.from_tensor(torch.empty(shape, dtype=v.dtype)))
+        try:
+            FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fakes)
+        except Exception as e:  # noqa: BLE001 - torch says the graph does not take these shapes
+            raise LoweringError(f"the graph does not take inputs of shapes {list(shapes)}: {e}") from None
+        self._traced = shapes
+
+    def _build(self, ctx: Context, *shapes: tuple[int, ...]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        if shapes != self._traced:
+            self._propagate(shapes)
+        b = Builder(ctx)
+        inputs: dict[str, Tensor] = {}
+        k = 0
+        for i, node in enumerate(self.placeholders):
+            if i in self._w:
+                b.env[node] = Val(self._w[i], shape_of(node))
+                continue
+            t = ctx.new_tensor(self._type_of(node), ne_of(shapes[k]))
+            inputs[f"in{i}"] = t
+            b.env[node] = Val(t, tuple(shapes[k]))
+            k += 1
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function":
+                b.env[node] = b.lower(node)
+        outputs = {}
+        self._out_shapes[shapes] = [b.env[o].shape for o in self.outputs]
+        for j, o in enumerate(self.outputs):
+            v = b.env[o]
+            outputs[f"out{j}"] = b.contig(v.t)   # NumPy reads contiguous outputs
+        inputs.update(b.const_tensors)
+        self._consts[shapes] = b.consts
+        self.graphs_built += 1
+        return inputs, outputs
+
+    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        self._upload_weights(args)
+        feed = {f"in{i}": _array(a) for i, a in enumerate(args) if i not in self._w}
+        key = tuple(tuple(int(d) for d in args[i].shape) for i in range(len(args)) if i not in self._w)
+        self.cache.get(key)   # built on first use: its constants are known after
+        feed.update(self._consts[key])
+        out = self.cache.compute(key, **feed)
+        return [torch.from_numpy(out[f"out{j}"]).reshape(shape) for j, shape in enumerate(self._out_shapes[key])]
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as NumPy (a view where torch allows), index dtypes as int32."""
+    t = t.detach()
+    if t.dtype in INDEX_DTYPES:
+        return t.to(torch.int32).contiguous().numpy()
+    return t.contiguous().numpy()

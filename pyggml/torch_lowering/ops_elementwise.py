@@ -1,0 +1,223 @@
+"""Element-wise ATen ops: arithmetic with NumPy broadcasting, activations, clamps, powers.
+
+ggml's binary ops tile their second operand over the first (each ``a.ne[i]`` a multiple of
+``b.ne[i]``); torch broadcasts both ways: the first operand is repeated to the result's shape
+first where it is smaller. A Python number operand becomes a 1-element constant (tiles anything)
+or, for products, ``ggml_scale``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..core.tensor import Tensor
+from .graph import Builder
+from .layout import shape_of
+from .table import Val, register
+
+aten = torch.ops.aten
+_NUM = (int, float)
+
+
+def _num_ok(i: int) -> Any:
+    def check(node: fx.Node) -> str | None:
+        x = node.args[i] if len(node.args) > i else None
+        if isinstance(x, bool) or (x is not None and not isinstance(x, (fx.Node,) + _NUM)):
+            return f"argument {i} is {type(x).__name__}"
+        return None
+    return check
+
+
+def _first(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    """x repeated to the node's shape where smaller, contiguous (ggml's first operand)."""
+    return b.contig(b.expand(x, shape_of(node)))
+
+
+def _scalar(b: Builder, node: fx.Node, x: Any, c: float, op: str) -> Tensor:
+    t = _first(b, node, x)
+    if op == "mul":
+        return b.ctx.scale(t, c)
+    if op == "div":
+        return b.ctx.scale(t, 1.0 / c) if c != 0 else b.ctx.div(t, b.constant([c]))
+    return getattr(b.ctx, op)(t, b.constant([c]))
+
+
+def _binary(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
+    if isinstance(y, _NUM):
+        return _scalar(b, node, x, float(y), op)
+    if isinstance(x, _NUM):   # number op tensor: the tensor broadcast to the result, the number first
+        full = b.constant(float(x))
+        t = b.contig(b.expand(y, shape_of(node)))
+        like = b.ctx.repeat(full, t)
+        return getattr(b.ctx, op)(like, t)
+    return getattr(b.ctx, op)(_first(b, node, x), y.t)
+
+
+_BIN_NOTES = "ggml_{} (ggml_repeat first where the first operand is broadcast; a number: a constant or ggml_scale)"
+
+
+@register(aten.add.Tensor, aten.add.Scalar, notes=_BIN_NOTES.format("add"), check=_num_ok(1))
+def _add(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float = 1) -> Tensor:
+    if alpha != 1:
+        y = y * alpha if isinstance(y, _NUM) else Val(b.ctx.scale(b.contig(y.t), float(alpha)), y.shape)
+    return _binary(b, node, x, y, "add")
+
+
+@register(aten.sub.Tensor, aten.sub.Scalar, notes=_BIN_NOTES.format("sub"), check=_num_ok(1))
+def _sub(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float = 1) -> Tensor:
+    if alpha != 1:
+        y = y * alpha if isinstance(y, _NUM) else Val(b.ctx.scale(b.contig(y.t), float(alpha)), y.shape)
+    return _binary(b, node, x, y, "sub")
+
+
+@register(aten.rsub.Scalar, aten.rsub.Tensor, notes="ggml_sub with the operands swapped", check=_num_ok(1))
+def _rsub(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float = 1) -> Tensor:
+    if alpha != 1:
+        x = Val(b.ctx.scale(b.contig(x.t), float(alpha)), x.shape)
+    return _binary(b, node, y, x, "sub")
+
+
+@register(aten.mul.Tensor, aten.mul.Scalar, notes=_BIN_NOTES.format("mul"), check=_num_ok(1))
+def _mul(b: Builder, node: fx.Node, x: Any, y: Any) -> Tensor:
+    if isinstance(x, _NUM):
+        x, y = y, x
+    return _binary(b, node, x, y, "mul")
+
+
+def _div_check(node: fx.Node) -> str | None:
+    if node.kwargs.get("rounding_mode") is not None:
+        return "a rounding mode"
+    return _num_ok(1)(node)
+
+
+@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, notes=_BIN_NOTES.format("div"), check=_div_check)
+def _div(b: Builder, node: fx.Node, x: Any, y: Any, rounding_mode: Any = None) -> Tensor:
+    return _binary(b, node, x, y, "div")
+
+
+# ---------------------------------------------------------------------- unary
+def _unary(name: str, *targets: Any, notes: str | None = None) -> None:
+    def lower(b: Builder, node: fx.Node, x: Val) -> Tensor:
+        return getattr(b.ctx, name)(b.contig(x.t))
+    register(*targets, notes=notes or f"ggml_{name}")(lower)
+
+
+_unary("neg", aten.neg.default)
+_unary("abs", aten.abs.default)
+_unary("exp", aten.exp.default)
+_unary("log", aten.log.default)
+_unary("sqrt", aten.sqrt.default)
+_unary("sin", aten.sin.default)
+_unary("cos", aten.cos.default)
+_unary("tanh", aten.tanh.default)
+_unary("sigmoid", aten.sigmoid.default)
+_unary("relu", aten.relu.default)
+_unary("silu", aten.silu.default)
+_unary("sgn", aten.sign.default, aten.sgn.default, notes="ggml_sgn")
+_unary("floor", aten.floor.default)
+_unary("ceil", aten.ceil.default)
+_unary("trunc", aten.trunc.default)
+_unary("expm1", aten.expm1.default)
+_unary("hardswish", aten.hardswish.default)
+_unary("hardsigmoid", aten.hardsigmoid.default)
+_unary("sqr", aten.square.default, notes="ggml_sqr")
+
+
+def _gelu_check(node: fx.Node) -> str | None:
+    return None if node.kwargs.get("approximate", "none") in ("none", "tanh") else "an unknown approximation"
+
+
+@register(aten.gelu.default, notes="ggml_gelu_erf (approximate='none'), ggml_gelu ('tanh')", check=_gelu_check)
+def _gelu(b: Builder, node: fx.Node, x: Val, approximate: str = "none") -> Tensor:
+    t = b.contig(x.t)
+    return b.ctx.gelu_erf(t) if approximate == "none" else b.ctx.gelu(t)
+
+
+def _elu_check(node: fx.Node) -> str | None:
+    alpha, scale, in_scale = (list(node.args[1:4]) + [1, 1, 1])[:3]
+    return None if (alpha, scale, in_scale) == (1, 1, 1) else "alpha, scale or input_scale other than 1"
+
+
+@register(aten.elu.default, notes="ggml_elu (alpha 1)", check=_elu_check)
+def _elu(b: Builder, node: fx.Node, x: Val, *rest: Any) -> Tensor:
+    return b.ctx.elu(b.contig(x.t))
+
+
+@register(aten.leaky_relu.default, notes="ggml_leaky_relu")
+def _leaky_relu(b: Builder, node: fx.Node, x: Val, negative_slope: float = 0.01) -> Tensor:
+    return b.ctx.leaky_relu(b.contig(x.t), float(negative_slope))
+
+
+def _softplus_check(node: fx.Node) -> str | None:
+    beta, threshold = (list(node.args[1:3]) + [1, 20])[:2]
+    return None if (beta, threshold) == (1, 20) else "beta or threshold other than 1, 20"
+
+
+@register(aten.softplus.default, notes="ggml_softplus (beta 1, threshold 20)", check=_softplus_check)
+def _softplus(b: Builder, node: fx.Node, x: Val, *rest: Any) -> Tensor:
+    return b.ctx.softplus(b.contig(x.t))
+
+
+def _bound(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _clamp_check(node: fx.Node) -> str | None:
+    return None if all(not isinstance(a, fx.Node) for a in node.args[1:]) else "tensor bounds"
+
+
+@register(aten.clamp.default, aten.hardtanh.default, notes="ggml_clamp", check=_clamp_check)
+def _clamp(b: Builder, node: fx.Node, x: Val, lo: Any = None, hi: Any = None) -> Tensor:
+    if node.target == aten.hardtanh.default:
+        lo, hi = (-1.0 if lo is None else lo), (1.0 if hi is None else hi)
+    low, high = _bound(lo), _bound(hi)
+    return b.ctx.clamp(b.contig(x.t), -math.inf if low is None else low, math.inf if high is None else high)
+
+
+@register(aten.clamp_min.default, notes="ggml_clamp", check=_clamp_check)
+def _clamp_min(b: Builder, node: fx.Node, x: Val, lo: float) -> Tensor:
+    return b.ctx.clamp(b.contig(x.t), float(lo), math.inf)
+
+
+@register(aten.clamp_max.default, notes="ggml_clamp", check=_clamp_check)
+def _clamp_max(b: Builder, node: fx.Node, x: Val, hi: float) -> Tensor:
+    return b.ctx.clamp(b.contig(x.t), -math.inf, float(hi))
+
+
+@register(aten.rsqrt.default, notes="ggml_exp(ggml_scale(ggml_log(x), -0.5))")
+def _rsqrt(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return b.ctx.exp(b.ctx.scale(b.ctx.log(b.contig(x.t)), -0.5))
+
+
+@register(aten.reciprocal.default, notes="ggml_div of a constant 1 tiled to x")
+def _reciprocal(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    t = b.contig(x.t)
+    return b.ctx.div(b.ctx.repeat(b.constant(1.0), t), t)
+
+
+_POWERS = (0.5, -0.5, -1, 1, 2, 3, 4)
+
+
+def _pow_check(node: fx.Node) -> str | None:
+    e = node.args[1]
+    return None if isinstance(e, _NUM) and not isinstance(e, bool) and e in _POWERS else f"exponent {e!r}"
+
+
+@register(aten.pow.Tensor_Scalar, notes="ggml_sqr, ggml_sqrt, products and ggml_div (exponents 0.5, -0.5, -1..4)",
+          check=_pow_check)
+def _pow(b: Builder, node: fx.Node, x: Val, e: float) -> Tensor:
+    t = b.contig(x.t)
+    ctx = b.ctx
+    if e == 0.5:
+        return ctx.sqrt(t)
+    if e == -0.5:
+        return _rsqrt(b, node, x)
+    if e == -1:
+        return _reciprocal(b, node, x)
+    if e == 1:
+        return ctx.scale(t, 1.0)
+    sq = ctx.sqr(t)
+    return sq if e == 2 else ctx.mul(sq, t) if e == 3 else ctx.sqr(sq)

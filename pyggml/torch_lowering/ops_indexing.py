@@ -1,0 +1,109 @@
+"""Indexing and attention: embedding, index_select (``ggml_get_rows``), scaled dot-product
+attention (``ggml_mul_mat`` + ``ggml_soft_max_ext`` + ``ggml_mul_mat``)."""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+
+from ..core.tensor import Tensor
+from .graph import Builder
+from .layout import shape_of, val
+from .table import Val, register
+
+aten = torch.ops.aten
+
+
+def _rows(b: Builder, node: fx.Node, table: Val, idx: Val) -> Tensor:
+    """Rows ``idx`` (any shape) of 2-dim ``table`` -> torch shape idx.shape + (D,)."""
+    flat = b.reshape(idx.t, (int(np.prod(idx.shape)) if idx.shape else 1,))
+    return b.reshape(b.ctx.get_rows(table.t, flat), shape_of(node))
+
+
+def _embedding_check(node: fx.Node) -> str | None:
+    if val(node.args[0]).dim() != 2:
+        return "a table of other than 2 dims"
+    return None if not any(node.args[3:5]) else "scale_grad_by_freq or sparse"
+
+
+@register(aten.embedding.default, notes="ggml_get_rows (I32 indices)", check=_embedding_check, index_args=(1,))
+def _embedding(b: Builder, node: fx.Node, weight: Val, idx: Val, *rest: Any) -> Tensor:
+    return _rows(b, node, weight, idx)
+
+
+def _index_select_check(node: fx.Node) -> str | None:
+    if val(node.args[0]).dim() != 2 or node.args[1] not in (0, -2):
+        return "other than rows of a 2-dim tensor"
+    return None
+
+
+@register(aten.index_select.default, notes="ggml_get_rows (I32 indices)", check=_index_select_check, index_args=(2,))
+def _index_select(b: Builder, node: fx.Node, x: Val, dim: int, idx: Val) -> Tensor:
+    return _rows(b, node, x, idx)
+
+
+def _sdpa_check(node: fx.Node) -> str | None:
+    q, k, v = (val(a) for a in node.args[:3])
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "q, k, v of other than 4 dims"
+    kw = dict(node.kwargs)
+    names = ["attn_mask", "dropout_p", "is_causal"] if node.target == aten.scaled_dot_product_attention.default \
+        else ["dropout_p", "is_causal"]
+    for name, a in zip(names, node.args[3:]):
+        kw[name] = a
+    if kw.get("dropout_p", 0.0):
+        return "dropout"
+    if kw.get("enable_gqa"):
+        return "grouped-query attention"
+    mask = kw.get("attn_mask")
+    if mask is not None:
+        m = val(mask)
+        if m.dtype != torch.float32:
+            return f"a {m.dtype} mask (a float mask is added to the scores)"
+        if m.dim() > 4 or tuple(m.shape[-2:]) != (q.shape[-2], k.shape[-2]) and m.shape[-2] != 1:
+            return "a mask of another shape"
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3]:
+        return "heads or batches that differ"
+    if node.target != aten.scaled_dot_product_attention.default and any(
+            u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+        return "its log-sum-exp is used (only the attention output is lowered)"
+    return None
+
+
+def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kw: Any) -> Any:
+    names = ["attn_mask", "dropout_p", "is_causal"] if node.target == aten.scaled_dot_product_attention.default \
+        else ["dropout_p", "is_causal"]
+    for name, a in zip(names, args):
+        kw[name] = a
+    mask, causal, scale = kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale")
+    B, H, L, E = q.shape
+    S = k.shape[2]
+    ctx = b.ctx
+    if scale is None:
+        scale = 1.0 / math.sqrt(E)
+    kq = ctx.mul_mat(b.contig(k.t), b.contig(q.t))            # ne [S, L, H, B]
+    m: Tensor | None = None
+    if mask is not None:
+        mshape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+        m = b.contig(b.reshape(mask.t, mshape))
+        if mshape[2] != L:   # soft_max_ext's mask covers every query row
+            m = ctx.repeat(m, ctx.new_tensor(m.type, [S, L, mshape[1], mshape[0]]))
+    if causal:
+        tri = np.triu(np.full((L, S), -np.inf, np.float32), k=1 + S - L)
+        c = b.constant(tri)
+        m = c if m is None else ctx.add(ctx.cont(m), c)
+    attn = ctx.soft_max(kq, m, float(scale))                   # ne [S, L, H, B]
+    vt = ctx.cont(ctx.permute(v.t, 1, 0, 2, 3))                 # ne [S, Ev, H, B]
+    out = ctx.mul_mat(vt, attn)                                 # ne [Ev, L, H, B]
+    if node.target == aten.scaled_dot_product_attention.default:
+        return out
+    return (out,) + (None,) * (len(val(node)) - 1)
+
+
+register(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+         notes="ggml_mul_mat + ggml_soft_max_ext (scale, float mask, causal mask) + ggml_mul_mat",
+         check=_sdpa_check)(_sdpa)

@@ -1,0 +1,142 @@
+"""Reductions, normalisation and softmax: sum, mean, layer norm, RMS norm, softmax, log-softmax.
+
+ggml reduces and normalises along ``ne[0]``, torch's last dim; another dim is permuted there
+first (and back).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import torch
+from torch import fx
+
+from ..core.tensor import Tensor
+from .graph import Builder
+from .layout import axis_of, shape_of
+from .table import Val, register
+
+aten = torch.ops.aten
+
+
+def _to_front(b: Builder, x: Val, dim: int) -> tuple[Tensor, list[int]]:
+    """x with torch dim ``dim`` moved to ggml axis 0 (contiguous), and the axes to move it back."""
+    ax = axis_of(dim, x.ndim)
+    if ax == 0:
+        return b.contig(x.t), [0, 1, 2, 3]
+    axes = [0, 1, 2, 3]
+    axes[0], axes[ax] = ax, 0          # swap ggml axes 0 and ax
+    return b.ctx.cont(b.ctx.permute(x.t, *axes)), axes
+
+
+def _reduce(b: Builder, node: fx.Node, x: Val, dims: Any, keepdim: bool, mean: bool) -> Tensor:
+    n = x.ndim
+    dims = list(range(n)) if dims is None or (isinstance(dims, (list, tuple)) and not dims) else \
+        ([dims] if isinstance(dims, int) else list(dims))
+    t, shape = x.t, list(x.shape)
+    for d in sorted({d % n for d in dims}):
+        cur = Val(t, tuple(shape))
+        front, axes = _to_front(b, cur, d)
+        r = b.ctx.mean(front) if mean else b.ctx.sum_rows(front)
+        t = b.ctx.permute(r, *axes) if axes != [0, 1, 2, 3] else r
+        shape[d] = 1
+    return b.reshape(b.contig(t), shape_of(node))
+
+
+def _sum_check(node: fx.Node) -> str | None:
+    return None if node.kwargs.get("dtype") is None else "a dtype"
+
+
+@register(aten.sum.dim_IntList, notes="ggml_sum_rows (the dim permuted to ne[0] first)", check=_sum_check)
+def _sum(b: Builder, node: fx.Node, x: Val, dims: Any = None, keepdim: bool = False, **kw: Any) -> Tensor:
+    return _reduce(b, node, x, dims, keepdim, mean=False)
+
+
+@register(aten.sum.default, notes="ggml_sum", check=_sum_check)
+def _sum_all(b: Builder, node: fx.Node, x: Val, **kw: Any) -> Tensor:
+    return b.ctx.sum(b.contig(x.t))
+
+
+@register(aten.mean.dim, notes="ggml_mean (the dim permuted to ne[0] first)", check=_sum_check)
+def _mean(b: Builder, node: fx.Node, x: Val, dims: Any = None, keepdim: bool = False, **kw: Any) -> Tensor:
+    return _reduce(b, node, x, dims, keepdim, mean=True)
+
+
+@register(aten.mean.default, notes="ggml_sum + ggml_scale", check=_sum_check)
+def _mean_all(b: Builder, node: fx.Node, x: Val, **kw: Any) -> Tensor:
+    n = 1
+    for d in x.shape:
+        n *= d
+    return b.ctx.scale(b.ctx.sum(b.contig(x.t)), 1.0 / n)
+
+
+def _softmax_check(node: fx.Node) -> str | None:
+    half = node.args[2] if len(node.args) > 2 else False
+    return "half_to_float" if half is True else None
+
+
+def _softmax_val(b: Builder, x: Val, dim: int, log: bool) -> Tensor:
+    front, axes = _to_front(b, x, dim)
+    s = b.ctx.soft_max(front)
+    if log:
+        s = b.ctx.log(s)
+    return s if axes == [0, 1, 2, 3] else b.ctx.permute(s, *axes)
+
+
+@register(aten._softmax.default, aten.softmax.int, notes="ggml_soft_max_ext (the dim permuted to ne[0] first)",
+          check=_softmax_check)
+def _softmax(b: Builder, node: fx.Node, x: Val, dim: int, half: Any = False) -> Tensor:
+    return _softmax_val(b, x, dim, log=False)
+
+
+@register(aten._log_softmax.default, aten.log_softmax.int, notes="ggml_log(ggml_soft_max_ext)", check=_softmax_check)
+def _log_softmax(b: Builder, node: fx.Node, x: Val, dim: int, half: Any = False) -> Tensor:
+    return _softmax_val(b, x, dim, log=True)
+
+
+def _norm_check(node: fx.Node) -> str | None:
+    shape = node.args[1]
+    if len(shape) != 1:
+        return f"a normalized shape of {len(shape)} dims (ggml normalises one)"
+    users = [u for u in node.users]
+    if node.target == aten.native_layer_norm.default and any(
+            u.target is not operator.getitem or u.args[1] != 0 for u in users):
+        return "its mean or rstd is used (only the normalised output is lowered)"
+    return None
+
+
+def _layer_norm(b: Builder, node: fx.Node, x: Val, shape: Sequence[int], w: Val | None = None,
+                bias: Val | None = None, eps: float = 1e-5, *rest: Any) -> Any:
+    out = b.ctx.norm(b.contig(x.t), float(eps))
+    if w is not None:
+        out = b.ctx.mul(out, w.t)
+    if bias is not None:
+        out = b.ctx.add(out, bias.t)
+    if node.target == aten.native_layer_norm.default:
+        return (out, None, None)
+    return out
+
+
+register(aten.native_layer_norm.default, aten.layer_norm.default,
+         notes="ggml_norm + ggml_mul + ggml_add (the normalised output)", check=_norm_check)(_layer_norm)
+
+
+def _rms_check(node: fx.Node) -> str | None:
+    shape = node.args[1]
+    eps = node.args[3] if len(node.args) > 3 else node.kwargs.get("eps")
+    if len(shape) != 1:
+        return f"a normalized shape of {len(shape)} dims"
+    return None if eps is not None else "no eps (torch takes the dtype's machine epsilon)"
+
+
+@register(aten.rms_norm.default, notes="ggml_rms_norm + ggml_mul", check=_rms_check)
+def _rms_norm(b: Builder, node: fx.Node, x: Val, shape: Sequence[int], w: Val | None = None,
+              eps: float | None = None) -> Tensor:
+    out = b.ctx.rms_norm(b.contig(x.t), float(eps or 0.0))
+    return out if w is None else b.ctx.mul(out, w.t)
+
+
+@register(operator.getitem, notes="one result of a node with several (layer norm)")
+def _getitem(b: Builder, node: fx.Node, results: Any, i: int) -> Tensor:
+    got = results[i]
+    return got.t if isinstance(got, Val) else got

@@ -1,0 +1,156 @@
+"""Shape ATen ops: views, reshapes, permutations, expansion, slices, concatenation, copies.
+
+A view keeps ggml's strides where ggml can express them (permute, transpose, slices along any
+but the fastest dim); otherwise the tensor is made contiguous first (``ggml_cont``).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import fx
+
+from ..core.tensor import Tensor
+from .graph import Builder
+from .layout import MAX_DIMS, axis_of, shape_of, val
+from .table import Val, register
+
+aten = torch.ops.aten
+
+
+def _reshape(b: Builder, node: fx.Node, x: Val, *rest: Any) -> Tensor:
+    return b.reshape(x.t, shape_of(node))
+
+
+register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
+         aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
+         aten.unflatten.int,
+         notes="ggml_reshape (after ggml_cont where the source is not contiguous)")(_reshape)
+
+
+def _same(b: Builder, node: fx.Node, x: Val, *rest: Any, **kw: Any) -> Tensor:
+    return x.t
+
+
+def _copy_check(node: fx.Node) -> str | None:
+    v, src = val(node), val(node.args[0])
+    if v.dtype != src.dtype:
+        return f"a conversion from {src.dtype} to {v.dtype}"
+    layout = node.kwargs.get("layout")
+    device = node.kwargs.get("device")
+    if (layout not in (None, torch.strided)) or (device is not None and torch.device(device).type != "cpu"):
+        return "another layout or device"
+    return None
+
+
+register(aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
+         notes="the same tensor (ggml keeps values, not identities)")(_same)
+register(aten.clone.default, aten._to_copy.default, aten.contiguous.default,
+         notes="the same tensor: ggml_cont where a contiguous copy is needed", check=_copy_check)(_same)
+
+
+def _perm_axes(perm: Sequence[int], n: int) -> list[int]:
+    """ggml_permute's axes for torch's ``permute(perm)`` of an n-dim tensor: out dim i is in
+    dim perm[i], so ggml axis n-1-perm[i] goes to axis n-1-i."""
+    axes = list(range(MAX_DIMS))
+    for i, p in enumerate(perm):
+        axes[n - 1 - (p % n)] = n - 1 - i
+    return axes
+
+
+def _permute_val(b: Builder, x: Val, perm: Sequence[int]) -> Tensor:
+    n = x.ndim
+    perm = [p % n for p in perm]
+    if perm == list(range(n)):
+        return x.t
+    out = b.ctx.permute(x.t, *_perm_axes(perm, n))
+    if n >= 2 and perm[:-2] == list(range(n - 2)) and x.t.is_contiguous():
+        b.transposed_of[id(out)] = x.t   # the last two dims swapped: mm reads the source as is
+    return out
+
+
+@register(aten.permute.default, notes="ggml_permute (a view)")
+def _permute(b: Builder, node: fx.Node, x: Val, perm: Sequence[int]) -> Tensor:
+    return _permute_val(b, x, perm)
+
+
+@register(aten.transpose.int, notes="ggml_permute (a view)")
+def _transpose(b: Builder, node: fx.Node, x: Val, d0: int, d1: int) -> Tensor:
+    perm = list(range(x.ndim))
+    if x.ndim:
+        d0, d1 = d0 % x.ndim, d1 % x.ndim
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    return _permute_val(b, x, perm)
+
+
+@register(aten.t.default, notes="ggml_transpose (a view)")
+def _t(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return _permute_val(b, x, [1, 0]) if x.ndim == 2 else x.t
+
+
+@register(aten.expand.default, notes="ggml_repeat")
+def _expand(b: Builder, node: fx.Node, x: Val, sizes: Sequence[int], implicit: bool = False) -> Tensor:
+    return b.expand(x, shape_of(node))
+
+
+def _slice_check(node: fx.Node) -> str | None:
+    step = node.args[4] if len(node.args) > 4 else 1
+    dim = node.args[1] if len(node.args) > 1 else 0
+    src = val(node.args[0])
+    if step != 1 and axis_of(dim, src.dim()) == 0:
+        return "a step along the last dim (ggml strides its fastest dim by one element)"
+    return None
+
+
+@register(aten.slice.Tensor, notes="ggml_view with an offset and strides", check=_slice_check)
+def _slice(b: Builder, node: fx.Node, x: Val, dim: int = 0, start: Any = None, end: Any = None,
+           step: int = 1) -> Tensor:
+    n = x.ndim
+    ax = axis_of(dim, n)
+    size = x.shape[dim]
+    lo = 0 if start is None else (start + size if start < 0 else start)
+    lo = min(max(lo, 0), size)
+    out_ne = list(x.t.ne)
+    out_ne[ax] = shape_of(node)[dim % n]
+    nb = list(x.t.nb)
+    offset = lo * nb[ax]
+    nb[ax] *= step
+    return b.ctx.view(x.t, out_ne[:n] or [1], nb[1:n], offset)
+
+
+@register(aten.select.int, notes="ggml_view (and ggml_cont + ggml_reshape for the last dim)")
+def _select(b: Builder, node: fx.Node, x: Val, dim: int, index: int) -> Tensor:
+    n = x.ndim
+    ax = axis_of(dim, n)
+    index = index % x.shape[dim]
+    ne, nb = list(x.t.ne[:n]), list(x.t.nb[:n])
+    offset = index * nb[ax]
+    if ax == 0:   # the fastest dim: a column; its elements are nb[1] apart
+        col = b.ctx.view(x.t, [1] + ne[1:], nb[1:], offset)
+        return b.reshape(b.ctx.cont(col), shape_of(node))
+    del ne[ax], nb[ax]
+    return b.ctx.view(x.t, ne or [1], nb[1:], offset)
+
+
+@register(aten.cat.default, notes="ggml_concat, pairwise")
+def _cat(b: Builder, node: fx.Node, xs: Sequence[Val], dim: int = 0) -> Tensor:
+    xs = [x for x in xs if 0 not in x.shape]
+    n = len(shape_of(node))
+    ax = axis_of(dim, n)
+    out = b.contig(xs[0].t)
+    for x in xs[1:]:
+        out = b.ctx.concat(out, b.contig(x.t), ax)
+    return out
+
+
+@register(aten.stack.default, notes="ggml_reshape + ggml_concat")
+def _stack(b: Builder, node: fx.Node, xs: Sequence[Val], dim: int = 0) -> Tensor:
+    shape = shape_of(node)
+    d = dim % len(shape)
+    one = shape[:d] + (1,) + shape[d + 1:]
+    parts = [Val(b.reshape(x.t, one), one) for x in xs]
+    ax = axis_of(d, len(shape))
+    out = b.contig(parts[0].t)
+    for p in parts[1:]:
+        out = b.ctx.concat(out, b.contig(p.t), ax)
+    return out

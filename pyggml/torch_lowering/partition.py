@@ -1,0 +1,69 @@
+"""Which nodes of an FX graph go to ggml: torch's ``CapabilityBasedPartitioner`` over
+:func:`~.table.why_not`. Nodes ggml cannot take stay in torch; each partition becomes one
+submodule of the graph (``fused_<i>``), which :mod:`.backend` replaces by a
+:class:`~.graph.LoweredGraph`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+from torch import fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from .table import why_not
+
+__all__ = ["Support", "partition", "Explanation", "explain_graph"]
+
+#: nodes that compute nothing: a partition made of them only is left to torch
+_TRIVIAL = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default",
+            "aten.detach.default", "aten.t.default", "aten.permute.default", "aten.transpose.int",
+            "aten.unsqueeze.default", "aten.squeeze.dim", "aten.expand.default", "aten.clone.default",
+            "aten._to_copy.default", "aten.slice.Tensor", "aten.select.int", "<built-in function getitem>"}
+
+
+class Support(OperatorSupportBase):
+    """ggml takes a node when :func:`why_not` has nothing against it."""
+
+    def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: fx.Node) -> bool:
+        return why_not(node) is None
+
+
+def partition(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with each group of ggml-supported nodes moved into a submodule ``fused_<i>``
+    (worth one ggml graph: a group of views only stays in torch)."""
+    partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+    parts = [p for p in partitioner.propose_partitions()
+             if any(str(n.target) not in _TRIVIAL for n in p.nodes)]
+    return partitioner.fuse_partitions(parts)
+
+
+@dataclass
+class Explanation:
+    """Where each node of a graph goes: ``ggml`` (the ATen overloads lowered, with counts) and
+    ``torch`` (overload -> why not)."""
+    ggml: dict[str, int] = field(default_factory=dict)
+    torch: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"ggml: {sum(self.ggml.values())} nodes"]
+        lines += [f"  {k} x{v}" for k, v in sorted(self.ggml.items())]
+        lines.append(f"torch: {len(self.torch)} overloads")
+        lines += [f"  {k}: {v}" for k, v in sorted(self.torch.items())]
+        return "\n".join(lines)
+
+
+def explain_graph(gm: fx.GraphModule, into: Explanation | None = None) -> Explanation:
+    """Count the call_function nodes of ``gm`` that ggml takes, and why it takes the others not."""
+    e = into or Explanation()
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        why = why_not(n)
+        name = str(n.target)
+        if why is None:
+            e.ggml[name] = e.ggml.get(name, 0) + 1
+        else:
+            e.torch.setdefault(name, why)
+    return e

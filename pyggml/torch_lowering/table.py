@@ -1,0 +1,107 @@
+"""The lowering table: ATen overload -> :class:`Lowering`, filled by the ``ops_*`` modules.
+
+A lowering's ``check`` reads only the FX node (its arguments and the fake tensors torch recorded
+in ``node.meta["val"]``) and never raises: it returns why ggml cannot take the node, or None.
+:func:`why_not` adds what every lowering needs (static shapes of at most 4 dims, float32
+tensors, index tensors where the lowering says). ``lower`` builds the node with checked
+:class:`~pyggml.core.context.Context` methods only.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+from torch import fx
+
+from ..core.tensor import Tensor
+from .layout import DTYPES, INDEX_DTYPES, MAX_DIMS, is_static, val
+
+__all__ = ["Val", "Lowering", "TABLE", "register", "why_not", "LoweringError"]
+
+
+class LoweringError(ValueError):
+    """A node pyggml cannot lower (raised before anything is built in C)."""
+
+
+class Val(NamedTuple):
+    """A lowered value: the ggml tensor and the torch shape it stands for."""
+    t: Tensor
+    shape: tuple[int, ...]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+#: lower(builder, node, *args, **kwargs) -> Tensor (or a tuple of them, for a node with several
+#: results); FX nodes among the arguments arrive as :class:`Val`
+LowerFn = Callable[..., Any]
+CheckFn = Callable[[fx.Node], "str | None"]
+
+
+class Lowering(NamedTuple):
+    """How an ATen overload becomes ggml ops: ``name`` (``aten.add.Tensor``), ``lower``,
+    ``notes`` (the ggml ops it makes, for the docs' table), ``check`` (extra conditions on the
+    node), ``index_args`` (argument positions holding index tensors: I32 in ggml)."""
+    name: str
+    lower: LowerFn
+    notes: str
+    check: CheckFn | None = None
+    index_args: tuple[int, ...] = ()
+
+
+TABLE: dict[Any, Lowering] = {}
+
+
+def register(*targets: Any, notes: str, check: CheckFn | None = None,
+             index_args: tuple[int, ...] = ()) -> Callable[[LowerFn], LowerFn]:
+    """Decorator: ``fn`` lowers each of ``targets`` (ATen overloads)."""
+    def deco(fn: LowerFn) -> LowerFn:
+        for target in targets:
+            TABLE[target] = Lowering(str(target), fn, notes, check, index_args)
+        return fn
+    return deco
+
+
+def _tensor_ok(v: Any, index: bool) -> str | None:
+    if not isinstance(v, torch.Tensor):
+        return "no fake tensor recorded"
+    if not is_static(v.shape):
+        return "a dynamic shape"
+    if v.dim() > MAX_DIMS:
+        return f"{v.dim()} dims (ggml has at most {MAX_DIMS})"
+    if v.numel() == 0:
+        return "an empty tensor"
+    if index:
+        return None if v.dtype in INDEX_DTYPES else f"index dtype {v.dtype}"
+    return None if v.dtype in DTYPES else f"dtype {v.dtype}"
+
+
+def why_not(node: fx.Node) -> str | None:
+    """Why ``node`` cannot be lowered to ggml, or None. Never raises."""
+    try:
+        if node.op != "call_function":
+            return f"a {node.op} node"
+        lowering = TABLE.get(node.target)
+        if lowering is None:
+            return f"{node.target} has no lowering"
+        out = val(node)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        first = _tensor_ok(outs[0], False)
+        if first is not None:
+            return f"its result: {first}"
+        for i, a in enumerate(node.args):
+            items = a if isinstance(a, (list, tuple)) else (a,)
+            for x in items:
+                if isinstance(x, fx.Node) and not isinstance(val(x), (tuple, list)):  # a tuple: checked where made
+                    why = _tensor_ok(val(x), i in lowering.index_args)
+                    if why is not None:
+                        return f"argument {i}: {why}"
+        for k, x in node.kwargs.items():
+            if isinstance(x, fx.Node):
+                why = _tensor_ok(val(x), False)
+                if why is not None:
+                    return f"argument {k}: {why}"
+        return lowering.check(node) if lowering.check is not None else None
+    except Exception as e:  # noqa: BLE001 - a check never raises: it says no
+        return f"its check failed ({type(e).__name__}: {e})"
