@@ -16,6 +16,7 @@ from torch import fx
 from ..core.tensor import Tensor
 from .graph import Builder
 from .layout import shape_of
+from .ops_shape import views_along
 from .table import Val, register
 
 aten = torch.ops.aten
@@ -221,3 +222,116 @@ def _pow(b: Builder, node: fx.Node, x: Val, e: float) -> Tensor:
         return ctx.scale(t, 1.0)
     sq = ctx.sqr(t)
     return sq if e == 2 else ctx.mul(sq, t) if e == 3 else ctx.sqr(sq)
+
+
+# ---------------------------------------------------------------------- composites of ggml ops
+@register(aten.maximum.default, notes="a + ggml_relu(b - a)")
+def _maximum(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
+    a = _first(b, node, x)
+    return b.ctx.add(a, b.ctx.relu(b.ctx.sub(b.contig(b.expand(y, shape_of(node))), a)))
+
+
+@register(aten.minimum.default, notes="a - ggml_relu(a - b)")
+def _minimum(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
+    a = _first(b, node, x)
+    return b.ctx.sub(a, b.ctx.relu(b.ctx.sub(a, b.contig(b.expand(y, shape_of(node))))))
+
+
+@register(aten.addcmul.default, notes="ggml_mul + ggml_scale + ggml_add")
+def _addcmul(b: Builder, node: fx.Node, x: Val, t1: Val, t2: Val, value: float = 1) -> Tensor:
+    shape = shape_of(node)
+    p = b.ctx.mul(b.contig(b.expand(t1, shape)), b.contig(b.expand(t2, shape)))
+    if value != 1:
+        p = b.ctx.scale(p, float(value))
+    return b.ctx.add(p, x.t) if _tiles(x.shape, shape) else b.ctx.add(b.contig(b.expand(x, shape)), p)
+
+
+@register(aten.addcdiv.default, notes="ggml_div + ggml_scale + ggml_add")
+def _addcdiv(b: Builder, node: fx.Node, x: Val, t1: Val, t2: Val, value: float = 1) -> Tensor:
+    shape = shape_of(node)
+    p = b.ctx.div(b.contig(b.expand(t1, shape)), b.contig(b.expand(t2, shape)))
+    if value != 1:
+        p = b.ctx.scale(p, float(value))
+    return b.ctx.add(p, x.t) if _tiles(x.shape, shape) else b.ctx.add(b.contig(b.expand(x, shape)), p)
+
+
+def _tiles(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
+    s = (1,) * (len(big) - len(small)) + tuple(small)
+    return all(a == c or a == 1 for a, c in zip(s, big))
+
+
+@register(aten.lerp.Scalar, notes="a + w·(b - a): ggml_sub, ggml_scale, ggml_add")
+def _lerp(b: Builder, node: fx.Node, x: Val, y: Val, w: float) -> Tensor:
+    shape = shape_of(node)
+    a = b.contig(b.expand(x, shape))
+    return b.ctx.add(a, b.ctx.scale(b.ctx.sub(b.contig(b.expand(y, shape)), a), float(w)))
+
+
+@register(aten.log1p.default, notes="ggml_log(1 + x)")
+def _log1p(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return b.ctx.log(b.ctx.add(b.contig(x.t), b.constant(1.0)))
+
+
+@register(aten.log2.default, notes="ggml_log, ggml_scale by 1/ln 2")
+def _log2(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return b.ctx.scale(b.ctx.log(b.contig(x.t)), 1.0 / math.log(2.0))
+
+
+@register(aten.exp2.default, notes="ggml_exp of ggml_scale by ln 2")
+def _exp2(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return b.ctx.exp(b.ctx.scale(b.contig(x.t), math.log(2.0)))
+
+
+@register(aten.mish.default, notes="x·tanh(softplus(x)): ggml_softplus, ggml_tanh, ggml_mul")
+def _mish(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    t = b.contig(x.t)
+    return b.ctx.mul(t, b.ctx.tanh(b.ctx.softplus(t)))
+
+
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
+
+
+@register(aten.selu.default, notes="λ·relu(x) + λα·expm1(-relu(-x))")
+def _selu(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    t, ctx = b.contig(x.t), b.ctx
+    neg = ctx.neg(ctx.relu(ctx.neg(t)))
+    return ctx.add(ctx.scale(ctx.relu(t), _SELU_SCALE), ctx.scale(ctx.expm1(neg), _SELU_SCALE * _SELU_ALPHA))
+
+
+@register(aten.tan.default, notes="ggml_sin / ggml_cos")
+def _tan(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    t = b.contig(x.t)
+    return b.ctx.div(b.ctx.sin(t), b.ctx.cos(t))
+
+
+@register(aten.logit.default, notes="ggml_log(x / (1 - x))",
+          check=lambda node: None if len(node.args) < 2 and node.kwargs.get("eps") is None else "eps")
+def _logit(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    t = b.contig(x.t)
+    one_minus = b.ctx.sub(b.ctx.repeat(b.constant(1.0), t), t)
+    return b.ctx.log(b.ctx.div(t, one_minus))
+
+
+@register(aten.sinh.default, notes="(exp(x) - exp(-x)) / 2")
+def _sinh(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    t = b.contig(x.t)
+    return b.ctx.scale(b.ctx.sub(b.ctx.exp(t), b.ctx.exp(b.ctx.neg(t))), 0.5)
+
+
+@register(aten.cosh.default, notes="(exp(x) + exp(-x)) / 2")
+def _cosh(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    t = b.contig(x.t)
+    return b.ctx.scale(b.ctx.add(b.ctx.exp(t), b.ctx.exp(b.ctx.neg(t))), 0.5)
+
+
+@register(aten.frac.default, notes="x - ggml_trunc(x)")
+def _frac(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    t = b.contig(x.t)
+    return b.ctx.sub(t, b.ctx.trunc(t))
+
+
+@register(aten.glu.default, notes="the first half times ggml_sigmoid of the second (views, ggml_mul)")
+def _glu(b: Builder, node: fx.Node, x: Val, dim: int = -1) -> Tensor:
+    half = x.shape[dim] // 2
+    a, g = views_along(b, x, dim, [half, half])
+    return b.ctx.mul(b.ctx.cont(a), b.ctx.sigmoid(b.ctx.cont(g)))

@@ -107,3 +107,17 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kw: A
 register(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
          notes="ggml_mul_mat + ggml_soft_max_ext (scale, float mask, causal mask) + ggml_mul_mat",
          check=_sdpa_check)(_sdpa)
+
+
+def _index_check(node: fx.Node) -> str | None:
+    idx = node.args[1]
+    if val(node.args[0]).dim() != 2 or len(idx) != 1 or not isinstance(idx[0], fx.Node):
+        return "other than rows of a 2-dim tensor by one index tensor"
+    v = val(idx[0])
+    return None if v.dtype in (torch.int64, torch.int32) else f"an index of {v.dtype}"
+
+
+@register(aten.index.Tensor, notes="ggml_get_rows (rows by one I32 index tensor)", check=_index_check,
+          index_args=(1,))
+def _index(b: Builder, node: fx.Node, x: Val, indices: Any) -> Tensor:
+    return _rows(b, node, x, indices[0])

@@ -113,3 +113,13 @@ def _baddbmm(b: Builder, node: fx.Node, c: Val, x: Val, y: Val, beta: float = 1,
     if beta != 1:
         add = b.ctx.scale(b.contig(add), float(beta))
     return b.ctx.add(p, add)
+
+
+@register(aten.mv.default, notes="ggml_mul_mat", check=_ranks(2, 1))
+def _mv(b: Builder, node: fx.Node, m: Val, v: Val) -> Tensor:
+    return b.reshape(b.ctx.mul_mat(b.contig(m.t), b.contig(v.t)), shape_of(node))
+
+
+@register(aten.dot.default, notes="ggml_mul_mat", check=_ranks(1, 1))
+def _dot(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
+    return b.reshape(b.ctx.mul_mat(b.contig(x.t), b.contig(y.t)), shape_of(node))

@@ -5,6 +5,7 @@ first (and back).
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Sequence
 
@@ -140,3 +141,72 @@ def _rms_norm(b: Builder, node: fx.Node, x: Val, shape: Sequence[int], w: Val | 
 def _getitem(b: Builder, node: fx.Node, results: Any, i: int) -> Tensor:
     got = results[i]
     return got.t if isinstance(got, Val) else got
+
+
+def _var_check(node: fx.Node) -> str | None:
+    corr = node.kwargs.get("correction", 1)
+    return None if isinstance(corr, (int, float)) or corr is None else "a tensor correction"
+
+
+def _var(b: Builder, node: fx.Node, x: Val, dims: Any = None, *, correction: Any = 1, keepdim: bool = False) -> Any:
+    n = x.ndim
+    dl = list(range(n)) if not dims else ([dims] if isinstance(dims, int) else [d % n for d in dims])
+    kept = tuple(1 if i in dl else s for i, s in enumerate(x.shape))
+    count = 1
+    for d in dl:
+        count *= x.shape[d]
+    mean = _reduce_to(b, x, dl, kept, mean=True)
+    dev = b.ctx.sub(b.contig(x.t), mean)
+    ss = _reduce_to(b, Val(b.ctx.sqr(dev), x.shape), dl, kept, mean=False)
+    c = 1 if correction is None else correction
+    var = b.ctx.scale(ss, 1.0 / max(count - c, 0) if count - c > 0 else math.inf)
+    out_shape = shape_of(node) if not isinstance(node.meta["val"], (tuple, list)) else tuple(node.meta["val"][0].shape)
+    var = b.reshape(var, out_shape)
+    if node.target == aten.std.correction:
+        return b.ctx.sqrt(var)
+    if node.target == aten.var_mean.correction:
+        return (var, b.reshape(mean, out_shape))
+    return var
+
+
+def _reduce_to(b: Builder, x: Val, dims: list[int], kept: tuple[int, ...], mean: bool) -> Tensor:
+    t, shape = x.t, list(x.shape)
+    for d in sorted(set(dims)):
+        front, axes = _to_front(b, Val(t, tuple(shape)), d)
+        r = b.ctx.mean(front) if mean else b.ctx.sum_rows(front)
+        t = b.ctx.permute(r, *axes) if axes != [0, 1, 2, 3] else r
+        shape[d] = 1
+    return b.contig(t)
+
+
+register(aten.var.correction, aten.std.correction, aten.var_mean.correction,
+         notes="ggml_mean, ggml_sub, ggml_sqr, ggml_sum_rows, ggml_scale (ggml_sqrt for std)",
+         check=_var_check)(_var)
+
+
+@register(aten.cumsum.default, notes="ggml_cumsum (the dim permuted to ne[0] first)",
+          check=lambda node: None if node.kwargs.get("dtype") is None else "a dtype")
+def _cumsum(b: Builder, node: fx.Node, x: Val, dim: int, **kw: Any) -> Tensor:
+    front, axes = _to_front(b, x, dim)
+    s = b.ctx.cumsum(front)
+    return s if axes == [0, 1, 2, 3] else b.ctx.permute(s, *axes)
+
+
+def _bn_check(node: fx.Node) -> str | None:
+    return None if all(isinstance(a, fx.Node) for a in node.args[1:5]) else "no running statistics or affine"
+
+
+@register(aten._native_batch_norm_legit_no_training.default,
+          notes="(x - mean) / sqrt(var + eps) · w + b per channel: ggml_sub, ggml_div, ggml_mul, ggml_add",
+          check=_bn_check)
+def _batch_norm(b: Builder, node: fx.Node, x: Val, w: Val, bias: Val, mean: Val, var: Val,
+                momentum: float, eps: float) -> Any:
+    ch = (x.shape[1],) + (1,) * (x.ndim - 2)    # per channel: torch dim 1
+    ctx = b.ctx
+
+    def per_channel(v: Val) -> Tensor:
+        return b.reshape(v.t, ch)
+    std = ctx.sqrt(ctx.add(b.contig(per_channel(var)), b.constant(float(eps))))
+    out = ctx.div(ctx.sub(b.contig(x.t), per_channel(mean)), std)
+    out = ctx.add(ctx.mul(out, per_channel(w)), per_channel(bias))
+    return (out, None, None)

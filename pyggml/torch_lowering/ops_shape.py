@@ -13,7 +13,7 @@ from torch import fx
 from ..core.tensor import Tensor
 from .graph import Builder
 from .layout import MAX_DIMS, axis_of, shape_of, val
-from .table import Val, register
+from .table import TABLE, Val, register
 
 aten = torch.ops.aten
 
@@ -154,3 +154,97 @@ def _stack(b: Builder, node: fx.Node, xs: Sequence[Val], dim: int = 0) -> Tensor
     for p in parts[1:]:
         out = b.ctx.concat(out, b.contig(p.t), ax)
     return out
+
+
+def views_along(b: Builder, x: Val, dim: int, sizes: Sequence[int]) -> tuple[Tensor, ...]:
+    """Consecutive slices of ``x`` along ``dim`` of ``sizes`` (views)."""
+    n = x.ndim
+    ax = axis_of(dim, n)
+    out, start = [], 0
+    for size in sizes:
+        ne, nb = list(x.t.ne[:n]), list(x.t.nb[:n])
+        ne[ax] = size
+        if ax == 0 and n > 1:   # along the fastest dim: a view keeps the row stride
+            out.append(b.ctx.view(x.t, ne, nb[1:], start * nb[0]))
+        else:
+            out.append(b.ctx.view(x.t, ne or [1], nb[1:n], start * nb[ax]))
+        start += size
+    return tuple(out)
+
+
+@register(aten.split.Tensor, notes="ggml_view per part")
+def _split(b: Builder, node: fx.Node, x: Val, size: int, dim: int = 0) -> tuple[Tensor, ...]:
+    total = x.shape[dim]
+    return views_along(b, x, dim, [min(size, total - s) for s in range(0, total, size)])
+
+
+@register(aten.split_with_sizes.default, notes="ggml_view per part")
+def _split_sizes(b: Builder, node: fx.Node, x: Val, sizes: Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    return views_along(b, x, dim, list(sizes))
+
+
+@register(aten.unbind.int, notes="ggml_view per index (ggml_cont + ggml_reshape along the last dim)")
+def _unbind(b: Builder, node: fx.Node, x: Val, dim: int = 0) -> tuple[Tensor, ...]:
+    parts = []
+    for i, fake in enumerate(val(node)):
+        parts.append(_select_val(b, x, dim, i, tuple(fake.shape)))
+    return tuple(parts)
+
+
+def _select_val(b: Builder, x: Val, dim: int, index: int, out_shape: tuple[int, ...]) -> Tensor:
+    n = x.ndim
+    ax = axis_of(dim, n)
+    ne, nb = list(x.t.ne[:n]), list(x.t.nb[:n])
+    offset = index * nb[ax]
+    if ax == 0:
+        col = b.ctx.view(x.t, [1] + ne[1:], nb[1:], offset)
+        return b.reshape(b.ctx.cont(col), out_shape)
+    del ne[ax], nb[ax]
+    return b.ctx.view(x.t, ne or [1], nb[1:], offset)
+
+
+@register(aten.narrow.default, notes="ggml_view")
+def _narrow(b: Builder, node: fx.Node, x: Val, dim: int, start: int, length: int) -> Tensor:
+    return views_along(b, x, dim, [start, length])[1] if start else views_along(b, x, dim, [length])[0]
+
+
+@register(aten.repeat.default, notes="ggml_repeat (torch's repeat tiles, as ggml's does)")
+def _repeat(b: Builder, node: fx.Node, x: Val, repeats: Sequence[int]) -> Tensor:
+    shape = shape_of(node)
+    padded = (1,) * (len(shape) - x.ndim) + tuple(x.shape)
+    t = b.reshape(x.t, padded)
+    return b.ctx.repeat(t, b.ctx.new_tensor(t.type, [int(d) for d in reversed(shape)]))
+
+
+def _pad_check(node: fx.Node) -> str | None:
+    pad = list(node.args[1])
+    value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+    if value != 0:
+        return "a pad value other than 0"
+    if min(pad) < 0:
+        return "negative padding (cropping)"
+    if len(pad) > 2 * MAX_DIMS:
+        return "padding of more than 4 dims"
+    return None
+
+
+@register(aten.constant_pad_nd.default, notes="ggml_pad_ext (zeros)", check=_pad_check)
+def _pad(b: Builder, node: fx.Node, x: Val, pad: Sequence[int], value: float = 0) -> Tensor:
+    left, right = [0, 0, 0, 0], [0, 0, 0, 0]
+    for i in range(len(pad) // 2):   # pairs from the last torch dim = ggml axis 0
+        left[i], right[i] = int(pad[2 * i]), int(pad[2 * i + 1])
+    return b.ctx.pad(b.contig(x.t), *right, left=left)
+
+
+# the *_copy forms of the views (functionalized and edge-dialect graphs): the same values
+for _view, _copy in ((aten.view.default, aten.view_copy.default), (aten.permute.default, aten.permute_copy.default),
+                     (aten.t.default, aten.t_copy.default), (aten.transpose.int, aten.transpose_copy.int),
+                     (aten.unsqueeze.default, aten.unsqueeze_copy.default),
+                     (aten.squeeze.dim, aten.squeeze_copy.dim), (aten.squeeze.dims, aten.squeeze_copy.dims),
+                     (aten.expand.default, aten.expand_copy.default), (aten.slice.Tensor, aten.slice_copy.Tensor),
+                     (aten.select.int, aten.select_copy.int), (aten.alias.default, aten.alias_copy.default),
+                     (aten.split.Tensor, aten.split_copy.Tensor),
+                     (aten.split_with_sizes.default, aten.split_with_sizes_copy.default),
+                     (aten.unbind.int, aten.unbind_copy.int)):
+    _entry = TABLE[_view]
+    register(_copy, notes=f"as {_entry.name}: {_entry.notes}", check=_entry.check)(_entry.lower)

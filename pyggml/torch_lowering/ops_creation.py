@@ -1,0 +1,40 @@
+"""Tensors made from nothing but their arguments: ``arange``, ``full``, ``zeros``, ``ones``,
+``scalar_tensor``, ``linspace``, ``eye`` and the ``*_like`` / ``new_*`` forms. Their values are
+known when the graph is built: torch computes them once and they become a constant input."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..core.tensor import Tensor
+from .graph import Builder
+from .table import Val, register
+
+aten = torch.ops.aten
+
+
+def _creation_check(node: fx.Node) -> str | None:
+    device = node.kwargs.get("device")
+    if device is not None and torch.device(device).type not in ("cpu", "meta"):
+        return f"a tensor made on {device}"
+    return None
+
+
+def _fold(b: Builder, node: fx.Node, *args: Any, **kwargs: Any) -> Tensor:
+    def plain(x: Any) -> Any:
+        if isinstance(x, Val):   # the *_like forms read only their argument's shape
+            return torch.empty(x.shape)
+        return x
+    kw = {k: plain(v) for k, v in kwargs.items() if k not in ("device", "pin_memory")}
+    values = node.target(*[plain(a) for a in args], **kw)
+    return b.constant(values.detach().numpy())
+
+
+register(aten.arange.default, aten.arange.start, aten.arange.start_step, aten.full.default, aten.zeros.default,
+         aten.ones.default, aten.scalar_tensor.default, aten.linspace.default, aten.eye.default,
+         aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.new_zeros.default,
+         aten.new_ones.default, aten.new_full.default,
+         notes="a constant input (the values torch computes when the graph is built)",
+         check=_creation_check)(_fold)
