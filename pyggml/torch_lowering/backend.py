@@ -11,14 +11,17 @@ forward pass is lowered: under autograd the backward pass runs in torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 from torch import fx
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
 
 from ..backends.backend import Backend
 from ..backends.cpu import CPUBackend
 from ..backends.device import device_by_name
+from ..impl import register_builtin
 from .graph import LoweredGraph
 from .partition import Explanation, explain_graph, partition
 
@@ -45,7 +48,6 @@ class _Devices:
         self.cpu = CPUBackend(n_threads=opts.threads)
         self.other: Backend | None = None
         if opts.device.lower() != "cpu":
-            from ..impl import register_builtin   # a Python device (numpy, TORCH0) by its name
             register_builtin(opts.device)
             self.other = device_by_name(opts.device).init()
 
@@ -71,7 +73,7 @@ def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any) -> fx.Grap
     return fused
 
 
-class _Module(torch.nn.Module):
+class _Module(torch.nn.Module):  # type: ignore[misc,unused-ignore]  # Any without torch
     """A ggml partition as the submodule FX calls."""
 
     def __init__(self, lowered: LoweredGraph, original: fx.GraphModule):
@@ -93,22 +95,21 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any],
                options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The ``torch.compile`` backend ``"pyggml"`` (registered through the
     ``torch_dynamo_backends`` entry point). ``options``: see :class:`Options`."""
-    from torch._decomp import core_aten_decompositions
-    from torch._dynamo.backends.common import aot_autograd
     opts = Options(**(options or {}))
     devices = _Devices(opts)
     names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     weights = {i for i, (name, x) in enumerate(zip(names, example_inputs)) if _is_weight(name, x)}
 
     def forward(aten_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
-        return lower_module(aten_gm, weights, devices)
+        return cast(Callable[..., Any], lower_module(aten_gm, weights, devices))
 
     def backward(aten_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
-        return aten_gm
+        return cast(Callable[..., Any], aten_gm)
 
     compiler = aot_autograd(fw_compiler=forward, inference_compiler=forward, bw_compiler=backward,
                             decompositions=core_aten_decompositions())
-    return compiler(gm, list(example_inputs))
+    compiled: Callable[..., Any] = compiler(gm, list(example_inputs))
+    return compiled
 
 
 def explain(model: torch.nn.Module, *inputs: Any) -> Explanation:

@@ -7,11 +7,13 @@ copies of the outputs -> torch tensors. Index inputs (int64 token ids) are given
 """
 from __future__ import annotations
 
-from typing import Any, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence, cast
 
 import numpy as np
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from ..backends.backend import Backend
 from ..backends.graph_cache import GraphCache
@@ -50,6 +52,10 @@ class Builder:
         t = self.ctx.new_tensor(GGMLType.F32 if a.dtype == np.float32 else GGMLType.I32, ne_of(a.shape))
         self.consts[name], self.const_tensors[name] = a, t
         return t
+
+    def op(self, name: str) -> Callable[..., Tensor]:
+        """The context's op method ``name`` (``"add"``...)."""
+        return cast(Callable[..., Tensor], getattr(self.ctx, name))
 
     def contig(self, t: Tensor) -> Tensor:
         return t if t.is_contiguous() else self.ctx.cont(t)
@@ -111,9 +117,9 @@ class LoweredGraph:
     def __init__(self, gm: fx.GraphModule, weights: Collection[int], backend: Backend | None = None,
                  backends: Sequence[Backend] | None = None, max_graphs: int = 8):
         self.gm = gm
-        home = backend if backend is not None else (backends or [None])[0]
-        if home is None:
+        if backend is None and not backends:
             raise ValueError("give a backend or backends")
+        home = backend if backend is not None else list(backends or [])[0]
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.outputs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
@@ -157,8 +163,6 @@ class LoweredGraph:
 
     def _propagate(self, shapes: tuple[tuple[int, ...], ...]) -> None:
         """The nodes' fake tensors for inputs of ``shapes`` (the graph was traced for others)."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
         mode = FakeTensorMode()
         fakes, k = [], 0
         for i, node in enumerate(self.placeholders):
@@ -205,7 +209,7 @@ class LoweredGraph:
         key = tuple(tuple(int(d) for d in args[i].shape) for i in range(len(args)) if i not in self._w)
         self.cache.get(key)   # built on first use: its constants are known after
         feed.update(self._consts[key])
-        out = self.cache.compute(key, **feed)
+        out = self.cache.compute(key, None, **feed)
         return [torch.from_numpy(out[f"out{j}"]).reshape(shape) for j, shape in enumerate(self._out_shapes[key])]
 
 
@@ -213,5 +217,5 @@ def _array(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor as NumPy (a view where torch allows), index dtypes as int32."""
     t = t.detach()
     if t.dtype in INDEX_DTYPES:
-        return t.to(torch.int32).contiguous().numpy()
-    return t.contiguous().numpy()
+        return np.asarray(t.to(torch.int32).contiguous().numpy())
+    return np.asarray(t.contiguous().numpy())

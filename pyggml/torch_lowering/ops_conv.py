@@ -17,14 +17,14 @@ from ..core.tensor import Tensor
 from ..enums import GGMLType
 from .graph import Builder
 from .layout import shape_of, val
-from .table import Val, register
+from .table import Val, args_of, kw_of, register
 
 aten = torch.ops.aten
 
 
 def _conv_check(node: fx.Node) -> str | None:
-    args = list(node.args) + [None] * 9
-    x, w = val(node.args[0]), val(node.args[1])
+    args = list(args_of(node)) + [None] * 9
+    x, w = val(args_of(node)[0]), val(args_of(node)[1])
     transposed, groups = args[6], args[8]
     if transposed:
         return "a transposed convolution"
@@ -64,10 +64,10 @@ def _convolution(b: Builder, node: fx.Node, x: Val, w: Val, bias: Val | None, st
 
 
 def _pool_check(node: fx.Node) -> str | None:
-    args = list(node.args)
+    args = list(args_of(node))
     kernel = args[1]
     padding = args[3] if len(args) > 3 else [0]
-    if val(node.args[0]).dim() != 4 or len(kernel) != 2:
+    if val(args_of(node)[0]).dim() != 4 or len(kernel) != 2:
         return "other than 2-d pooling of a batch"
     if any(padding):
         return "padding"
@@ -99,8 +99,8 @@ register(aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
 
 
 def _adaptive_check(node: fx.Node) -> str | None:
-    x = val(node.args[0])
-    size = node.args[1]
+    x = val(args_of(node)[0])
+    size = args_of(node)[1]
     if x.dim() != 4 or len(size) != 2 or x.shape[2] % size[0] or x.shape[3] % size[1]:
         return "output sizes that do not divide the input's"
     return None
@@ -114,7 +114,7 @@ def _adaptive_avg(b: Builder, node: fx.Node, x: Val, size: Sequence[int]) -> Ten
 
 
 def _upsample_check(node: fx.Node) -> str | None:
-    x, out = val(node.args[0]), val(node)
+    x, out = val(args_of(node)[0]), val(node)
     if x.dim() != 4 or out.shape[2] % x.shape[2] or out.shape[3] % x.shape[3]:
         return "other than integer factors of a 4-dim tensor"
     return None

@@ -3,20 +3,20 @@
 known when the graph is built: torch computes them once and they become a constant input."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, cast
 
 import torch
 from torch import fx
 
 from ..core.tensor import Tensor
 from .graph import Builder
-from .table import Val, register
+from .table import Val, args_of, kw_of, register
 
 aten = torch.ops.aten
 
 
 def _creation_check(node: fx.Node) -> str | None:
-    device = node.kwargs.get("device")
+    device = kw_of(node).get("device")
     if device is not None and torch.device(device).type not in ("cpu", "meta"):
         return f"a tensor made on {device}"
     return None
@@ -28,7 +28,7 @@ def _fold(b: Builder, node: fx.Node, *args: Any, **kwargs: Any) -> Tensor:
             return torch.empty(x.shape)
         return x
     kw = {k: plain(v) for k, v in kwargs.items() if k not in ("device", "pin_memory")}
-    values = node.target(*[plain(a) for a in args], **kw)
+    values = cast(Callable[..., torch.Tensor], node.target)(*[plain(a) for a in args], **kw)
     return b.constant(values.detach().numpy())
 
 

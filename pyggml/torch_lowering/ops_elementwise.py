@@ -17,15 +17,15 @@ from ..core.tensor import Tensor
 from .graph import Builder
 from .layout import shape_of
 from .ops_shape import views_along
-from .table import Val, register
+from .table import CheckFn, Val, args_of, kw_of, register
 
 aten = torch.ops.aten
 _NUM = (int, float)
 
 
-def _num_ok(i: int) -> Any:
+def _num_ok(i: int) -> CheckFn:
     def check(node: fx.Node) -> str | None:
-        x = node.args[i] if len(node.args) > i else None
+        x = args_of(node)[i] if len(args_of(node)) > i else None
         if isinstance(x, bool) or (x is not None and not isinstance(x, (fx.Node,) + _NUM)):
             return f"argument {i} is {type(x).__name__}"
         return None
@@ -43,7 +43,7 @@ def _scalar(b: Builder, node: fx.Node, x: Any, c: float, op: str) -> Tensor:
         return b.ctx.scale(t, c)
     if op == "div":
         return b.ctx.scale(t, 1.0 / c) if c != 0 else b.ctx.div(t, b.constant([c]))
-    return getattr(b.ctx, op)(t, b.constant([c]))
+    return b.op(op)(t, b.constant([c]))
 
 
 def _binary(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
@@ -53,8 +53,8 @@ def _binary(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
         full = b.constant(float(x))
         t = b.contig(b.expand(y, shape_of(node)))
         like = b.ctx.repeat(full, t)
-        return getattr(b.ctx, op)(like, t)
-    return getattr(b.ctx, op)(_first(b, node, x), y.t)
+        return b.op(op)(like, t)
+    return b.op(op)(_first(b, node, x), y.t)
 
 
 _BIN_NOTES = "ggml_{} (ggml_repeat first where the first operand is broadcast; a number: a constant or ggml_scale)"
@@ -89,7 +89,7 @@ def _mul(b: Builder, node: fx.Node, x: Any, y: Any) -> Tensor:
 
 
 def _div_check(node: fx.Node) -> str | None:
-    if node.kwargs.get("rounding_mode") is not None:
+    if kw_of(node).get("rounding_mode") is not None:
         return "a rounding mode"
     return _num_ok(1)(node)
 
@@ -102,7 +102,7 @@ def _div(b: Builder, node: fx.Node, x: Any, y: Any, rounding_mode: Any = None) -
 # ---------------------------------------------------------------------- unary
 def _unary(name: str, *targets: Any, notes: str | None = None) -> None:
     def lower(b: Builder, node: fx.Node, x: Val) -> Tensor:
-        return getattr(b.ctx, name)(b.contig(x.t))
+        return b.op(name)(b.contig(x.t))
     register(*targets, notes=notes or f"ggml_{name}")(lower)
 
 
@@ -128,7 +128,7 @@ _unary("sqr", aten.square.default, notes="ggml_sqr")
 
 
 def _gelu_check(node: fx.Node) -> str | None:
-    return None if node.kwargs.get("approximate", "none") in ("none", "tanh") else "an unknown approximation"
+    return None if kw_of(node).get("approximate", "none") in ("none", "tanh") else "an unknown approximation"
 
 
 @register(aten.gelu.default, notes="ggml_gelu_erf (approximate='none'), ggml_gelu ('tanh')", check=_gelu_check)
@@ -138,7 +138,7 @@ def _gelu(b: Builder, node: fx.Node, x: Val, approximate: str = "none") -> Tenso
 
 
 def _elu_check(node: fx.Node) -> str | None:
-    alpha, scale, in_scale = (list(node.args[1:4]) + [1, 1, 1])[:3]
+    alpha, scale, in_scale = (list(args_of(node)[1:4]) + [1, 1, 1])[:3]
     return None if (alpha, scale, in_scale) == (1, 1, 1) else "alpha, scale or input_scale other than 1"
 
 
@@ -153,7 +153,7 @@ def _leaky_relu(b: Builder, node: fx.Node, x: Val, negative_slope: float = 0.01)
 
 
 def _softplus_check(node: fx.Node) -> str | None:
-    beta, threshold = (list(node.args[1:3]) + [1, 20])[:2]
+    beta, threshold = (list(args_of(node)[1:3]) + [1, 20])[:2]
     return None if (beta, threshold) == (1, 20) else "beta or threshold other than 1, 20"
 
 
@@ -167,7 +167,7 @@ def _bound(v: Any) -> float | None:
 
 
 def _clamp_check(node: fx.Node) -> str | None:
-    return None if all(not isinstance(a, fx.Node) for a in node.args[1:]) else "tensor bounds"
+    return None if all(not isinstance(a, fx.Node) for a in args_of(node)[1:]) else "tensor bounds"
 
 
 @register(aten.clamp.default, aten.hardtanh.default, notes="ggml_clamp", check=_clamp_check)
@@ -203,7 +203,7 @@ _POWERS = (0.5, -0.5, -1, 1, 2, 3, 4)
 
 
 def _pow_check(node: fx.Node) -> str | None:
-    e = node.args[1]
+    e = args_of(node)[1]
     return None if isinstance(e, _NUM) and not isinstance(e, bool) and e in _POWERS else f"exponent {e!r}"
 
 
@@ -215,9 +215,9 @@ def _pow(b: Builder, node: fx.Node, x: Val, e: float) -> Tensor:
     if e == 0.5:
         return ctx.sqrt(t)
     if e == -0.5:
-        return _rsqrt(b, node, x)
+        return ctx.exp(ctx.scale(ctx.log(t), -0.5))
     if e == -1:
-        return _reciprocal(b, node, x)
+        return ctx.div(ctx.repeat(b.constant(1.0), t), t)
     if e == 1:
         return ctx.scale(t, 1.0)
     sq = ctx.sqr(t)
@@ -305,7 +305,7 @@ def _tan(b: Builder, node: fx.Node, x: Val) -> Tensor:
 
 
 @register(aten.logit.default, notes="ggml_log(x / (1 - x))",
-          check=lambda node: None if len(node.args) < 2 and node.kwargs.get("eps") is None else "eps")
+          check=lambda node: None if len(args_of(node)) < 2 and kw_of(node).get("eps") is None else "eps")
 def _logit(b: Builder, node: fx.Node, x: Val) -> Tensor:
     t = b.contig(x.t)
     one_minus = b.ctx.sub(b.ctx.repeat(b.constant(1.0), t), t)

@@ -13,7 +13,7 @@ from torch import fx
 from ..core.tensor import Tensor
 from .graph import Builder
 from .layout import shape_of, val
-from .table import Val, register
+from .table import Val, args_of, kw_of, register
 
 aten = torch.ops.aten
 
@@ -25,9 +25,9 @@ def _rows(b: Builder, node: fx.Node, table: Val, idx: Val) -> Tensor:
 
 
 def _embedding_check(node: fx.Node) -> str | None:
-    if val(node.args[0]).dim() != 2:
+    if val(args_of(node)[0]).dim() != 2:
         return "a table of other than 2 dims"
-    return None if not any(node.args[3:5]) else "scale_grad_by_freq or sparse"
+    return None if not any(args_of(node)[3:5]) else "scale_grad_by_freq or sparse"
 
 
 @register(aten.embedding.default, notes="ggml_get_rows (I32 indices)", check=_embedding_check, index_args=(1,))
@@ -36,7 +36,7 @@ def _embedding(b: Builder, node: fx.Node, weight: Val, idx: Val, *rest: Any) -> 
 
 
 def _index_select_check(node: fx.Node) -> str | None:
-    if val(node.args[0]).dim() != 2 or node.args[1] not in (0, -2):
+    if val(args_of(node)[0]).dim() != 2 or args_of(node)[1] not in (0, -2):
         return "other than rows of a 2-dim tensor"
     return None
 
@@ -47,13 +47,13 @@ def _index_select(b: Builder, node: fx.Node, x: Val, dim: int, idx: Val) -> Tens
 
 
 def _sdpa_check(node: fx.Node) -> str | None:
-    q, k, v = (val(a) for a in node.args[:3])
+    q, k, v = (val(a) for a in args_of(node)[:3])
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "q, k, v of other than 4 dims"
-    kw = dict(node.kwargs)
+    kw = dict(kw_of(node))
     names = ["attn_mask", "dropout_p", "is_causal"] if node.target == aten.scaled_dot_product_attention.default \
         else ["dropout_p", "is_causal"]
-    for name, a in zip(names, node.args[3:]):
+    for name, a in zip(names, args_of(node)[3:]):
         kw[name] = a
     if kw.get("dropout_p", 0.0):
         return "dropout"
@@ -110,8 +110,8 @@ register(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_fla
 
 
 def _index_check(node: fx.Node) -> str | None:
-    idx = node.args[1]
-    if val(node.args[0]).dim() != 2 or len(idx) != 1 or not isinstance(idx[0], fx.Node):
+    idx = args_of(node)[1]
+    if val(args_of(node)[0]).dim() != 2 or len(idx) != 1 or not isinstance(idx[0], fx.Node):
         return "other than rows of a 2-dim tensor by one index tensor"
     v = val(idx[0])
     return None if v.dtype in (torch.int64, torch.int32) else f"an index of {v.dtype}"

@@ -14,8 +14,8 @@ from torch import fx
 
 from ..core.tensor import Tensor
 from .graph import Builder
-from .layout import shape_of
-from .table import Val, register
+from .layout import shape_of, val
+from .table import CheckFn, Val, args_of, kw_of, register
 
 aten = torch.ops.aten
 
@@ -39,10 +39,9 @@ def _product(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
     return b.reshape(out, shape_of(node))
 
 
-def _ranks(*ndims: int) -> Any:
+def _ranks(*ndims: int) -> CheckFn:
     def check(node: fx.Node) -> str | None:
-        from .layout import val
-        got = tuple(val(a).dim() for a in node.args[:len(ndims)] if isinstance(a, fx.Node))
+        got = tuple(val(a).dim() for a in args_of(node)[:len(ndims)] if isinstance(a, fx.Node))
         return None if got == ndims else f"operands of {got} dims (this lowering takes {ndims})"
     return check
 
@@ -53,7 +52,9 @@ def _mm(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
 
 
 def _addmm_check(node: fx.Node) -> str | None:
-    return _ranks(1, 2, 2)(node) and _ranks(2, 2, 2)(node)
+    """A bias of 1 or 2 dims, two matrices."""
+    one = _ranks(1, 2, 2)(node)
+    return None if one is None else _ranks(2, 2, 2)(node)
 
 
 @register(aten.addmm.default, notes="ggml_mul_mat + ggml_add (beta, alpha: ggml_scale)", check=_addmm_check)
@@ -76,8 +77,7 @@ def _bmm(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
 
 
 def _matmul_check(node: fx.Node) -> str | None:
-    from .layout import val
-    x, y = val(node.args[0]), val(node.args[1])
+    x, y = val(args_of(node)[0]), val(args_of(node)[1])
     if x.dim() < 2 or y.dim() < 2:
         return "a vector operand"
     xb, yb = tuple(x.shape[:-2]), tuple(y.shape[:-2])
@@ -92,8 +92,7 @@ def _matmul(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
 
 
 def _linear_check(node: fx.Node) -> str | None:
-    from .layout import val
-    return None if val(node.args[1]).dim() == 2 else "a weight of other than 2 dims"
+    return None if val(args_of(node)[1]).dim() == 2 else "a weight of other than 2 dims"
 
 
 @register(aten.linear.default, notes="ggml_mul_mat (the weight as stored) + ggml_add", check=_linear_check)

@@ -15,7 +15,7 @@ from torch import fx
 from ..core.tensor import Tensor
 from .graph import Builder
 from .layout import axis_of, shape_of
-from .table import Val, register
+from .table import Val, args_of, kw_of, register
 
 aten = torch.ops.aten
 
@@ -45,7 +45,7 @@ def _reduce(b: Builder, node: fx.Node, x: Val, dims: Any, keepdim: bool, mean: b
 
 
 def _sum_check(node: fx.Node) -> str | None:
-    return None if node.kwargs.get("dtype") is None else "a dtype"
+    return None if kw_of(node).get("dtype") is None else "a dtype"
 
 
 @register(aten.sum.dim_IntList, notes="ggml_sum_rows (the dim permuted to ne[0] first)", check=_sum_check)
@@ -72,7 +72,7 @@ def _mean_all(b: Builder, node: fx.Node, x: Val, **kw: Any) -> Tensor:
 
 
 def _softmax_check(node: fx.Node) -> str | None:
-    half = node.args[2] if len(node.args) > 2 else False
+    half = args_of(node)[2] if len(args_of(node)) > 2 else False
     return "half_to_float" if half is True else None
 
 
@@ -96,7 +96,7 @@ def _log_softmax(b: Builder, node: fx.Node, x: Val, dim: int, half: Any = False)
 
 
 def _norm_check(node: fx.Node) -> str | None:
-    shape = node.args[1]
+    shape = args_of(node)[1]
     if len(shape) != 1:
         return f"a normalized shape of {len(shape)} dims (ggml normalises one)"
     users = [u for u in node.users]
@@ -123,8 +123,8 @@ register(aten.native_layer_norm.default, aten.layer_norm.default,
 
 
 def _rms_check(node: fx.Node) -> str | None:
-    shape = node.args[1]
-    eps = node.args[3] if len(node.args) > 3 else node.kwargs.get("eps")
+    shape = args_of(node)[1]
+    eps = args_of(node)[3] if len(args_of(node)) > 3 else kw_of(node).get("eps")
     if len(shape) != 1:
         return f"a normalized shape of {len(shape)} dims"
     return None if eps is not None else "no eps (torch takes the dtype's machine epsilon)"
@@ -144,7 +144,7 @@ def _getitem(b: Builder, node: fx.Node, results: Any, i: int) -> Tensor:
 
 
 def _var_check(node: fx.Node) -> str | None:
-    corr = node.kwargs.get("correction", 1)
+    corr = kw_of(node).get("correction", 1)
     return None if isinstance(corr, (int, float)) or corr is None else "a tensor correction"
 
 
@@ -185,7 +185,7 @@ register(aten.var.correction, aten.std.correction, aten.var_mean.correction,
 
 
 @register(aten.cumsum.default, notes="ggml_cumsum (the dim permuted to ne[0] first)",
-          check=lambda node: None if node.kwargs.get("dtype") is None else "a dtype")
+          check=lambda node: None if kw_of(node).get("dtype") is None else "a dtype")
 def _cumsum(b: Builder, node: fx.Node, x: Val, dim: int, **kw: Any) -> Tensor:
     front, axes = _to_front(b, x, dim)
     s = b.ctx.cumsum(front)
@@ -193,7 +193,7 @@ def _cumsum(b: Builder, node: fx.Node, x: Val, dim: int, **kw: Any) -> Tensor:
 
 
 def _bn_check(node: fx.Node) -> str | None:
-    return None if all(isinstance(a, fx.Node) for a in node.args[1:5]) else "no running statistics or affine"
+    return None if all(isinstance(a, fx.Node) for a in args_of(node)[1:5]) else "no running statistics or affine"
 
 
 @register(aten._native_batch_norm_legit_no_training.default,

@@ -13,7 +13,7 @@ from torch import fx
 from ..core.tensor import Tensor
 from .graph import Builder
 from .layout import MAX_DIMS, axis_of, shape_of, val
-from .table import TABLE, Val, register
+from .table import TABLE, Val, args_of, kw_of, register
 
 aten = torch.ops.aten
 
@@ -33,11 +33,11 @@ def _same(b: Builder, node: fx.Node, x: Val, *rest: Any, **kw: Any) -> Tensor:
 
 
 def _copy_check(node: fx.Node) -> str | None:
-    v, src = val(node), val(node.args[0])
+    v, src = val(node), val(args_of(node)[0])
     if v.dtype != src.dtype:
         return f"a conversion from {src.dtype} to {v.dtype}"
-    layout = node.kwargs.get("layout")
-    device = node.kwargs.get("device")
+    layout = kw_of(node).get("layout")
+    device = kw_of(node).get("device")
     if (layout not in (None, torch.strided)) or (device is not None and torch.device(device).type != "cpu"):
         return "another layout or device"
     return None
@@ -94,9 +94,9 @@ def _expand(b: Builder, node: fx.Node, x: Val, sizes: Sequence[int], implicit: b
 
 
 def _slice_check(node: fx.Node) -> str | None:
-    step = node.args[4] if len(node.args) > 4 else 1
-    dim = node.args[1] if len(node.args) > 1 else 0
-    src = val(node.args[0])
+    step = args_of(node)[4] if len(args_of(node)) > 4 else 1
+    dim = args_of(node)[1] if len(args_of(node)) > 1 else 0
+    src = val(args_of(node)[0])
     if step != 1 and axis_of(dim, src.dim()) == 0:
         return "a step along the last dim (ggml strides its fastest dim by one element)"
     return None
@@ -217,8 +217,8 @@ def _repeat(b: Builder, node: fx.Node, x: Val, repeats: Sequence[int]) -> Tensor
 
 
 def _pad_check(node: fx.Node) -> str | None:
-    pad = list(node.args[1])
-    value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+    pad = list(args_of(node)[1])
+    value = args_of(node)[2] if len(args_of(node)) > 2 else kw_of(node).get("value", 0)
     if value != 0:
         return "a pad value other than 0"
     if min(pad) < 0:

@@ -23,7 +23,7 @@ _TRIVIAL = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.defa
             "aten._to_copy.default", "aten.slice.Tensor", "aten.select.int", "<built-in function getitem>"}
 
 
-class Support(OperatorSupportBase):
+class Support(OperatorSupportBase):  # type: ignore[misc,unused-ignore]  # Any without torch
     """ggml takes a node when :func:`why_not` has nothing against it."""
 
     def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: fx.Node) -> bool:

