@@ -64,9 +64,10 @@ add_module_names = False
 # -- every cross-reference must resolve (nitpicky), except to what lives outside pyggml ---------
 nitpicky = True
 nitpick_ignore_regex = [
-    # the standard library, NumPy and cffi: no intersphinx (the build makes no network request)
+    # the standard library, NumPy, cffi and torch (fx: torch.fx): no intersphinx (the build makes no
+    # network request)
     (r"py:.*", r"(builtins|os|sys|pathlib|typing|collections|enum|logging|math|threading|weakref|"
-               r"contextlib|subprocess|types|abc|pycparser|numpy|np|cffi|_cffi_backend|torch)(\..*)?"),
+               r"contextlib|subprocess|types|abc|pycparser|numpy|np|cffi|_cffi_backend|torch|fx)(\..*)?"),
     (r"py:.*", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|Path|PathLike|IntEnum|IntFlag|"
                r"ndarray|DTypeLike|ArrayLike|Self|Logger|TracebackType|FFI|CData)"),
     # type variables, and private helpers (not in this reference) that docstrings name

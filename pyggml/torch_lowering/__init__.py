@@ -2,14 +2,14 @@
 
 Modules, one concept each:
 
-* :mod:`.layout`    -- torch shapes, dims and dtypes as ggml ``ne``, axes and types
-* :mod:`.table`     -- the lowering table (ATen overload -> :class:`~.table.Lowering`)
-* ``ops_*``         -- the lowerings, by family: :mod:`.ops_elementwise`, :mod:`.ops_shape`,
-  :mod:`.ops_matrix`, :mod:`.ops_normalisation`, :mod:`.ops_indexing`, :mod:`.ops_conv`,
-  :mod:`.ops_creation`
-* :mod:`.graph`     -- an FX graph of lowerable nodes as ggml graphs (:class:`~.graph.LoweredGraph`)
-* :mod:`.partition` -- which nodes go to ggml, which stay in torch, and why
-* :mod:`.backend`   -- the ``torch.compile`` backend and :func:`~.backend.explain`
+* :mod:`~pyggml.torch_lowering.layout`    -- torch shapes, dims and dtypes as ggml ``ne``, axes and types
+* :mod:`~pyggml.torch_lowering.table`     -- the lowering table (ATen overload -> :class:`~pyggml.torch_lowering.table.Lowering`)
+* ``ops_*``         -- the lowerings, by family: :mod:`~pyggml.torch_lowering.ops_elementwise`, :mod:`~pyggml.torch_lowering.ops_shape`,
+  :mod:`~pyggml.torch_lowering.ops_matrix`, :mod:`~pyggml.torch_lowering.ops_normalisation`, :mod:`~pyggml.torch_lowering.ops_indexing`, :mod:`~pyggml.torch_lowering.ops_conv`,
+  :mod:`~pyggml.torch_lowering.ops_creation`
+* :mod:`~pyggml.torch_lowering.graph`     -- an FX graph of lowerable nodes as ggml graphs (:class:`~pyggml.torch_lowering.graph.LoweredGraph`)
+* :mod:`~pyggml.torch_lowering.partition` -- which nodes go to ggml, which stay in torch, and why
+* :mod:`~pyggml.torch_lowering.backend`   -- the ``torch.compile`` backend and :func:`~pyggml.torch_lowering.backend.explain`
 
 Needs torch (``pip install ".[torch]"``).
 """

@@ -1,6 +1,6 @@
 """``torch.compile(model, backend="pyggml")``: the graphs dynamo captures, decomposed to core
 ATen by AOT autograd, partitioned between ggml and torch, the ggml partitions computed by
-:class:`~.graph.LoweredGraph`.
+:class:`~pyggml.torch_lowering.graph.LoweredGraph`.
 
 Options (``torch.compile(..., options={...})``): ``device`` (``"cpu"``, the default, or a ggml
 device name such as ``"CUDA0"``, ``"Vulkan0"``, ``"RPC0"``: that device holds the weights and

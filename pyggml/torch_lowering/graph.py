@@ -30,8 +30,8 @@ GRAPH_SIZE = 8192
 
 
 class Builder:
-    """Lowers FX nodes into ``ctx``: ``env`` maps each node to its :class:`Val` (or a tuple of
-    them); ``consts`` are the constant inputs made on the way (name -> array), set at every
+    """Lowers FX nodes into ``ctx``: ``env`` maps each node to its :class:`~pyggml.torch_lowering.table.Val` (or a
+    tuple of them); ``consts`` are the constant inputs made on the way (name -> array), set at every
     compute."""
 
     def __init__(self, ctx: Context):
@@ -78,7 +78,7 @@ class Builder:
 
     # ------------------------------------------------------------------ the graph
     def lower(self, node: fx.Node) -> Any:
-        """Lower ``node`` (a call_function node whose inputs are in :attr:`env`)."""
+        """Lower ``node`` (a call_function node whose inputs are in ``env``)."""
         why = why_not(node)
         if why is not None:
             raise LoweringError(f"{node.format_node()}: {why}")
@@ -112,7 +112,7 @@ class LoweredGraph:
     placeholders that receive parameters and buffers: copied into a backend buffer at the first
     call and again only when torch has changed them (another tensor, or written in place), not
     at every call. Call it with the graph's inputs (CPU tensors); it returns the outputs as a list
-    of torch tensors. Raises :class:`~.table.LoweringError` for a node it cannot lower."""
+    of torch tensors. Raises :class:`~pyggml.torch_lowering.table.LoweringError` for a node it cannot lower."""
 
     def __init__(self, gm: fx.GraphModule, weights: Collection[int], backend: Backend | None = None,
                  backends: Sequence[Backend] | None = None, max_graphs: int = 8):

@@ -13,7 +13,7 @@ from torch import fx
 from ..core.tensor import Tensor
 from .graph import Builder
 from .layout import MAX_DIMS, axis_of, shape_of, val
-from .table import TABLE, Val, args_of, kw_of, register
+from .table import Val, args_of, kw_of, register
 
 aten = torch.ops.aten
 
@@ -237,14 +237,13 @@ def _pad(b: Builder, node: fx.Node, x: Val, pad: Sequence[int], value: float = 0
 
 
 # the *_copy forms of the views (functionalized and edge-dialect graphs): the same values
-for _view, _copy in ((aten.view.default, aten.view_copy.default), (aten.permute.default, aten.permute_copy.default),
-                     (aten.t.default, aten.t_copy.default), (aten.transpose.int, aten.transpose_copy.int),
-                     (aten.unsqueeze.default, aten.unsqueeze_copy.default),
-                     (aten.squeeze.dim, aten.squeeze_copy.dim), (aten.squeeze.dims, aten.squeeze_copy.dims),
-                     (aten.expand.default, aten.expand_copy.default), (aten.slice.Tensor, aten.slice_copy.Tensor),
-                     (aten.select.int, aten.select_copy.int), (aten.alias.default, aten.alias_copy.default),
-                     (aten.split.Tensor, aten.split_copy.Tensor),
-                     (aten.split_with_sizes.default, aten.split_with_sizes_copy.default),
-                     (aten.unbind.int, aten.unbind_copy.int)):
-    _entry = TABLE[_view]
-    register(_copy, notes=f"as {_entry.name}: {_entry.notes}", check=_entry.check)(_entry.lower)
+for _copy, _fn, _check in ((aten.view_copy.default, _reshape, None), (aten.permute_copy.default, _permute, None),
+                           (aten.t_copy.default, _t, None), (aten.transpose_copy.int, _transpose, None),
+                           (aten.unsqueeze_copy.default, _reshape, None), (aten.squeeze_copy.dim, _reshape, None),
+                           (aten.squeeze_copy.dims, _reshape, None), (aten.expand_copy.default, _expand, None),
+                           (aten.slice_copy.Tensor, _slice, _slice_check), (aten.select_copy.int, _select, None),
+                           (aten.alias_copy.default, _same, None), (aten.split_copy.Tensor, _split, None),
+                           (aten.split_with_sizes_copy.default, _split_sizes, None),
+                           (aten.unbind_copy.int, _unbind, None)):
+    register(_copy, notes="as the view it copies (ggml_view, ggml_permute, ggml_reshape...; ggml_cont where "
+                          "a contiguous tensor is needed)", check=_check)(_fn)

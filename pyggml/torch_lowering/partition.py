@@ -1,7 +1,7 @@
 """Which nodes of an FX graph go to ggml: torch's ``CapabilityBasedPartitioner`` over
-:func:`~.table.why_not`. Nodes ggml cannot take stay in torch; each partition becomes one
-submodule of the graph (``fused_<i>``), which :mod:`.backend` replaces by a
-:class:`~.graph.LoweredGraph`."""
+:func:`~pyggml.torch_lowering.table.why_not`. Nodes ggml cannot take stay in torch; each partition becomes one
+submodule of the graph (``fused_<i>``), which :mod:`~pyggml.torch_lowering.backend` replaces by a
+:class:`~pyggml.torch_lowering.graph.LoweredGraph`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -54,19 +54,19 @@ class Lowering(NamedTuple):
     ``notes`` (the ggml ops it makes, for the docs' table), ``check`` (extra conditions on the
     node), ``index_args`` (argument positions holding index tensors: I32 in ggml)."""
     name: str
-    lower: LowerFn
+    lower: Callable[..., Any]
     notes: str
-    check: CheckFn | None = None
+    check: Callable[[fx.Node], "str | None"] | None = None
     index_args: tuple[int, ...] = ()
 
 
 TABLE: dict[Any, Lowering] = {}
 
 
-def register(*targets: Any, notes: str, check: CheckFn | None = None,
-             index_args: tuple[int, ...] = ()) -> Callable[[LowerFn], LowerFn]:
+def register(*targets: Any, notes: str, check: Callable[[fx.Node], "str | None"] | None = None,
+             index_args: tuple[int, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: ``fn`` lowers each of ``targets`` (ATen overloads)."""
-    def deco(fn: LowerFn) -> LowerFn:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         for target in targets:
             TABLE[target] = Lowering(str(target), fn, notes, check, index_args)
         return fn

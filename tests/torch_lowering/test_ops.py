@@ -338,3 +338,12 @@ def test_a_graph_is_built_once_per_input_shape(cpu):
         assert lowered.graphs_built == 2
     finally:
         lowered.close()
+
+
+def test_the_docs_table_is_current():
+    import subprocess
+    import sys
+    from conftest import ROOT
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "torch_lowering_table.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
