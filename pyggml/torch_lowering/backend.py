@@ -17,6 +17,7 @@ import torch
 from torch import fx
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch._guards import TracingContext
 
 from ..backends.backend import Backend
 from ..backends.cpu import CPUBackend
@@ -61,13 +62,14 @@ def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any) -> fx.Grap
     """``gm`` (core ATen) with its ggml partitions replaced by :class:`LoweredGraph` modules.
     ``weights``: the placeholder indices that receive parameters and buffers."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    weight_nodes = {placeholders[i] for i in weights}
+    weight_names = {placeholders[i].name for i in weights}   # partitioning may copy the nodes
     fused = partition(gm)
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith("fused_"):
             continue
         sub = getattr(fused, str(node.target))
-        sub_weights = {i for i, a in enumerate(node.args) if a in weight_nodes}
+        sub_weights = {i for i, a in enumerate(node.args)
+                       if isinstance(a, fx.Node) and a.op == "placeholder" and a.name in weight_names}
         setattr(fused, str(node.target), _Module(devices.graph(sub, sub_weights), sub))
     fused.recompile()
     return fused
@@ -87,6 +89,20 @@ class _Module(torch.nn.Module):  # type: ignore[misc,unused-ignore]  # Any witho
         return outs[0] if self.single else tuple(outs)
 
 
+#: kept whole: their lowering makes one attention of them (torch's decomposition makes a dozen
+#: ops, some on bool tensors ggml does not take, which would cut each layer off the next)
+_KEEP = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+         torch.ops.aten.scaled_dot_product_attention.default)
+
+
+def _decompositions() -> Any:
+    """torch's core ATen decompositions, less those of :data:`_KEEP`."""
+    table: Any = core_aten_decompositions()   # a dict-like table of untyped methods
+    for op in _KEEP:
+        table.pop(op, None)
+    return table
+
+
 def _is_weight(name: str, x: Any) -> bool:
     return isinstance(x, torch.nn.Parameter) or "_parameters_" in name or "_buffers_" in name
 
@@ -101,13 +117,18 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any],
     weights = {i for i, (name, x) in enumerate(zip(names, example_inputs)) if _is_weight(name, x)}
 
     def forward(aten_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
-        return cast(Callable[..., Any], lower_module(aten_gm, weights, devices))
+        # AOT autograd knows the inputs that are parameters and buffers (it may have lifted
+        # them in front of the others); dynamo's placeholder names say it where it does not
+        tc = TracingContext.try_get()
+        static = getattr(getattr(tc, "fw_metadata", None), "static_input_indices", None)
+        found = set(static) if static else weights
+        return cast(Callable[..., Any], lower_module(aten_gm, found, devices))
 
     def backward(aten_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
         return cast(Callable[..., Any], aten_gm)
 
     compiler = aot_autograd(fw_compiler=forward, inference_compiler=forward, bw_compiler=backward,
-                            decompositions=core_aten_decompositions())
+                            decompositions=_decompositions())
     compiled: Callable[..., Any] = compiler(gm, list(example_inputs))
     return compiled
 

@@ -31,26 +31,25 @@ GRAPH_SIZE = 8192
 
 class Builder:
     """Lowers FX nodes into ``ctx``: ``env`` maps each node to its :class:`~pyggml.torch_lowering.table.Val` (or a
-    tuple of them); ``consts`` are the constant inputs made on the way (name -> array), set at every
-    compute."""
+    tuple of them); ``consts`` are the constants made on the way (tensors of ``const_ctx``, a
+    ``no_alloc`` context, with their values), written once after the build."""
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context, const_ctx: Context):
         self.ctx = ctx
+        self.const_ctx = const_ctx
         self.env: dict[fx.Node, Any] = {}
-        self.consts: dict[str, np.ndarray] = {}
-        self.const_tensors: dict[str, Tensor] = {}
+        self.consts: list[tuple[Tensor, np.ndarray]] = []
         #: a tensor made by swapping the last two dims of a contiguous one -> that one (mm reads it)
         self.transposed_of: dict[int, Tensor] = {}
 
     # ------------------------------------------------------------------ helpers for lowerings
     def constant(self, array: Any, dtype: Any = np.float32) -> Tensor:
-        """An input tensor holding ``array`` (NumPy order), set at every compute."""
+        """A tensor holding ``array`` (NumPy order), written once after the build."""
         a = np.ascontiguousarray(np.asarray(array, dtype=dtype))
         if a.ndim == 0:
             a = a.reshape(1)
-        name = f"const{len(self.consts)}"
-        t = self.ctx.new_tensor(GGMLType.F32 if a.dtype == np.float32 else GGMLType.I32, ne_of(a.shape))
-        self.consts[name], self.const_tensors[name] = a, t
+        t = self.const_ctx.new_tensor(GGMLType.F32 if a.dtype == np.float32 else GGMLType.I32, ne_of(a.shape))
+        self.consts.append((t, a))
         return t
 
     def op(self, name: str) -> Callable[..., Tensor]:
@@ -136,7 +135,9 @@ class LoweredGraph:
             self._w[i] = self._wctx.new_tensor(self._type_of(node), ne_of(shape_of(node)))
         if self._w:
             self._wctx.alloc_tensors(home).usage = "weights"
-        self._consts: dict[Any, dict[str, np.ndarray]] = {}
+        self._home = home
+        #: input shapes -> the context of that graph's constants (its own buffer, written once)
+        self._const_ctxs: dict[Any, Context] = {}
         self._out_shapes: dict[Any, list[tuple[int, ...]]] = {}
         #: the input shapes the nodes' fake tensors are for
         self._traced = tuple(shape_of(n) for i, n in enumerate(self.placeholders) if i not in self._w)
@@ -147,11 +148,15 @@ class LoweredGraph:
     @staticmethod
     def _type_of(node: fx.Node) -> GGMLType:
         v = val(node)
+        if v.dtype == torch.bool:   # a mask: 0/1
+            return GGMLType.F32
         return GGMLType.I32 if v.dtype in INDEX_DTYPES else DTYPES[v.dtype]
 
     def close(self) -> None:
         self.cache.close()
         self._wctx.close()
+        for c in self._const_ctxs.values():
+            c.close()
 
     def _upload_weights(self, args: Sequence[torch.Tensor]) -> None:
         for i, t in self._w.items():
@@ -179,7 +184,11 @@ class LoweredGraph:
     def _build(self, ctx: Context, *shapes: tuple[int, ...]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         if shapes != self._traced:
             self._propagate(shapes)
-        b = Builder(ctx)
+        old = self._const_ctxs.pop(shapes, None)
+        if old is not None:
+            old.close()
+        cctx = Context.for_tensors(GRAPH_SIZE // 4)
+        b = Builder(ctx, cctx)
         inputs: dict[str, Tensor] = {}
         k = 0
         for i, node in enumerate(self.placeholders):
@@ -198,8 +207,11 @@ class LoweredGraph:
         for j, o in enumerate(self.outputs):
             v = b.env[o]
             outputs[f"out{j}"] = b.contig(v.t)   # NumPy reads contiguous outputs
-        inputs.update(b.const_tensors)
-        self._consts[shapes] = b.consts
+        if b.consts:
+            cctx.alloc_tensors(self._home).usage = "weights"
+            for t, a in b.consts:
+                t.set(a)
+        self._const_ctxs[shapes] = cctx
         self.graphs_built += 1
         return inputs, outputs
 
@@ -207,15 +219,16 @@ class LoweredGraph:
         self._upload_weights(args)
         feed = {f"in{i}": _array(a) for i, a in enumerate(args) if i not in self._w}
         key = tuple(tuple(int(d) for d in args[i].shape) for i in range(len(args)) if i not in self._w)
-        self.cache.get(key)   # built on first use: its constants are known after
-        feed.update(self._consts[key])
         out = self.cache.compute(key, None, **feed)
         return [torch.from_numpy(out[f"out{j}"]).reshape(shape) for j, shape in enumerate(self._out_shapes[key])]
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor as NumPy (a view where torch allows), index dtypes as int32."""
+    """A CPU tensor as NumPy (a view where torch allows), index dtypes as int32, bool as 0/1
+    float32."""
     t = t.detach()
+    if t.dtype == torch.bool:
+        return np.asarray(t.to(torch.float32).contiguous().numpy())
     if t.dtype in INDEX_DTYPES:
         return np.asarray(t.to(torch.int32).contiguous().numpy())
     return np.asarray(t.contiguous().numpy())

@@ -62,8 +62,8 @@ def _sdpa_check(node: fx.Node) -> str | None:
     mask = kw.get("attn_mask")
     if mask is not None:
         m = val(mask)
-        if m.dtype != torch.float32:
-            return f"a {m.dtype} mask (a float mask is added to the scores)"
+        if m.dtype not in (torch.float32, torch.bool):
+            return f"a {m.dtype} mask"
         if m.dim() > 4 or tuple(m.shape[-2:]) != (q.shape[-2], k.shape[-2]) and m.shape[-2] != 1:
             return "a mask of another shape"
     if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3]:
@@ -90,6 +90,11 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kw: A
     if mask is not None:
         mshape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
         m = b.contig(b.reshape(mask.t, mshape))
+        mask_node = kw_of(node).get("attn_mask")
+        if mask_node is None and node.target == aten.scaled_dot_product_attention.default:
+            mask_node = (args_of(node) + [None] * 4)[3]
+        if val(mask_node).dtype == torch.bool:   # True: attend; False: -1e30 (exp gives 0)
+            m = ctx.scale(ctx.sub(m, b.constant(1.0)), 1e30)
         if mshape[2] != L:   # soft_max_ext's mask covers every query row
             m = ctx.repeat(m, ctx.new_tensor(m.type, [S, L, mshape[1], mshape[0]]))
     if causal:
@@ -105,8 +110,9 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kw: A
 
 
 register(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
-         notes="ggml_mul_mat + ggml_soft_max_ext (scale, float mask, causal mask) + ggml_mul_mat",
-         check=_sdpa_check)(_sdpa)
+         notes="ggml_mul_mat + ggml_soft_max_ext (scale, float or bool mask, causal mask) + ggml_mul_mat "
+               "(a query whose every key is masked gets the mean of V, not 0)",
+         check=_sdpa_check, mask_args=(3, "attn_mask"))(_sdpa)
 
 
 def _index_check(node: fx.Node) -> str | None:

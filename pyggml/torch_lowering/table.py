@@ -52,28 +52,31 @@ CheckFn = Callable[[fx.Node], "str | None"]
 class Lowering(NamedTuple):
     """How an ATen overload becomes ggml ops: ``name`` (``aten.add.Tensor``), ``lower``,
     ``notes`` (the ggml ops it makes, for the docs' table), ``check`` (extra conditions on the
-    node), ``index_args`` (argument positions holding index tensors: I32 in ggml)."""
+    node), ``index_args`` (argument positions holding index tensors: I32 in ggml), ``mask_args``
+    (positions or keyword names where a bool tensor is taken too: F32 0/1 in ggml)."""
     name: str
     lower: Callable[..., Any]
     notes: str
     check: Callable[[fx.Node], "str | None"] | None = None
     index_args: tuple[int, ...] = ()
+    mask_args: tuple[int | str, ...] = ()
 
 
 TABLE: dict[Any, Lowering] = {}
 
 
 def register(*targets: Any, notes: str, check: Callable[[fx.Node], "str | None"] | None = None,
-             index_args: tuple[int, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+             index_args: tuple[int, ...] = (),
+             mask_args: tuple[int | str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: ``fn`` lowers each of ``targets`` (ATen overloads)."""
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         for target in targets:
-            TABLE[target] = Lowering(str(target), fn, notes, check, index_args)
+            TABLE[target] = Lowering(str(target), fn, notes, check, index_args, mask_args)
         return fn
     return deco
 
 
-def _tensor_ok(v: Any, index: bool) -> str | None:
+def _tensor_ok(v: Any, index: bool, mask: bool = False) -> str | None:
     if not isinstance(v, torch.Tensor):
         return "no fake tensor recorded"
     if not is_static(v.shape):
@@ -84,6 +87,8 @@ def _tensor_ok(v: Any, index: bool) -> str | None:
         return "an empty tensor"
     if index:
         return None if v.dtype in INDEX_DTYPES else f"index dtype {v.dtype}"
+    if mask and v.dtype == torch.bool:
+        return None
     return None if v.dtype in DTYPES else f"dtype {v.dtype}"
 
 
@@ -104,12 +109,12 @@ def why_not(node: fx.Node) -> str | None:
             items = a if isinstance(a, (list, tuple)) else (a,)
             for x in items:
                 if isinstance(x, fx.Node) and not isinstance(val(x), (tuple, list)):  # a tuple: checked where made
-                    why = _tensor_ok(val(x), i in lowering.index_args)
+                    why = _tensor_ok(val(x), i in lowering.index_args, i in lowering.mask_args)
                     if why is not None:
                         return f"argument {i}: {why}"
         for k, x in node.kwargs.items():
             if isinstance(x, fx.Node):
-                why = _tensor_ok(val(x), False)
+                why = _tensor_ok(val(x), False, k in lowering.mask_args)
                 if why is not None:
                     return f"argument {k}: {why}"
         return lowering.check(node) if lowering.check is not None else None

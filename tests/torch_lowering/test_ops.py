@@ -31,10 +31,14 @@ class T:
     permuted (a non-contiguous tensor); ``index``: int64 ids below ``index``."""
 
     def __init__(self, *shape: int, lo: float = -2.0, hi: float = 2.0, perm: tuple[int, ...] | None = None,
-                 index: int = 0):
-        self.shape, self.lo, self.hi, self.perm, self.index = shape, lo, hi, perm, index
+                 index: int = 0, mask: bool = False):
+        self.shape, self.lo, self.hi, self.perm, self.index, self.mask = shape, lo, hi, perm, index, mask
 
     def make(self, rng: np.random.Generator) -> Any:
+        if self.mask:   # bool, True = attend; the first key is always attended
+            m = rng.random(self.shape) < 0.7
+            m[..., 0] = True
+            return torch.from_numpy(m)
         if self.index:
             return torch.from_numpy(rng.integers(0, self.index, self.shape))
         if self.perm is None:
@@ -171,10 +175,14 @@ SAMPLES: dict[Any, list[tuple[Callable[..., Any], tuple[T, ...], float]]] = {
         S(lambda q, k, v, m: aten.scaled_dot_product_attention.default(q, k, v, m), T(2, 3, 5, 8), T(2, 3, 7, 8),
           T(2, 3, 7, 4), T(2, 1, 1, 7)),
         S(lambda q, k, v: aten.scaled_dot_product_attention.default(q, k, v, is_causal=True, scale=0.3),
-          T(1, 2, 6, 8), T(1, 2, 6, 8), T(1, 2, 6, 8))],
+          T(1, 2, 6, 8), T(1, 2, 6, 8), T(1, 2, 6, 8)),
+        S(lambda q, k, v, m: aten.scaled_dot_product_attention.default(q, k, v, m), T(2, 3, 5, 8), T(2, 3, 7, 8),
+          T(2, 3, 7, 4), T(2, 1, 5, 7, mask=True))],
     aten._scaled_dot_product_flash_attention_for_cpu.default: [
         S(lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, True)[0],
-          T(1, 2, 6, 8), T(1, 2, 6, 8), T(1, 2, 6, 8))],
+          T(1, 2, 6, 8), T(1, 2, 6, 8), T(1, 2, 6, 8)),
+        S(lambda q, k, v, m: aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, attn_mask=m)[0],
+          T(1, 2, 6, 8), T(1, 2, 9, 8), T(1, 2, 9, 8), T(1, 1, 1, 9))],
     # ----------------------------------------------------------------- more element-wise
     aten.maximum.default: [S(lambda x, y: aten.maximum.default(x, y), T(3, 4), T(4))],
     aten.minimum.default: [S(lambda x, y: aten.minimum.default(x, y), T(4), T(3, 4))],
