@@ -24,7 +24,7 @@ def render() -> str:
     lines = ["ATen overloads lowered to ggml", "==============================", "",
              f"The {len(TABLE)} overloads :mod:`pyggml.torch_lowering` lowers, by family, with the ggml ops",
              "each becomes (written by ``scripts/torch_lowering_table.py`` from the lowering table; each",
-             "is tested against eager torch in ``tests/torch_lowering/test_ops.py``). Tensors are float32;",
+             "is tested against eager torch in ``tests/torch_lowering/test_aten_lowerings.py``). Tensors are float32;",
              "index tensors (int64 or int32) are given to ggml as I32. Anything else stays in torch.", ""]
     for family in sorted(by_module):
         title = family.capitalize()
