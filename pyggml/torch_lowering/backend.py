@@ -4,7 +4,10 @@ ATen by AOT autograd, partitioned between ggml and torch, the ggml partitions co
 
 Options (``torch.compile(..., options={...})``): ``device`` (``"cpu"``, the default, or a ggml
 device name such as ``"CUDA0"``, ``"Vulkan0"``, ``"RPC0"``: that device holds the weights and
-runs what it supports, the CPU the rest), ``threads`` (CPU threads). Tensors in and out are CPU
+runs what it supports, the CPU the rest), ``threads`` (CPU threads), ``weights`` (the type of
+the weight matrices that only ``nn.Linear``-style products read: ``"f32"``, the default, or
+``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``... converted by ggml when copied in; ggml's
+quantized products also quantize the activations). Tensors in and out are CPU
 torch tensors. Graphs are built once per input shape (``dynamic=False`` semantics). Only the
 forward pass is lowered: under autograd the backward pass runs in torch.
 """
@@ -19,12 +22,14 @@ from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._guards import TracingContext
 
+from .. import types
 from ..backends.backend import Backend
 from ..backends.cpu import CPUBackend
 from ..backends.device import device_by_name
+from ..enums import GGMLType
 from ..impl import register_builtin
 from .graph import LoweredGraph
-from .partition import Explanation, explain_graph, partition
+from .partition import Explanation, explain_graph, linear_products, partition
 
 __all__ = ["Options", "compile_fx", "lower_module", "explain"]
 
@@ -34,8 +39,15 @@ class Options:
     """The backend's options; ValueError for a bad one."""
     device: str = "cpu"
     threads: int | None = None
+    weights: str = "f32"
 
     def __post_init__(self) -> None:
+        try:
+            t = types.ggml_type(self.weights)
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"weights must be a ggml type name such as 'q8_0', not {self.weights!r}") from None
+        if t != GGMLType.F32 and not types.can_quantize(t):
+            raise ValueError(f"ggml cannot convert weights to {t.name}")
         if not isinstance(self.device, str):
             raise ValueError(f"device must be a ggml device name, not {self.device!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
@@ -46,6 +58,7 @@ class _Devices:
     """The backends of one compiled model: the CPU's and, for another device, that one's."""
 
     def __init__(self, opts: Options):
+        self.weight_type = types.ggml_type(opts.weights)
         self.cpu = CPUBackend(n_threads=opts.threads)
         self.other: Backend | None = None
         if opts.device.lower() != "cpu":
@@ -54,8 +67,8 @@ class _Devices:
 
     def graph(self, gm: fx.GraphModule, weights: set[int]) -> LoweredGraph:
         if self.other is None:
-            return LoweredGraph(gm, weights, backend=self.cpu)
-        return LoweredGraph(gm, weights, backends=[self.other, self.cpu])
+            return LoweredGraph(gm, weights, backend=self.cpu, weight_type=self.weight_type)
+        return LoweredGraph(gm, weights, backends=[self.other, self.cpu], weight_type=self.weight_type)
 
 
 def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any) -> fx.GraphModule:
@@ -63,7 +76,7 @@ def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any) -> fx.Grap
     ``weights``: the placeholder indices that receive parameters and buffers."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     weight_names = {placeholders[i].name for i in weights}   # partitioning may copy the nodes
-    fused = partition(gm)
+    fused = partition(linear_products(gm))
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith("fused_"):
             continue

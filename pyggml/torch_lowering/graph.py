@@ -19,6 +19,7 @@ from ..backends.backend import Backend
 from ..backends.graph_cache import GraphCache
 from ..core.context import Context
 from ..core.tensor import Tensor
+from .. import types
 from ..enums import GGMLType
 from .layout import DTYPES, INDEX_DTYPES, ne_of, shape_of, val
 from .table import TABLE, LoweringError, Val, why_not
@@ -114,7 +115,8 @@ class LoweredGraph:
     of torch tensors. Raises :class:`~pyggml.torch_lowering.table.LoweringError` for a node it cannot lower."""
 
     def __init__(self, gm: fx.GraphModule, weights: Collection[int], backend: Backend | None = None,
-                 backends: Sequence[Backend] | None = None, max_graphs: int = 8):
+                 backends: Sequence[Backend] | None = None, max_graphs: int = 8,
+                 weight_type: GGMLType = GGMLType.F32):
         self.gm = gm
         if backend is None and not backends:
             raise ValueError("give a backend or backends")
@@ -132,7 +134,8 @@ class LoweredGraph:
         self._w: dict[int, Tensor] = {}
         for i in sorted(weights):
             node = self.placeholders[i]
-            self._w[i] = self._wctx.new_tensor(self._type_of(node), ne_of(shape_of(node)))
+            t = weight_type if _products_only(node, weight_type) else self._type_of(node)
+            self._w[i] = self._wctx.new_tensor(t, ne_of(shape_of(node)))
         if self._w:
             self._wctx.alloc_tensors(home).usage = "weights"
         self._home = home
@@ -221,6 +224,19 @@ class LoweredGraph:
         key = tuple(tuple(int(d) for d in args[i].shape) for i in range(len(args)) if i not in self._w)
         out = self.cache.compute(key, None, **feed)
         return [torch.from_numpy(out[f"out{j}"]).reshape(shape) for j, shape in enumerate(self._out_shapes[key])]
+
+
+def _products_only(node: fx.Node, t: GGMLType) -> bool:
+    """Whether weight placeholder ``node`` may be kept in type ``t``: a float32 matrix whose rows
+    are whole blocks of ``t``, read only as the weight of ``aten.linear`` (ggml's quantized
+    products take it as stored; :func:`~pyggml.torch_lowering.partition.linear_products` writes
+    ``nn.Linear``'s products that way)."""
+    v = val(node)
+    if t == GGMLType.F32 or v.dtype != torch.float32 or v.dim() != 2 or v.shape[-1] % types.block_size(t):
+        return False
+    return bool(node.users) and all(u.op == "call_function" and u.target == torch.ops.aten.linear.default
+                                    and len(u.args) > 1 and u.args[1] is node and u.args[0] is not node
+                                    for u in node.users)
 
 
 def _array(t: torch.Tensor) -> np.ndarray:

@@ -100,6 +100,44 @@ def test_weights_changed_in_place_are_read_again():
         assert not torch.allclose(first, model(x))
 
 
+def test_linear_weights_can_be_quantized():
+    """``mm(x, t(w))`` becomes ``linear(x, w)`` (linear_products), so the weight is read by a
+    product only and is kept in the requested type: ggml's quantized product matches the same
+    product of the dequantized weight by the Q8_0-rounded activations to float noise, and the
+    eager float32 product to Q8_0's error; a weight read otherwise stays float32."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from pyggml import CPUBackend, GGMLType
+    from pyggml.torch_lowering import LoweredGraph
+    from pyggml.torch_lowering.partition import linear_products
+    from pyggml.types import quantize, to_float32
+    aten = torch.ops.aten
+    rng = np.random.default_rng(3)
+    x = torch.from_numpy(rng.standard_normal((5, 64)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal((8, 64)).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal(8).astype(np.float32))
+    gm = linear_products(make_fx(lambda x, w, b: aten.addmm.default(b, x, aten.t.default(w)))(x, w, b))
+    assert [str(n.target) for n in gm.graph.nodes if n.op == "call_function"] == ["aten.linear.default"]
+    with CPUBackend(n_threads=1) as cpu:
+        lowered = LoweredGraph(gm, {1, 2}, backend=cpu, weight_type=GGMLType.Q8_0)
+        try:
+            assert lowered._w[1].type == GGMLType.Q8_0 and lowered._w[2].type == GGMLType.F32
+            got = lowered(x, w, b)[0].numpy()
+        finally:
+            lowered.close()
+    wq = to_float32(quantize(w.numpy(), "q8_0"), "q8_0").reshape(8, 64)
+    xq = to_float32(quantize(x.numpy(), "q8_0"), "q8_0").reshape(5, 64)
+    np.testing.assert_allclose(got, xq @ wq.T + b.numpy(), rtol=1e-4, atol=1e-3)
+    ref = (x @ w.T + b).numpy()
+    assert np.abs(got - ref).max() < 0.03 * np.abs(ref).max()   # Q8_0 of both operands: ~1 %
+    gm2 = make_fx(lambda x, w: aten.add.Tensor(aten.mm.default(x, aten.t.default(w)), aten.sum.default(w)))(x, w)
+    gm2 = linear_products(gm2)
+    with CPUBackend(n_threads=1) as cpu:
+        lowered = LoweredGraph(gm2, {1}, backend=cpu, weight_type=GGMLType.Q8_0)
+        assert lowered._w[1].type == GGMLType.F32     # also summed: not a product's only
+        lowered.close()
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="threads"):
         Options(threads=0)
@@ -107,6 +145,8 @@ def test_options_are_checked():
         Options(device=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         Options(no_such_option=1)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="weights"):
+        Options(weights="q9_9")
     model = torch.nn.Linear(3, 3)
     c = _compiled(model, device="no-such-device")
     with pytest.raises(Exception, match="no-such-device"):
@@ -164,6 +204,9 @@ def test_minilm_through_transformers():
     got = embed(_compiled(bert))
     cos = torch.nn.functional.cosine_similarity(got, want)
     assert float(cos.min()) >= 0.9999, cos
+    q8 = embed(_compiled(bert, weights="q8_0"))   # the linear layers' weights in Q8_0
+    cos = torch.nn.functional.cosine_similarity(q8, want)
+    assert float(cos.min()) >= 0.999, cos
 
 
 def test_explain_graph_counts_what_goes_where():
