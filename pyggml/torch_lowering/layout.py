@@ -12,7 +12,7 @@ import torch
 
 from ..enums import GGMLType
 
-__all__ = ["DTYPES", "INDEX_DTYPES", "MAX_DIMS", "ne_of", "axis_of", "val", "shape_of", "is_static"]
+__all__ = ["DTYPES", "INDEX_DTYPES", "MAX_DIMS", "ne_of", "axis_of", "val", "shape_of", "is_static", "tiles"]
 
 #: torch dtype -> the ggml type of lowered tensors of that dtype
 DTYPES: dict[torch.dtype, GGMLType] = {torch.float32: GGMLType.F32}
@@ -44,3 +44,10 @@ def is_static(shape: Sequence[Any]) -> bool:
 def shape_of(x: Any) -> tuple[int, ...]:
     """The static shape of node ``x`` (its fake tensor's)."""
     return tuple(int(d) for d in val(x).shape)
+
+
+def tiles(small: Sequence[int], big: Sequence[int]) -> bool:
+    """Whether torch shape ``small`` broadcasts to ``big`` by NumPy's rule with only size-1 (or
+    equal) dims: then ggml's tiling of a second operand gives the same result."""
+    s = (1,) * (len(big) - len(small)) + tuple(small)
+    return all(a == c or a == 1 for a, c in zip(s, big))

@@ -15,7 +15,7 @@ from torch import fx
 
 from ..core.tensor import Tensor
 from .graph import Builder
-from .layout import shape_of
+from .layout import shape_of, tiles
 from .ops_shape import views_along
 from .table import CheckFn, Val, args_of, kw_of, register
 
@@ -237,27 +237,23 @@ def _minimum(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
     return b.ctx.sub(a, b.ctx.relu(b.ctx.sub(a, b.contig(b.expand(y, shape_of(node))))))
 
 
-@register(aten.addcmul.default, notes="ggml_mul + ggml_scale + ggml_add")
-def _addcmul(b: Builder, node: fx.Node, x: Val, t1: Val, t2: Val, value: float = 1) -> Tensor:
+def _addc(b: Builder, node: fx.Node, x: Val, t1: Val, t2: Val, value: float, op: str) -> Tensor:
+    """x + value · (t1 op t2), every operand broadcast to the result."""
     shape = shape_of(node)
-    p = b.ctx.mul(b.contig(b.expand(t1, shape)), b.contig(b.expand(t2, shape)))
+    p = b.op(op)(b.contig(b.expand(t1, shape)), b.contig(b.expand(t2, shape)))
     if value != 1:
         p = b.ctx.scale(p, float(value))
-    return b.ctx.add(p, x.t) if _tiles(x.shape, shape) else b.ctx.add(b.contig(b.expand(x, shape)), p)
+    return b.ctx.add(p, x.t) if tiles(x.shape, shape) else b.ctx.add(b.contig(b.expand(x, shape)), p)
+
+
+@register(aten.addcmul.default, notes="ggml_mul + ggml_scale + ggml_add")
+def _addcmul(b: Builder, node: fx.Node, x: Val, t1: Val, t2: Val, value: float = 1) -> Tensor:
+    return _addc(b, node, x, t1, t2, value, "mul")
 
 
 @register(aten.addcdiv.default, notes="ggml_div + ggml_scale + ggml_add")
 def _addcdiv(b: Builder, node: fx.Node, x: Val, t1: Val, t2: Val, value: float = 1) -> Tensor:
-    shape = shape_of(node)
-    p = b.ctx.div(b.contig(b.expand(t1, shape)), b.contig(b.expand(t2, shape)))
-    if value != 1:
-        p = b.ctx.scale(p, float(value))
-    return b.ctx.add(p, x.t) if _tiles(x.shape, shape) else b.ctx.add(b.contig(b.expand(x, shape)), p)
-
-
-def _tiles(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
-    s = (1,) * (len(big) - len(small)) + tuple(small)
-    return all(a == c or a == 1 for a, c in zip(s, big))
+    return _addc(b, node, x, t1, t2, value, "div")
 
 
 @register(aten.lerp.Scalar, notes="a + w·(b - a): ggml_sub, ggml_scale, ggml_add")

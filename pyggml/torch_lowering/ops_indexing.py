@@ -46,15 +46,18 @@ def _index_select(b: Builder, node: fx.Node, x: Val, dim: int, idx: Val) -> Tens
     return _rows(b, node, x, idx)
 
 
+def _named(node: fx.Node, rest: list[Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """The attention's arguments after q, k, v by name (the two overloads order them apart)."""
+    names = ["attn_mask", "dropout_p", "is_causal"] if node.target == aten.scaled_dot_product_attention.default \
+        else ["dropout_p", "is_causal"]
+    return {**kw, **dict(zip(names, rest))}
+
+
 def _sdpa_check(node: fx.Node) -> str | None:
     q, k, v = (val(a) for a in args_of(node)[:3])
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "q, k, v of other than 4 dims"
-    kw = dict(kw_of(node))
-    names = ["attn_mask", "dropout_p", "is_causal"] if node.target == aten.scaled_dot_product_attention.default \
-        else ["dropout_p", "is_causal"]
-    for name, a in zip(names, args_of(node)[3:]):
-        kw[name] = a
+    kw = _named(node, args_of(node)[3:], kw_of(node))
     if kw.get("dropout_p", 0.0):
         return "dropout"
     if kw.get("enable_gqa"):
@@ -74,11 +77,8 @@ def _sdpa_check(node: fx.Node) -> str | None:
     return None
 
 
-def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kw: Any) -> Any:
-    names = ["attn_mask", "dropout_p", "is_causal"] if node.target == aten.scaled_dot_product_attention.default \
-        else ["dropout_p", "is_causal"]
-    for name, a in zip(names, args):
-        kw[name] = a
+def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kwargs: Any) -> Any:
+    kw = _named(node, list(args), kwargs)
     mask, causal, scale = kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale")
     B, H, L, E = q.shape
     S = k.shape[2]

@@ -14,7 +14,7 @@ from torch import fx
 
 from ..core.tensor import Tensor
 from .graph import Builder
-from .layout import shape_of, val
+from .layout import shape_of, tiles, val
 from .table import CheckFn, Val, args_of, kw_of, register
 
 aten = torch.ops.aten
@@ -63,12 +63,7 @@ def _addmm(b: Builder, node: fx.Node, bias: Val, x: Val, y: Val, beta: float = 1
     if alpha != 1:
         p = b.ctx.scale(p, float(alpha))
     c = bias.t if beta == 1 else b.ctx.scale(b.contig(bias.t), float(beta))
-    return b.ctx.add(p, c) if _tiles(bias.shape, shape_of(node)) else b.ctx.add(b.expand(Val(c, bias.shape), shape_of(node)), p)
-
-
-def _tiles(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
-    s = (1,) * (len(big) - len(small)) + tuple(small)
-    return all(a == c or a == 1 for a, c in zip(s, big))
+    return b.ctx.add(p, c) if tiles(bias.shape, shape_of(node)) else b.ctx.add(b.expand(Val(c, bias.shape), shape_of(node)), p)
 
 
 @register(aten.bmm.default, notes="ggml_mul_mat over the batch", check=_ranks(3, 3))

@@ -32,16 +32,8 @@ def _to_front(b: Builder, x: Val, dim: int) -> tuple[Tensor, list[int]]:
 
 def _reduce(b: Builder, node: fx.Node, x: Val, dims: Any, keepdim: bool, mean: bool) -> Tensor:
     n = x.ndim
-    dims = list(range(n)) if dims is None or (isinstance(dims, (list, tuple)) and not dims) else \
-        ([dims] if isinstance(dims, int) else list(dims))
-    t, shape = x.t, list(x.shape)
-    for d in sorted({d % n for d in dims}):
-        cur = Val(t, tuple(shape))
-        front, axes = _to_front(b, cur, d)
-        r = b.ctx.mean(front) if mean else b.ctx.sum_rows(front)
-        t = b.ctx.permute(r, *axes) if axes != [0, 1, 2, 3] else r
-        shape[d] = 1
-    return b.reshape(b.contig(t), shape_of(node))
+    dl = list(range(n)) if not dims and dims != 0 else ([dims] if isinstance(dims, int) else list(dims))
+    return b.reshape(_reduce_to(b, x, [d % n for d in dl], mean), shape_of(node))
 
 
 def _sum_check(node: fx.Node) -> str | None:
@@ -151,13 +143,12 @@ def _var_check(node: fx.Node) -> str | None:
 def _var(b: Builder, node: fx.Node, x: Val, dims: Any = None, *, correction: Any = 1, keepdim: bool = False) -> Any:
     n = x.ndim
     dl = list(range(n)) if not dims else ([dims] if isinstance(dims, int) else [d % n for d in dims])
-    kept = tuple(1 if i in dl else s for i, s in enumerate(x.shape))
     count = 1
     for d in dl:
         count *= x.shape[d]
-    mean = _reduce_to(b, x, dl, kept, mean=True)
+    mean = _reduce_to(b, x, dl, mean=True)
     dev = b.ctx.sub(b.contig(x.t), mean)
-    ss = _reduce_to(b, Val(b.ctx.sqr(dev), x.shape), dl, kept, mean=False)
+    ss = _reduce_to(b, Val(b.ctx.sqr(dev), x.shape), dl, mean=False)
     c = 1 if correction is None else correction
     var = b.ctx.scale(ss, 1.0 / max(count - c, 0) if count - c > 0 else math.inf)
     out_shape = shape_of(node) if not isinstance(node.meta["val"], (tuple, list)) else tuple(node.meta["val"][0].shape)
@@ -169,7 +160,8 @@ def _var(b: Builder, node: fx.Node, x: Val, dims: Any = None, *, correction: Any
     return var
 
 
-def _reduce_to(b: Builder, x: Val, dims: list[int], kept: tuple[int, ...], mean: bool) -> Tensor:
+def _reduce_to(b: Builder, x: Val, dims: list[int], mean: bool) -> Tensor:
+    """x summed (or averaged) over torch dims ``dims``, kept as size 1, contiguous."""
     t, shape = x.t, list(x.shape)
     for d in sorted(set(dims)):
         front, axes = _to_front(b, Val(t, tuple(shape)), d)

@@ -120,16 +120,7 @@ def _slice(b: Builder, node: fx.Node, x: Val, dim: int = 0, start: Any = None, e
 
 @register(aten.select.int, notes="ggml_view (and ggml_cont + ggml_reshape for the last dim)")
 def _select(b: Builder, node: fx.Node, x: Val, dim: int, index: int) -> Tensor:
-    n = x.ndim
-    ax = axis_of(dim, n)
-    index = index % x.shape[dim]
-    ne, nb = list(x.t.ne[:n]), list(x.t.nb[:n])
-    offset = index * nb[ax]
-    if ax == 0:   # the fastest dim: a column; its elements are nb[1] apart
-        col = b.ctx.view(x.t, [1] + ne[1:], nb[1:], offset)
-        return b.reshape(b.ctx.cont(col), shape_of(node))
-    del ne[ax], nb[ax]
-    return b.ctx.view(x.t, ne or [1], nb[1:], offset)
+    return _select_val(b, x, dim, index % x.shape[dim], shape_of(node))
 
 
 @register(aten.cat.default, notes="ggml_concat, pairwise")
@@ -164,10 +155,7 @@ def views_along(b: Builder, x: Val, dim: int, sizes: Sequence[int]) -> tuple[Ten
     for size in sizes:
         ne, nb = list(x.t.ne[:n]), list(x.t.nb[:n])
         ne[ax] = size
-        if ax == 0 and n > 1:   # along the fastest dim: a view keeps the row stride
-            out.append(b.ctx.view(x.t, ne, nb[1:], start * nb[0]))
-        else:
-            out.append(b.ctx.view(x.t, ne or [1], nb[1:n], start * nb[ax]))
+        out.append(b.ctx.view(x.t, ne or [1], nb[1:], start * nb[ax]))   # the strides kept
         start += size
     return tuple(out)
 
@@ -192,6 +180,8 @@ def _unbind(b: Builder, node: fx.Node, x: Val, dim: int = 0) -> tuple[Tensor, ..
 
 
 def _select_val(b: Builder, x: Val, dim: int, index: int, out_shape: tuple[int, ...]) -> Tensor:
+    """Index ``index`` of torch dim ``dim``: a view without that dim; along the fastest dim a
+    column, whose elements are a row apart, copied and reshaped."""
     n = x.ndim
     ax = axis_of(dim, n)
     ne, nb = list(x.t.ne[:n]), list(x.t.nb[:n])
