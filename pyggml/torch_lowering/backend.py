@@ -29,7 +29,7 @@ from ..backends.device import device_by_name
 from ..enums import GGMLType
 from ..impl import register_builtin
 from .graph import LoweredGraph
-from .partition import Explanation, explain_graph, linear_products, partition
+from .partition import Explanation, explain_graph, linear_products, partition, repeated_heads
 
 __all__ = ["Options", "compile_fx", "lower_module", "explain"]
 
@@ -76,7 +76,7 @@ def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any) -> fx.Grap
     ``weights``: the placeholder indices that receive parameters and buffers."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     weight_names = {placeholders[i].name for i in weights}   # partitioning may copy the nodes
-    fused = partition(linear_products(gm))
+    fused = partition(linear_products(repeated_heads(gm)))
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith("fused_"):
             continue
@@ -148,6 +148,6 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any],
 
 def explain(model: torch.nn.Module, *inputs: Any) -> Explanation:
     """Which ATen ops of ``model(*inputs)`` ggml would run and why the others stay in torch:
-    the model exported (``torch.export``), decomposed to core ATen."""
-    ep = torch.export.export(model, tuple(inputs)).run_decompositions()
-    return explain_graph(ep.graph_module)
+    the model exported (``torch.export``), decomposed and rewritten as :func:`compile_fx` does."""
+    ep = torch.export.export(model, tuple(inputs)).run_decompositions(_decompositions())
+    return explain_graph(linear_products(repeated_heads(ep.graph_module)))

@@ -237,3 +237,25 @@ for _copy, _fn, _check in ((aten.view_copy.default, _reshape, None), (aten.permu
                            (aten.unbind_copy.int, _unbind, None)):
     register(_copy, notes="as the view it copies (ggml_view, ggml_permute, ggml_reshape...; ggml_cont where "
                           "a contiguous tensor is needed)", check=_check)(_fn)
+
+
+def _repeat_interleave_check(node: fx.Node) -> str | None:
+    args = args_of(node)
+    if len(args) < 3 or not isinstance(args[1], int) or args[2] is None or kw_of(node).get("output_size") not in (None, 0):
+        return "other than an int count of repeats along one dim"
+    return None
+
+
+@register(aten.repeat_interleave.self_int,
+          notes="ggml_reshape to [below, 1, dim, above] + ggml_repeat + ggml_reshape", check=_repeat_interleave_check)
+def _repeat_interleave(b: Builder, node: fx.Node, x: Val, n: int, dim: int, *rest: Any, **kw: Any) -> Tensor:
+    ax = axis_of(dim, x.ndim)
+    ne = list(x.t.ne)
+    below, above = 1, 1
+    for k in range(ax):
+        below *= ne[k]
+    for k in range(ax + 1, 4):
+        above *= ne[k]
+    t = b.ctx.reshape(b.contig(x.t), below, 1, ne[ax], above)
+    t = b.ctx.repeat(t, b.ctx.new_tensor(t.type, [below, n, ne[ax], above]))
+    return b.reshape(t, shape_of(node))

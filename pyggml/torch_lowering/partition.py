@@ -15,7 +15,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from .layout import val
 from .table import args_of, kw_of, why_not
 
-__all__ = ["Support", "partition", "Explanation", "explain_graph", "linear_products"]
+__all__ = ["Support", "partition", "Explanation", "explain_graph", "linear_products", "repeated_heads"]
 
 #: nodes that compute nothing: a partition made of them only is left to torch
 _TRIVIAL = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.alias.default",
@@ -104,6 +104,49 @@ def linear_products(gm: fx.GraphModule) -> fx.GraphModule:
             lin = gm.graph.call_function(aten.linear.default, (x, w) if bias is None else (x, w, bias))
         lin.meta = dict(node.meta)
         node.replace_all_uses_with(lin)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return gm
+
+
+def repeated_heads(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with each ``view(clone(expand(unsqueeze(x, d))))`` that repeats every slice of
+    ``x``'s dim ``d - 1`` n times in a row (grouped-query attention's ``repeat_kv``) written as
+    ``repeat_interleave(x, n, d - 1)``: its 5-dim intermediates, which ggml cannot hold, are gone."""
+    aten = torch.ops.aten
+    views = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in views:
+            continue
+        src = args_of(node)[0]
+        if isinstance(src, fx.Node) and src.target == aten.clone.default:
+            src = args_of(src)[0]
+        if not (isinstance(src, fx.Node) and src.target == aten.expand.default):
+            continue
+        uns = args_of(src)[0]
+        if not (isinstance(uns, fx.Node) and uns.target == aten.unsqueeze.default):
+            continue
+        x = args_of(uns)[0]
+        xv, ev, ov = val(x), val(src), val(node)
+        if not all(isinstance(v, torch.Tensor) for v in (xv, ev, ov)):
+            continue
+        d = args_of(uns)[1] % (xv.dim() + 1)
+        xs, es = tuple(xv.shape), tuple(ev.shape)
+        if d == 0 or es[:d] + es[d + 1:] != xs:
+            continue
+        n = int(es[d])
+        want = list(xs)
+        want[d - 1] *= n
+        if tuple(ov.shape) != tuple(want):
+            continue
+        with gm.graph.inserting_before(node):
+            rep = gm.graph.call_function(aten.repeat_interleave.self_int, (x, n, d - 1))
+        rep.meta = dict(node.meta)
+        node.replace_all_uses_with(rep)
         gm.graph.erase_node(node)
         changed = True
     if changed:
