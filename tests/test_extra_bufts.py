@@ -190,3 +190,16 @@ def test_a_device_without_extra_buffer_types_places_everything_in_its_own(fresh_
     monkeypatch.setattr(extra_bufts, "listed", lambda dev: [])
     assert cpu_dev.extra_buffer_types == [] and cpu_dev.extra_buffer_type_trials == []
     assert cpu_dev.weight_buffer_type("q4_0", [K, N]) == cpu_dev.buffer_type
+
+
+def test_extra_buffer_types_of_other_devices_are_not_tried(fresh_trials, monkeypatch, cpu_dev):
+    """The trial computes on ggml's CPU backend: a device of another type lists its extra buffer
+    types as not tried, and places every weight in its own buffer type."""
+    from pyggml.impl import register_builtin
+    register_builtin("numpy")
+    numpy_dev = device_by_name("NUMPY")
+    monkeypatch.setattr(extra_bufts, "listed", lambda dev: [cpu_dev.buffer_type])
+    trials = numpy_dev.extra_buffer_type_trials
+    assert len(trials) == 1 and "not tried" in (trials[0].error or "")
+    assert numpy_dev.extra_buffer_types == []
+    assert numpy_dev.weight_buffer_type("q4_0", [K, N]) == numpy_dev.buffer_type

@@ -162,13 +162,19 @@ def _run(buft: BufferType, kinds: tuple[GGMLType, ...]) -> str | None:
 
 def trials(dev: Any) -> list[Trial]:
     """The trials of device pointer ``dev``'s extra buffer types, run on first use and kept for
-    the process."""
+    the process. The trial computes on ggml's CPU backend: another device's extra buffer types
+    are listed as not tried, and not used."""
     key = int(ffi.cast("uintptr_t", dev))
     with _lock:
         found = _trials.get(key)
         if found is None:
             found = []
+            with calling():
+                on_cpu = lib.ggml_backend_dev_type(dev) == lib.GGML_BACKEND_DEVICE_TYPE_CPU
             for buft in listed(dev):
+                if not on_cpu:
+                    found.append(Trial(buft, (), "not tried: pyggml tries the extra buffer types of CPU devices"))
+                    continue
                 kinds = _candidates(dev, buft)
                 error = _run(buft, kinds) if kinds else "the device takes no weight type's product in it"
                 found.append(Trial(buft, kinds, error))
