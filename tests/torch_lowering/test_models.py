@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import tomllib
 
 import numpy as np
 import pytest
@@ -194,6 +193,7 @@ def test_options_are_checked():
 def test_the_backend_is_registered_by_name():
     """pyproject.toml declares the ``torch_dynamo_backends`` entry point ``pyggml``; where the
     package is installed, ``torch.compile(backend="pyggml")`` finds it."""
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     eps = project["project"]["entry-points"]["torch_dynamo_backends"]
     assert eps == {"pyggml": "pyggml.torch_lowering.backend:compile_fx"}
