@@ -46,6 +46,12 @@ def _index_select(b: Builder, node: fx.Node, x: Val, dim: int, idx: Val) -> Tens
     return _rows(b, node, x, idx)
 
 
+def _in_place_rows(b: Builder, t: Tensor) -> Tensor:
+    """``t`` as is where its rows are contiguous (a head view of Q or K: ggml's product reads
+    it in place), else a contiguous copy."""
+    return t if t.nb[0] == 4 and not t.is_transposed() else b.ctx.cont(t)
+
+
 def _named(node: fx.Node, rest: list[Any], kw: dict[str, Any]) -> dict[str, Any]:
     """The attention's arguments after q, k, v by name (the two overloads order them apart)."""
     names = ["attn_mask", "dropout_p", "is_causal"] if node.target == aten.scaled_dot_product_attention.default \
@@ -85,7 +91,7 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kwarg
     ctx = b.ctx
     if scale is None:
         scale = 1.0 / math.sqrt(E)
-    kq = ctx.mul_mat(b.contig(k.t), b.contig(q.t))            # ne [S, L, H, B]
+    kq = ctx.mul_mat(_in_place_rows(b, k.t), _in_place_rows(b, q.t))            # ne [S, L, H, B]
     m: Tensor | None = None
     if mask is not None:
         mshape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
