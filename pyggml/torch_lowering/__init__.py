@@ -8,6 +8,7 @@ Modules, one concept each:
   :mod:`~pyggml.torch_lowering.ops_matrix`, :mod:`~pyggml.torch_lowering.ops_normalisation`, :mod:`~pyggml.torch_lowering.ops_indexing`, :mod:`~pyggml.torch_lowering.ops_conv`,
   :mod:`~pyggml.torch_lowering.ops_creation`
 * :mod:`~pyggml.torch_lowering.graph`     -- an FX graph of lowerable nodes as ggml graphs (:class:`~pyggml.torch_lowering.graph.LoweredGraph`)
+* :mod:`~pyggml.torch_lowering.rewrites` -- rewrites that let more of a graph reach ggml
 * :mod:`~pyggml.torch_lowering.partition` -- which nodes go to ggml, which stay in torch, and why
 * :mod:`~pyggml.torch_lowering.backend`   -- the ``torch.compile`` backend and :func:`~pyggml.torch_lowering.backend.explain`
 

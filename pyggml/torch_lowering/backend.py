@@ -29,7 +29,8 @@ from ..backends.device import device_by_name
 from ..enums import GGMLType
 from ..impl import register_builtin
 from .graph import LoweredGraph
-from .partition import Explanation, explain_graph, linear_products, partition, repeated_heads
+from .partition import Explanation, explain_graph, partition
+from .rewrites import rewrite
 
 __all__ = ["Options", "compile_fx", "lower_module", "explain"]
 
@@ -76,7 +77,7 @@ def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any) -> fx.Grap
     ``weights``: the placeholder indices that receive parameters and buffers."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     weight_names = {placeholders[i].name for i in weights}   # partitioning may copy the nodes
-    fused = partition(linear_products(repeated_heads(gm)))
+    fused = partition(rewrite(gm))
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith("fused_"):
             continue
@@ -150,4 +151,4 @@ def explain(model: torch.nn.Module, *inputs: Any) -> Explanation:
     """Which ATen ops of ``model(*inputs)`` ggml would run and why the others stay in torch:
     the model exported (``torch.export``), decomposed and rewritten as :func:`compile_fx` does."""
     ep = torch.export.export(model, tuple(inputs)).run_decompositions(_decompositions())
-    return explain_graph(linear_products(repeated_heads(ep.graph_module)))
+    return explain_graph(rewrite(ep.graph_module))

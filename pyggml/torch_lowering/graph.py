@@ -229,7 +229,7 @@ class LoweredGraph:
 def _products_only(node: fx.Node, t: GGMLType) -> bool:
     """Whether weight placeholder ``node`` may be kept in type ``t``: a float32 matrix whose rows
     are whole blocks of ``t``, read only as the weight of ``aten.linear`` (ggml's quantized
-    products take it as stored; :func:`~pyggml.torch_lowering.partition.linear_products` writes
+    products take it as stored; :func:`~pyggml.torch_lowering.rewrites.linear_products` writes
     ``nn.Linear``'s products that way)."""
     v = val(node)
     if t == GGMLType.F32 or v.dtype != torch.float32 or v.dim() != 2 or v.shape[-1] % types.block_size(t):

@@ -43,9 +43,7 @@ class Val(NamedTuple):
         return len(self.shape)
 
 
-#: lower(builder, node, *args, **kwargs) -> Tensor (or a tuple of them, for a node with several
-#: results); FX nodes among the arguments arrive as :class:`Val`
-LowerFn = Callable[..., Any]
+# a lowering's check: why ggml cannot take the node, or None
 CheckFn = Callable[[fx.Node], "str | None"]
 
 

@@ -112,7 +112,7 @@ class GroupedAttention(torch.nn.Module):
 
 
 def test_grouped_query_attention_runs_on_ggml_whole():
-    """The 5-dim repeat of K and V heads becomes repeat_interleave (repeated_heads), so nothing
+    """The 5-dim repeat of K and V heads becomes repeat_interleave (pyggml.torch_lowering.rewrites), so nothing
     of the attention stays in torch."""
     torch.manual_seed(4)
     model = GroupedAttention().eval()
@@ -137,7 +137,7 @@ def test_weights_changed_in_place_are_read_again():
 
 
 def test_linear_weights_can_be_quantized():
-    """``mm(x, t(w))`` becomes ``linear(x, w)`` (linear_products), so the weight is read by a
+    """``mm(x, t(w))`` becomes ``linear(x, w)`` (pyggml.torch_lowering.rewrites), so the weight is read by a
     product only and is kept in the requested type: ggml's quantized product matches the same
     product of the dequantized weight by the Q8_0-rounded activations to float noise, and the
     eager float32 product to Q8_0's error; a weight read otherwise stays float32."""
@@ -145,14 +145,14 @@ def test_linear_weights_can_be_quantized():
 
     from pyggml import CPUBackend, GGMLType
     from pyggml.torch_lowering import LoweredGraph
-    from pyggml.torch_lowering.partition import linear_products
+    from pyggml.torch_lowering.rewrites import rewrite
     from pyggml.types import quantize, to_float32
     aten = torch.ops.aten
     rng = np.random.default_rng(3)
     x = torch.from_numpy(rng.standard_normal((5, 64)).astype(np.float32))
     w = torch.from_numpy(rng.standard_normal((8, 64)).astype(np.float32))
     b = torch.from_numpy(rng.standard_normal(8).astype(np.float32))
-    gm = linear_products(make_fx(lambda x, w, b: aten.addmm.default(b, x, aten.t.default(w)))(x, w, b))
+    gm = rewrite(make_fx(lambda x, w, b: aten.addmm.default(b, x, aten.t.default(w)))(x, w, b))
     assert [str(n.target) for n in gm.graph.nodes if n.op == "call_function"] == ["aten.linear.default"]
     with CPUBackend(n_threads=1) as cpu:
         lowered = LoweredGraph(gm, {1, 2}, backend=cpu, weight_type=GGMLType.Q8_0)
@@ -167,7 +167,7 @@ def test_linear_weights_can_be_quantized():
     ref = (x @ w.T + b).numpy()
     assert np.abs(got - ref).max() < 0.03 * np.abs(ref).max()   # Q8_0 of both operands: ~1 %
     gm2 = make_fx(lambda x, w: aten.add.Tensor(aten.mm.default(x, aten.t.default(w)), aten.sum.default(w)))(x, w)
-    gm2 = linear_products(gm2)
+    gm2 = rewrite(gm2)
     with CPUBackend(n_threads=1) as cpu:
         lowered = LoweredGraph(gm2, {1}, backend=cpu, weight_type=GGMLType.Q8_0)
         assert lowered._w[1].type == GGMLType.F32     # also summed: not a product's only
