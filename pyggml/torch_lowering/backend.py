@@ -4,7 +4,8 @@ ATen by AOT autograd, partitioned between ggml and torch, the ggml partitions co
 
 Options (``torch.compile(..., options={...})``): ``device`` (``"cpu"``, the default, or a ggml
 device name such as ``"CUDA0"``, ``"Vulkan0"``, ``"RPC0"``: that device holds the weights and
-runs what it supports, the CPU the rest), ``threads`` (CPU threads), ``weights`` (the type of
+runs what it supports, the CPU the rest), ``threads`` (CPU threads; torch's
+``torch.get_num_threads()`` by default), ``weights`` (the type of
 the weight matrices that only ``nn.Linear``-style products read: ``"f32"``, the default, or
 ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``... converted by ggml when copied in; ggml's
 quantized products also quantize the activations). Tensors in and out are CPU
@@ -30,7 +31,7 @@ from ..enums import GGMLType
 from ..impl import register_builtin
 from .graph import LoweredGraph
 from .partition import Explanation, explain_graph, partition
-from .rewrites import rewrite
+from .rewrites import mark_in_place, rewrite
 
 __all__ = ["Options", "compile_fx", "lower_module", "explain"]
 
@@ -60,7 +61,7 @@ class _Devices:
 
     def __init__(self, opts: Options):
         self.weight_type = types.ggml_type(opts.weights)
-        self.cpu = CPUBackend(n_threads=opts.threads)
+        self.cpu = CPUBackend(n_threads=opts.threads or torch.get_num_threads())
         self.other: Backend | None = None
         if opts.device.lower() != "cpu":
             register_builtin(opts.device)
@@ -72,12 +73,17 @@ class _Devices:
         return LoweredGraph(gm, weights, backends=[self.other, self.cpu], weight_type=self.weight_type)
 
 
-def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any) -> fx.GraphModule:
+def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any,
+                 mutated: dict[int, int] | None = None) -> fx.GraphModule:
     """``gm`` (core ATen) with its ggml partitions replaced by :class:`LoweredGraph` modules.
-    ``weights``: the placeholder indices that receive parameters and buffers."""
+    ``weights``: the placeholder indices that receive parameters and buffers (and tensors
+    marked static); ``mutated``: output position -> the placeholder position whose new value it
+    is (see :func:`~pyggml.torch_lowering.rewrites.mark_in_place`)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     weight_names = {placeholders[i].name for i in weights}   # partitioning may copy the nodes
-    fused = partition(rewrite(gm))
+    gm = rewrite(gm)
+    mark_in_place(gm, mutated or {})
+    fused = partition(gm)
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith("fused_"):
             continue
@@ -133,10 +139,13 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any],
     def forward(aten_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
         # AOT autograd knows the inputs that are parameters and buffers (it may have lifted
         # them in front of the others); dynamo's placeholder names say it where it does not
-        tc = TracingContext.try_get()
-        static = getattr(getattr(tc, "fw_metadata", None), "static_input_indices", None)
+        # the first outputs are the new values of the inputs the graph mutates, which AOT
+        # autograd copies into them afterwards
+        meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+        static = getattr(meta, "static_input_indices", None)
         found = set(static) if static else weights
-        return cast(Callable[..., Any], lower_module(aten_gm, found, devices))
+        mutated = dict(enumerate(getattr(meta, "mutated_inp_runtime_indices", None) or ()))
+        return cast(Callable[..., Any], lower_module(aten_gm, found, devices, mutated))
 
     def backward(aten_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
         return cast(Callable[..., Any], aten_gm)

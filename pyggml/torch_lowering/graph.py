@@ -1,9 +1,12 @@
 """One FX graph of ATen ops (every node lowerable) as ggml graphs: :class:`Builder` lowers the
 nodes into a context, :class:`LoweredGraph` runs them, one ggml graph per input shape (a
-:class:`~pyggml.GraphCache`), with the weights copied once into a backend buffer.
+:class:`~pyggml.GraphCache`), the weights read in torch's own memory (CPU) or copied once into
+a backend buffer.
 
 Data flow: torch CPU tensors -> NumPy views -> the graph's input tensors -> compute -> NumPy
 copies of the outputs -> torch tensors. Index inputs (int64 token ids) are given to ggml as I32.
+Weights (parameters, buffers, tensors marked static such as a KV cache) are not copied on the
+CPU backend: ggml reads, and writes in place (``index_copy_``), torch's memory.
 """
 from __future__ import annotations
 
@@ -16,12 +19,15 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from ..backends.backend import Backend
+from ..backends.cpu import CPUBackend
+from ..backends.utils import tensor_from_numpy
 from ..backends.graph_cache import GraphCache
 from ..core.context import Context
 from ..core.tensor import Tensor
 from .. import types
 from ..enums import GGMLType
 from .layout import DTYPES, INDEX_DTYPES, ne_of, shape_of, val
+from .rewrites import IN_PLACE
 from .table import TABLE, LoweringError, Val, why_not
 
 __all__ = ["Builder", "LoweredGraph"]
@@ -109,9 +115,11 @@ class Builder:
 class LoweredGraph:
     """``gm`` (an FX graph of ATen ops, all lowerable) computed by ggml on ``backend`` (or by a
     :class:`~pyggml.Scheduler` over ``backends``, the CPU last). ``weights``: the indices of the
-    placeholders that receive parameters and buffers: copied into a backend buffer at the first
-    call and again only when torch has changed them (another tensor, or written in place), not
-    at every call. Call it with the graph's inputs (CPU tensors); it returns the outputs as a list
+    placeholders that receive parameters, buffers and other static tensors: on the CPU backend
+    ggml reads a float32 weight in its own memory (no copy); the others are copied into a
+    backend buffer at the first call and again only when torch has changed them (another
+    tensor, or written in place), not at every call. An ``index_put`` marked by
+    :func:`~pyggml.torch_lowering.rewrites.mark_in_place` writes into its input's memory. Call it with the graph's inputs (CPU tensors); it returns the outputs as a list
     of torch tensors. Raises :class:`~pyggml.torch_lowering.table.LoweringError` for a node it cannot lower."""
 
     def __init__(self, gm: fx.GraphModule, weights: Collection[int], backend: Backend | None = None,
@@ -129,23 +137,29 @@ class LoweredGraph:
                 why = why_not(n)
                 if why is not None:
                     raise LoweringError(f"{n.format_node()}: {why}")
+        self._weights = sorted(weights)
+        self._weight_type = weight_type
         self._weight_seen: dict[int, tuple[int, int]] = {}
-        self._wctx = Context.for_tensors(max(1, len(weights)))
         self._w: dict[int, Tensor] = {}
-        for i in sorted(weights):
-            node = self.placeholders[i]
-            t = weight_type if _products_only(node, weight_type) else self._type_of(node)
-            self._w[i] = self._wctx.new_tensor(t, ne_of(shape_of(node)))
-        if self._w:
-            self._wctx.alloc_tensors(home).usage = "weights"
+        #: weights whose ggml tensor is the torch tensor's own memory (on the CPU backend)
+        self._aliased: set[int] = set()
+        self._copied: list[int] = []
+        self._aliased_ctx: Context | None = None
+        self._copied_ctx: Context | None = None
+        self._placed: tuple[int, ...] | None = None   # the weights' data pointers they were placed for
+        self._alias_ok = isinstance(backend, CPUBackend)
         self._home = home
         #: input shapes -> the context of that graph's constants (its own buffer, written once)
         self._const_ctxs: dict[Any, Context] = {}
         self._out_shapes: dict[Any, list[tuple[int, ...]]] = {}
+        #: output position -> the placeholder position whose memory that output was written in
+        self._in_place = {j: self.placeholders.index(o.args[0]) for j, o in enumerate(self.outputs)
+                          if isinstance(o, fx.Node) and o.meta.get(IN_PLACE) and o.args[0] in self.placeholders}
         #: the input shapes the nodes' fake tensors are for
-        self._traced = tuple(shape_of(n) for i, n in enumerate(self.placeholders) if i not in self._w)
-        self.cache = GraphCache(self._build, backend=backend, backends=None if backend is not None else backends,
+        self._traced = tuple(shape_of(n) for i, n in enumerate(self.placeholders) if i not in self._weights)
+        self._cache_args: dict[str, Any] = dict(backend=backend, backends=None if backend is not None else backends,
                                 graph_size=GRAPH_SIZE, max_graphs=max_graphs)
+        self.cache = GraphCache(self._build, **self._cache_args)
         self.graphs_built = 0
 
     @staticmethod
@@ -157,16 +171,55 @@ class LoweredGraph:
 
     def close(self) -> None:
         self.cache.close()
-        self._wctx.close()
-        for c in self._const_ctxs.values():
-            c.close()
+        for c in [self._aliased_ctx, self._copied_ctx, *self._const_ctxs.values()]:
+            if c is not None:
+                c.close()
+        self._const_ctxs.clear()
 
-    def _upload_weights(self, args: Sequence[torch.Tensor]) -> None:
-        for i, t in self._w.items():
+    def _aliasable(self, i: int, src: torch.Tensor) -> bool:
+        """Whether weight ``i`` can be ``src``'s own memory in ggml: on the CPU backend, float32
+        and kept so, contiguous, 32-byte aligned (ggml asserts it)."""
+        return (self._alias_ok and src.dtype == torch.float32 and src.dim() > 0 and src.is_contiguous()
+                and src.data_ptr() % 32 == 0 and self._type(i) == GGMLType.F32)
+
+    def _type(self, i: int) -> GGMLType:
+        node = self.placeholders[i]
+        return self._weight_type if _products_only(node, self._weight_type) else self._type_of(node)
+
+    def _place_weights(self, args: Sequence[torch.Tensor]) -> None:
+        """The weights' ggml tensors for ``args``: on the CPU backend a float32 weight in
+        contiguous, 32-byte aligned memory is that memory (no copy; torch's writes are seen);
+        the others are copied into a backend buffer, again whenever torch changes them. When
+        such a weight is another tensor than before (a new KV cache), the graphs are made again
+        (the copied weights are kept)."""
+        ptrs = tuple(args[i].data_ptr() for i in self._weights)
+        if ptrs != self._placed:
+            aliasable = {i for i in self._weights if self._aliasable(i, args[i])}
+            if self._placed is not None:
+                self.cache.close()
+                self.cache = GraphCache(self._build, **self._cache_args)
+                if self._aliased_ctx is not None:
+                    self._aliased_ctx.close()
+            if self._placed is None or aliasable != self._aliased:   # a weight that changed kind
+                if self._copied_ctx is not None:
+                    self._copied_ctx.close()
+                self._aliased, self._weight_seen = aliasable, {}
+                self._copied_ctx = Context.for_tensors(max(1, len(self._weights) - len(aliasable)))
+                for i in self._weights:
+                    if i not in aliasable:
+                        self._w[i] = self._copied_ctx.new_tensor(self._type(i), ne_of(shape_of(self.placeholders[i])))
+                if len(aliasable) < len(self._weights):
+                    self._copied_ctx.alloc_tensors(self._home).usage = "weights"
+            self._aliased_ctx = Context.for_tensors(max(1, len(aliasable)))
+            for i in aliasable:
+                self._w[i] = tensor_from_numpy(self._aliased_ctx, args[i].detach().numpy())
+            self._copied = [i for i in self._weights if i not in aliasable]
+            self._placed = ptrs
+        for i in self._copied:
             src = args[i]
             stamp = (src.data_ptr(), src._version)
             if self._weight_seen.get(i) != stamp:
-                t.set(_array(src))
+                self._w[i].set(_array(src))
                 self._weight_seen[i] = stamp
 
     def _propagate(self, shapes: tuple[tuple[int, ...], ...]) -> None:
@@ -175,8 +228,9 @@ class LoweredGraph:
         fakes, k = [], 0
         for i, node in enumerate(self.placeholders):
             v = val(node)
-            shape = shape_of(node) if i in self._w else shapes[k]
-            k += i not in self._w
+            weight = i in self._weights
+            shape = shape_of(node) if weight else shapes[k]
+            k += not weight
             fakes.append(mode.from_tensor(torch.empty(shape, dtype=v.dtype)))
         try:
             FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fakes)
@@ -219,24 +273,36 @@ class LoweredGraph:
         return inputs, outputs
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        self._upload_weights(args)
+        self._place_weights(args)
         feed = {f"in{i}": _array(a) for i, a in enumerate(args) if i not in self._w}
         key = tuple(tuple(int(d) for d in args[i].shape) for i in range(len(args)) if i not in self._w)
-        out = self.cache.compute(key, None, **feed)
-        return [torch.from_numpy(out[f"out{j}"]).reshape(shape) for j, shape in enumerate(self._out_shapes[key])]
+        # an output written in a weight's own memory is that torch tensor: nothing to read back
+        same = {j: args[i] for j, i in self._in_place.items() if i in self._aliased}
+        out = self.cache.compute(key, [f"out{j}" for j in range(len(self.outputs)) if j not in same], **feed)
+        return [same[j] if j in same else torch.from_numpy(out[f"out{j}"]).reshape(shape)
+                for j, shape in enumerate(self._out_shapes[key])]
 
 
 def _products_only(node: fx.Node, t: GGMLType) -> bool:
     """Whether weight placeholder ``node`` may be kept in type ``t``: a float32 matrix whose rows
-    are whole blocks of ``t``, read only as the weight of ``aten.linear`` (ggml's quantized
-    products take it as stored; :func:`~pyggml.torch_lowering.rewrites.linear_products` writes
+    are whole blocks of ``t``, read only as the weight of ``aten.linear`` or the table of
+    ``aten.embedding`` (ggml's quantized products and get_rows take it as stored; :func:`~pyggml.torch_lowering.rewrites.linear_products` writes
     ``nn.Linear``'s products that way)."""
     v = val(node)
     if t == GGMLType.F32 or v.dtype != torch.float32 or v.dim() != 2 or v.shape[-1] % types.block_size(t):
         return False
-    return bool(node.users) and all(u.op == "call_function" and u.target == torch.ops.aten.linear.default
-                                    and len(u.args) > 1 and u.args[1] is node and u.args[0] is not node
-                                    for u in node.users)
+    return bool(node.users) and all(_reads_as_stored(u, node) for u in node.users)
+
+
+def _reads_as_stored(user: fx.Node, node: fx.Node) -> bool:
+    """Whether ``user`` reads weight ``node`` only as ``linear``'s weight or ``embedding``'s
+    table (ggml's products and get_rows take quantized types)."""
+    a = user.args
+    if user.op != "call_function" or not a:
+        return False
+    if user.target == torch.ops.aten.linear.default:
+        return len(a) > 1 and a[1] is node and a[0] is not node
+    return bool(user.target == torch.ops.aten.embedding.default and a[0] is node and a[1] is not node)
 
 
 def _array(t: torch.Tensor) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Indexing and attention: embedding, index_select (``ggml_get_rows``), scaled dot-product
-attention (``ggml_mul_mat`` + ``ggml_soft_max_ext`` + ``ggml_mul_mat``)."""
+attention (``ggml_mul_mat`` + ``ggml_soft_max_ext`` + ``ggml_mul_mat``), rows written
+(``index_put``: ``ggml_set_rows``)."""
 from __future__ import annotations
 
 import math
@@ -13,6 +14,7 @@ from torch import fx
 from ..core.tensor import Tensor
 from .graph import Builder
 from .layout import shape_of, val
+from .rewrites import IN_PLACE
 from .table import Val, args_of, kw_of, register
 
 aten = torch.ops.aten
@@ -133,3 +135,28 @@ def _index_check(node: fx.Node) -> str | None:
           index_args=(1,))
 def _index(b: Builder, node: fx.Node, x: Val, indices: Any) -> Tensor:
     return _rows(b, node, x, indices[0])
+
+
+def _index_put_check(node: fx.Node) -> str | None:
+    a = args_of(node)
+    x, indices = val(a[0]), a[1]
+    if len(a) > 3 and a[3]:
+        return "accumulate=True"
+    if x.dim() < 2 or len(indices) != x.dim() - 1 or any(i is not None for i in indices[:-1]) \
+            or not isinstance(indices[-1], fx.Node):
+        return "other than rows (the next-to-last dim) by one index tensor"
+    idx, v = val(indices[-1]), val(a[2])
+    if idx.dim() != 1 or idx.dtype not in (torch.int64, torch.int32):
+        return "other than a 1-dim int64/int32 index"
+    want = tuple(x.shape[:-2]) + (idx.shape[0], x.shape[-1])
+    if tuple(v.shape) != want or v.dtype != x.dtype:
+        return f"values of shape {tuple(v.shape)}, not {want}"
+    return None
+
+
+@register(aten.index_put.default, notes="ggml_set_rows (I32 indices) into a copy of self, or into self's own "
+          "memory where self is a graph input the graph mutates (``index_copy_``: a static KV cache)",
+          check=_index_put_check, index_args=(1,))
+def _index_put(b: Builder, node: fx.Node, x: Val, indices: list[Any], values: Val, *rest: Any) -> Tensor:
+    dst = x.t if node.meta.get(IN_PLACE) else b.ctx.cont(x.t)
+    return b.ctx.set_rows(dst, b.contig(values.t), indices[-1].t)

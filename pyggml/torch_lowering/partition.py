@@ -5,7 +5,7 @@ submodule of the graph (``fused_<i>``), which :mod:`~pyggml.torch_lowering.backe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Collection, Mapping
 
 import torch
 from torch import fx
@@ -32,11 +32,16 @@ class Support(OperatorSupportBase):  # type: ignore[misc,unused-ignore]  # Any w
 
 def partition(gm: fx.GraphModule) -> fx.GraphModule:
     """``gm`` with each group of ggml-supported nodes moved into a submodule ``fused_<i>``
-    (worth one ggml graph: a group of views only stays in torch)."""
+    (worth one ggml graph: a group of views only, or of constants only, reading no tensor,
+    stays in torch)."""
     partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
     parts = [p for p in partitioner.propose_partitions()
-             if any(str(n.target) not in _TRIVIAL for n in p.nodes)]
+             if any(str(n.target) not in _TRIVIAL for n in p.nodes) and _reads_a_tensor(p.nodes)]
     return partitioner.fuse_partitions(parts)
+
+
+def _reads_a_tensor(nodes: Collection[fx.Node]) -> bool:
+    return any(a not in nodes for n in nodes for a in n.all_input_nodes)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Rewrites of an ATen graph before it is partitioned, so that more of it reaches ggml, and
 better: ``nn.Linear``'s products read their weight as stored (:func:`linear_products`), and
 grouped-query attention's 5-dim repeat of heads becomes one op (:func:`repeated_heads`).
-:func:`rewrite` applies both."""
+:func:`rewrite` applies both. :func:`mark_in_place` says which ``index_put`` nodes may write
+into their input's own memory (a static KV cache updated with ``index_copy_``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,7 +13,10 @@ from torch import fx
 from .layout import val
 from .table import args_of, kw_of
 
-__all__ = ["rewrite", "linear_products", "repeated_heads"]
+__all__ = ["rewrite", "linear_products", "repeated_heads", "mark_in_place", "IN_PLACE"]
+
+#: ``node.meta`` key set by :func:`mark_in_place`
+IN_PLACE = "pyggml_in_place"
 
 
 def rewrite(gm: fx.GraphModule) -> fx.GraphModule:
@@ -97,3 +101,19 @@ def repeated_heads(gm: fx.GraphModule) -> None:
         if tuple(ov.shape) != tuple(want):
             continue
         _replace(gm, node, aten.repeat_interleave.self_int, (x, n, d - 1))
+
+
+def mark_in_place(gm: fx.GraphModule, mutated: dict[int, int]) -> None:
+    """Mark (``node.meta[IN_PLACE]``) each ``index_put`` node of ``gm`` that may write into
+    its ``self`` input's own memory: ``mutated`` maps the graph's output positions to the
+    placeholder positions whose new value they are (AOT autograd's input mutations, copied
+    back into those inputs after the graph), and ``self`` is that placeholder, read by this node
+    only. The partitions keep the mark (FX copies ``meta``)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    for k, i in mutated.items():
+        node = outs[k] if k < len(outs) else None
+        if (isinstance(node, fx.Node) and node.target == torch.ops.aten.index_put.default
+                and node.args[0] is placeholders[i] and len(placeholders[i].users) == 1):
+            node.meta[IN_PLACE] = True

@@ -237,6 +237,11 @@ SAMPLES: dict[Any, list[tuple[Callable[..., Any], tuple[T, ...], float]]] = {
     aten.mv.default: [S(lambda m, v: aten.mv.default(m, v), T(4, 6), T(6))],
     aten.dot.default: [S(lambda x, y: aten.dot.default(x, y), T(6), T(6))],
     aten.index.Tensor: [S(lambda w, i: aten.index.Tensor(w, [i]), T(8, 3), T(2, 2, index=8))],
+    # one row index (two could repeat, where torch leaves the order open): a KV cache's update
+    aten.index_put.default: [S(lambda x, i, v: aten.index_put.default(x, [None, None, i], v),
+                               T(1, 3, 6, 4), T(1, index=6), T(1, 3, 1, 4)),
+                             S(lambda x, i, v: aten.index_put.default(x, [i], v), T(6, 4), T(1, index=6),
+                               T(1, 4, perm=(0, 1)))],
     # ----------------------------------------------------------------- convolution, pooling, resizing
     aten.convolution.default: [
         S(lambda x, w, b: aten.convolution.default(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),

