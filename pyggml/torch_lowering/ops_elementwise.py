@@ -54,6 +54,8 @@ def _binary(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
         t = b.contig(b.expand(y, shape_of(node)))
         like = b.ctx.repeat(full, t)
         return b.op(op)(like, t)
+    if op in ("add", "mul") and x.shape != y.shape and tuple(y.shape) == shape_of(node):
+        return b.op(op)(b.contig(y.t), x.t)   # x broadcast by ggml's tiling: no repeat
     return b.op(op)(_first(b, node, x), y.t)
 
 

@@ -1,7 +1,8 @@
 """Rewrites of an ATen graph before it is partitioned, so that more of it reaches ggml, and
 better: ``nn.Linear``'s products read their weight as stored (:func:`linear_products`), and
-grouped-query attention's 5-dim repeat of heads becomes one op (:func:`repeated_heads`).
-:func:`rewrite` applies both. :func:`mark_in_place` says which ``index_put`` nodes may write
+grouped-query attention's 5-dim repeat of heads becomes one op (:func:`repeated_heads`), and
+so does RMS normalisation written out (:func:`rms_norms`). :func:`rewrite` applies them, after
+torch's common subexpression elimination. :func:`mark_in_place` says which ``index_put`` nodes may write
 into their input's own memory (a static KV cache updated with ``index_copy_``)."""
 from __future__ import annotations
 
@@ -9,19 +10,24 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.passes.dialect.common.cse_pass import CSEPass
 
 from .layout import val
 from .table import args_of, kw_of
 
-__all__ = ["rewrite", "linear_products", "repeated_heads", "mark_in_place", "IN_PLACE"]
+__all__ = ["rewrite", "linear_products", "repeated_heads", "rms_norms", "mark_in_place", "IN_PLACE"]
 
 #: ``node.meta`` key set by :func:`mark_in_place`
 IN_PLACE = "pyggml_in_place"
 
 
 def rewrite(gm: fx.GraphModule) -> fx.GraphModule:
-    """``gm`` with every rewrite of this module made (in place), recompiled."""
+    """``gm`` with its common subexpressions computed once (torch's ``CSEPass``: e.g. the same
+    attention mask made for every layer, which would be as many inputs of a ggml graph) and
+    every rewrite of this module made, recompiled."""
+    gm = CSEPass()(gm).graph_module
     repeated_heads(gm)
+    rms_norms(gm)
     linear_products(gm)
     gm.graph.eliminate_dead_code()
     gm.recompile()
@@ -101,6 +107,34 @@ def repeated_heads(gm: fx.GraphModule) -> None:
         if tuple(ov.shape) != tuple(want):
             continue
         _replace(gm, node, aten.repeat_interleave.self_int, (x, n, d - 1))
+
+
+def rms_norms(gm: fx.GraphModule) -> None:
+    """In ``gm``, each ``x * rsqrt(mean(x ** 2, -1, keepdim=True) + eps)`` (an RMS norm as
+    transformers' ``LlamaRMSNorm`` writes it, without its weight) written as
+    ``rms_norm(x, [x.shape[-1]], None, eps)``: one ggml_rms_norm instead of seven ggml ops."""
+    aten = torch.ops.aten
+
+    def call(n: Any, target: Any) -> list[Any] | None:
+        return args_of(n) if isinstance(n, fx.Node) and n.op == "call_function" and n.target == target else None
+
+    for node in list(gm.graph.nodes):
+        a = call(node, aten.mul.Tensor)
+        if a is None or len(a) != 2:
+            continue
+        for x, r in ((a[0], a[1]), (a[1], a[0])):
+            rs = call(r, aten.rsqrt.default)
+            add = call(rs[0], aten.add.Tensor) if rs else None
+            if add is None or len(add) != 2 or not isinstance(add[1], float) or kw_of(rs[0]).get("alpha", 1) != 1:
+                continue
+            mean = call(add[0], aten.mean.dim)
+            if mean is None or list(mean[1]) not in ([-1], [val(x).dim() - 1]) or not (len(mean) > 2 and mean[2]):
+                continue
+            sq = call(mean[0], aten.pow.Tensor_Scalar)
+            if sq is None or sq[0] is not x or sq[1] != 2 or val(x).dtype != torch.float32:
+                continue
+            _replace(gm, node, aten.rms_norm.default, (x, [int(val(x).shape[-1])], None, add[1]))
+            break
 
 
 def mark_in_place(gm: fx.GraphModule, mutated: dict[int, int]) -> None:

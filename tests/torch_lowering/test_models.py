@@ -186,6 +186,31 @@ def test_index_put_on_an_input_leaves_it_unchanged():
     assert torch.equal(x, before)
 
 
+class WrittenOutRMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm."""
+
+    def __init__(self, dim=24, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(dim) + 0.5)
+        self.eps = eps
+
+    def forward(self, x):
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+def test_an_rms_norm_written_out_becomes_one_op():
+    """pow, mean, add, rsqrt, mul become aten.rms_norm (pyggml.torch_lowering.rewrites): one
+    ggml_rms_norm."""
+    torch.manual_seed(6)
+    model = WrittenOutRMSNorm().eval()
+    x = torch.randn(3, 5, 24) * 3.0
+    e = explain(model, x)
+    assert e.ggml == {"aten.rms_norm.default": 1, "aten.mul.Tensor": 1} and not e.torch, e
+    with torch.no_grad():
+        np.testing.assert_allclose(_compiled(model)(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_weights_changed_in_place_are_read_again():
     torch.manual_seed(2)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
