@@ -6,10 +6,12 @@ Options (``torch.compile(..., options={...})``): ``device`` (``"cpu"``, the defa
 device name such as ``"CUDA0"``, ``"Vulkan0"``, ``"RPC0"``: that device holds the weights and
 runs what it supports, the CPU the rest), ``threads`` (CPU threads; torch's
 ``torch.get_num_threads()`` by default), ``weights`` (the type of
-the weight matrices that only ``nn.Linear``-style products read: ``"f32"``, the default, or
+the weight matrices that only ``nn.Linear``-style products and embeddings read: ``"f32"``,
+the default, or
 ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``... converted by ggml when copied in; ggml's
 quantized products also quantize the activations). Tensors in and out are CPU
-torch tensors. Graphs are built once per input shape (``dynamic=False`` semantics). Only the
+torch tensors; on the CPU, float32 weights are read, and a KV cache updated with
+``index_copy_`` written, in torch's own memory. Graphs are built once per input shape (``dynamic=False`` semantics). Only the
 forward pass is lowered: under autograd the backward pass runs in torch.
 """
 from __future__ import annotations
@@ -128,9 +130,11 @@ def _is_weight(name: str, x: Any) -> bool:
 
 
 def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any],
-               options: dict[str, Any] | None = None) -> Callable[..., Any]:
+               options: dict[str, Any] | None = None, mode: str | None = None) -> Callable[..., Any]:
     """The ``torch.compile`` backend ``"pyggml"`` (registered through the
-    ``torch_dynamo_backends`` entry point). ``options``: see :class:`Options`."""
+    ``torch_dynamo_backends`` entry point). ``options``: see :class:`Options`. ``mode``
+    (``torch.compile``'s: transformers' ``CompileConfig`` gives ``"reduce-overhead"``) changes
+    nothing: the graphs are made once per input shape and computed again whatever the mode."""
     opts = Options(**(options or {}))
     devices = _Devices(opts)
     names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]

@@ -6,7 +6,8 @@ a backend buffer.
 Data flow: torch CPU tensors -> NumPy views -> the graph's input tensors -> compute -> NumPy
 copies of the outputs -> torch tensors. Index inputs (int64 token ids) are given to ggml as I32.
 Weights (parameters, buffers, tensors marked static such as a KV cache) are not copied on the
-CPU backend: ggml reads, and writes in place (``index_copy_``), torch's memory.
+CPU backend: ggml reads, and writes in place (``index_copy_``), torch's memory, imported through
+DLPack (:func:`~pyggml.backends.utils.from_dlpack`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from ..backends.backend import Backend
 from ..backends.cpu import CPUBackend
-from ..backends.utils import tensor_from_numpy
+from ..backends.utils import from_dlpack
 from ..backends.graph_cache import GraphCache
 from ..core.context import Context
 from ..core.tensor import Tensor
@@ -213,7 +214,7 @@ class LoweredGraph:
                     self._copied_ctx.alloc_tensors(self._home).usage = "weights"
             self._aliased_ctx = Context.for_tensors(max(1, len(aliasable)))
             for i in aliasable:
-                self._w[i] = tensor_from_numpy(self._aliased_ctx, args[i].detach().numpy())
+                self._w[i] = from_dlpack(args[i].detach(), self._aliased_ctx)
             self._copied = [i for i in self._weights if i not in aliasable]
             self._placed = ptrs
         for i in self._copied:

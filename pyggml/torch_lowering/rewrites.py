@@ -25,7 +25,8 @@ def rewrite(gm: fx.GraphModule) -> fx.GraphModule:
     """``gm`` with its common subexpressions computed once (torch's ``CSEPass``: e.g. the same
     attention mask made for every layer, which would be as many inputs of a ggml graph) and
     every rewrite of this module made, recompiled."""
-    gm = CSEPass()(gm).graph_module
+    result = CSEPass()(gm)
+    gm = result.graph_module if result is not None else gm
     repeated_heads(gm)
     rms_norms(gm)
     linear_products(gm)
@@ -125,7 +126,8 @@ def rms_norms(gm: fx.GraphModule) -> None:
         for x, r in ((a[0], a[1]), (a[1], a[0])):
             rs = call(r, aten.rsqrt.default)
             add = call(rs[0], aten.add.Tensor) if rs else None
-            if add is None or len(add) != 2 or not isinstance(add[1], float) or kw_of(rs[0]).get("alpha", 1) != 1:
+            if rs is None or add is None or len(add) != 2 or not isinstance(add[1], float) \
+                    or kw_of(rs[0]).get("alpha", 1) != 1:
                 continue
             mean = call(add[0], aten.mean.dim)
             if mean is None or list(mean[1]) not in ([-1], [val(x).dim() - 1]) or not (len(mean) > 2 and mean[2]):
