@@ -1,4 +1,5 @@
-"""PyTorch models on ggml: ``torch.compile(model, backend="pyggml")``.
+"""PyTorch models on ggml: ``torch.compile(model, backend="pyggml")``, and ``torch.export``
+programs through :func:`~pyggml.torch_lowering.backend.compile_exported`.
 
 Modules, one concept each:
 
@@ -10,7 +11,7 @@ Modules, one concept each:
 * :mod:`~pyggml.torch_lowering.graph`     -- an FX graph of lowerable nodes as ggml graphs (:class:`~pyggml.torch_lowering.graph.LoweredGraph`)
 * :mod:`~pyggml.torch_lowering.rewrites` -- rewrites that let more of a graph reach ggml
 * :mod:`~pyggml.torch_lowering.partition` -- which nodes go to ggml, which stay in torch, and why
-* :mod:`~pyggml.torch_lowering.backend`   -- the ``torch.compile`` backend and :func:`~pyggml.torch_lowering.backend.explain`
+* :mod:`~pyggml.torch_lowering.backend`   -- the ``torch.compile`` backend, ``torch.export`` programs and :func:`~pyggml.torch_lowering.backend.explain`
 
 Needs torch (``pip install ".[torch]"``).
 """
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 from . import (ops_conv, ops_creation, ops_elementwise, ops_indexing, ops_matrix,  # noqa: F401  (fill TABLE)
                ops_normalisation, ops_shape)
-from .backend import Options, compile_fx, explain, lower_module
+from .backend import Options, compile_exported, compile_fx, explain, lower_module
 from .graph import LoweredGraph
 from .partition import Explanation
 from .table import TABLE, Lowering, LoweringError, why_not
 
-__all__ = ["compile_fx", "explain", "lower_module", "Options", "LoweredGraph", "Explanation", "TABLE",
+__all__ = ["compile_fx", "compile_exported", "explain", "lower_module", "Options", "LoweredGraph", "Explanation", "TABLE",
            "Lowering", "LoweringError", "why_not"]

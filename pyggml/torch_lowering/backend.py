@@ -24,6 +24,8 @@ from torch import fx
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._guards import TracingContext
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
 
 from .. import types
 from ..backends.backend import Backend
@@ -35,7 +37,7 @@ from .graph import LoweredGraph
 from .partition import Explanation, explain_graph, partition
 from .rewrites import mark_in_place, rewrite
 
-__all__ = ["Options", "compile_fx", "lower_module", "explain"]
+__all__ = ["Options", "compile_fx", "compile_exported", "lower_module", "explain"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,47 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any],
                             decompositions=_decompositions())
     compiled: Callable[..., Any] = compiler(gm, list(example_inputs))
     return compiled
+
+
+def compile_exported(ep: torch.export.ExportedProgram, options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """A function computing ``ep`` (a ``torch.export`` program) with ggml: decomposed to core
+    ATen as :func:`compile_fx` does, partitioned between ggml and torch. Call it with the
+    inputs the model was exported with (the same structure, shapes and dtypes; CPU tensors);
+    it returns the model's outputs and writes the buffers the model mutates into
+    ``ep.state_dict`` (a buffer written with ``index_copy_`` is written in place on the CPU).
+    ``options``: see :class:`Options`. Raises ValueError for inputs of another structure, what
+    the graph raises for other shapes (:class:`~pyggml.torch_lowering.table.LoweringError`)."""
+    devices = _Devices(Options(**(options or {})))
+    ep = ep.run_decompositions(_decompositions())
+    sig = ep.graph_signature
+    ins, outs = list(sig.input_specs), list(sig.output_specs)
+    state = {**ep.state_dict, **ep.constants}
+    weights = {i for i, spec in enumerate(ins) if spec.kind != InputKind.USER_INPUT}
+    position = {spec.target: i for i, spec in enumerate(ins) if spec.kind == InputKind.BUFFER}
+    mutated = {k: position[spec.target] for k, spec in enumerate(outs) if spec.kind == OutputKind.BUFFER_MUTATION}
+    fused = lower_module(ep.graph_module, weights, devices, mutated)
+    in_spec, out_spec = ep.call_spec.in_spec, ep.call_spec.out_spec
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != in_spec:
+            raise ValueError(f"the program was exported for inputs {in_spec}, not {spec}")
+        user = iter(flat)
+        inputs = [next(user) if spec.kind == InputKind.USER_INPUT else state[str(spec.target)] for spec in ins]
+        with torch.no_grad():
+            results = fused(*inputs)
+        results = list(results) if isinstance(results, (list, tuple)) else [results]
+        returned = []
+        for value, spec in zip(results, outs):
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                buf = state[str(spec.target)]
+                if value is not buf:
+                    buf.copy_(value)
+            else:
+                returned.append(value)
+        return pytree.tree_unflatten(returned, out_spec)
+
+    return run
 
 
 def explain(model: torch.nn.Module, *inputs: Any) -> Explanation:

@@ -174,6 +174,28 @@ def test_a_static_kv_cache_is_written_in_place():
     assert len(lowered[0]._in_place) == 2 and set(lowered[0]._in_place.values()) <= lowered[0]._aliased
 
 
+def test_an_exported_program_runs_on_ggml():
+    """torch.export's program of the cached attention, through compile_exported: the outputs and
+    the buffers it mutates match eager torch's step by step; inputs of another structure are a
+    ValueError."""
+    from pyggml.torch_lowering import compile_exported
+    torch.manual_seed(7)
+    eager, model = CachedAttention().eval(), CachedAttention().eval()
+    model.load_state_dict(eager.state_dict())
+    mask = (torch.arange(8) <= 0)[None, None, None, :]
+    ep = torch.export.export(model, (torch.randn(1, 1, 16), torch.tensor([0]), mask))
+    run = compile_exported(ep)
+    with torch.no_grad():
+        for step in range(4):
+            x, pos = torch.randn(1, 1, 16), torch.tensor([step])
+            mask = (torch.arange(8) <= step)[None, None, None, :]
+            np.testing.assert_allclose(run(x, pos, mask).numpy(), eager(x, pos, mask).numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(ep.state_dict["keys"].numpy(), eager.keys.numpy(), rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(ep.state_dict["values"].numpy(), eager.values.numpy(), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="exported for inputs"):
+        run(x, pos)
+
+
 def test_index_put_on_an_input_leaves_it_unchanged():
     """Out of place (the result is not copied back into the input), index_put writes into a copy."""
     def f(x, i, v):
