@@ -148,6 +148,7 @@ def _lowered_with_caches():
     """The live LoweredGraphs that write an input in place."""
     import gc
     from pyggml.torch_lowering import LoweredGraph
+    gc.collect()   # those of earlier tests, dropped by torch._dynamo.reset()
     return [o for o in gc.get_objects() if type(o) is LoweredGraph and o._in_place]
 
 
