@@ -5,14 +5,14 @@ ATen by AOT autograd, partitioned between ggml and torch, the ggml partitions co
 Options (``torch.compile(..., options={...})``): ``device`` (``"cpu"``, the default, or a ggml
 device name such as ``"CUDA0"``, ``"Vulkan0"``, ``"RPC0"``: that device holds the weights and
 runs what it supports, the CPU the rest), ``threads`` (CPU threads; torch's
-``torch.get_num_threads()`` by default), ``weights`` (the type of
-the weight matrices that only ``nn.Linear``-style products and embeddings read: ``"f32"``,
-the default, or
-``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``... converted by ggml when copied in; ggml's
+``torch.get_num_threads()`` by default), ``weights`` (the type of the weight matrices that only
+``nn.Linear``-style products and embeddings read: ``"f32"``, the default, or ``"f16"``,
+``"bf16"``, ``"q8_0"``, ``"q4_0"``... converted by ggml when copied in; ggml's
 quantized products also quantize the activations). Tensors in and out are CPU
 torch tensors; on the CPU, float32 weights are read, and a KV cache updated with
-``index_copy_`` written, in torch's own memory. Graphs are built once per input shape (``dynamic=False`` semantics). Only the
-forward pass is lowered: under autograd the backward pass runs in torch.
+``index_copy_`` written, in torch's own memory. Graphs are built once per input shape
+(``dynamic=False`` semantics). Only the forward pass is lowered: under autograd the backward
+pass runs in torch.
 """
 from __future__ import annotations
 
@@ -162,7 +162,8 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any],
     return compiled
 
 
-def compile_exported(ep: torch.export.ExportedProgram, options: dict[str, Any] | None = None) -> Callable[..., Any]:
+def compile_exported(ep: torch.export.ExportedProgram,
+                     options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """A function computing ``ep`` (a ``torch.export`` program) with ggml: decomposed to core
     ATen as :func:`compile_fx` does, partitioned between ggml and torch. Call it with the
     inputs the model was exported with (the same structure, shapes and dtypes; CPU tensors);

@@ -120,8 +120,9 @@ class LoweredGraph:
     ggml reads a float32 weight in its own memory (no copy); the others are copied into a
     backend buffer at the first call and again only when torch has changed them (another
     tensor, or written in place), not at every call. An ``index_put`` marked by
-    :func:`~pyggml.torch_lowering.rewrites.mark_in_place` writes into its input's memory. Call it with the graph's inputs (CPU tensors); it returns the outputs as a list
-    of torch tensors. Raises :class:`~pyggml.torch_lowering.table.LoweringError` for a node it cannot lower."""
+    :func:`~pyggml.torch_lowering.rewrites.mark_in_place` writes into its input's memory. Call
+    it with the graph's inputs (CPU tensors); it returns the outputs as a list of torch tensors.
+    Raises :class:`~pyggml.torch_lowering.table.LoweringError` for a node it cannot lower."""
 
     def __init__(self, gm: fx.GraphModule, weights: Collection[int], backend: Backend | None = None,
                  backends: Sequence[Backend] | None = None, max_graphs: int = 8,
@@ -200,8 +201,10 @@ class LoweredGraph:
             if self._placed is not None:
                 self.cache.close()
                 self.cache = GraphCache(self._build, **self._cache_args)
-                if self._aliased_ctx is not None:
-                    self._aliased_ctx.close()
+                for c in [self._aliased_ctx, *self._const_ctxs.values()]:
+                    if c is not None:
+                        c.close()
+                self._const_ctxs.clear()
             if self._placed is None or aliasable != self._aliased:   # a weight that changed kind
                 if self._copied_ctx is not None:
                     self._copied_ctx.close()
@@ -288,8 +291,9 @@ class LoweredGraph:
 def _products_only(node: fx.Node, t: GGMLType) -> bool:
     """Whether weight placeholder ``node`` may be kept in type ``t``: a float32 matrix whose rows
     are whole blocks of ``t``, read only as the weight of ``aten.linear`` or the table of
-    ``aten.embedding`` (ggml's quantized products and get_rows take it as stored; :func:`~pyggml.torch_lowering.rewrites.linear_products` writes
-    ``nn.Linear``'s products that way)."""
+    ``aten.embedding`` (ggml's quantized products and get_rows take it as stored;
+    :func:`~pyggml.torch_lowering.rewrites.linear_products` writes ``nn.Linear``'s products
+    that way)."""
     v = val(node)
     if t == GGMLType.F32 or v.dtype != torch.float32 or v.dim() != 2 or v.shape[-1] % types.block_size(t):
         return False
