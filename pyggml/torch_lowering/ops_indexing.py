@@ -85,6 +85,21 @@ def _sdpa_check(node: fx.Node) -> str | None:
     return None
 
 
+def _unrepeated(b: Builder, node: fx.Node, i: int, x: Val) -> Val:
+    """Argument ``i`` of attention ``node`` (K or V, torch shape [B, H, S, E]) before a
+    ``repeat_interleave`` of its heads (grouped-query attention), where it is one: ggml's
+    products broadcast K's and V's heads over Q's that way (head h reads head h // n), so the
+    repeated heads are never made."""
+    src = args_of(node)[i]
+    if not (isinstance(src, fx.Node) and src.target == aten.repeat_interleave.self_int):
+        return x
+    a = args_of(src)
+    inner = b.env.get(a[0])
+    if not isinstance(inner, Val) or inner.ndim != 4 or len(a) < 3 or a[2] not in (1, -3):
+        return x
+    return inner
+
+
 def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kwargs: Any) -> Any:
     kw = _named(node, list(args), kwargs)
     mask, causal, scale = kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale")
@@ -93,6 +108,7 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kwarg
     ctx = b.ctx
     if scale is None:
         scale = 1.0 / math.sqrt(E)
+    k, v = _unrepeated(b, node, 1, k), _unrepeated(b, node, 2, v)
     kq = ctx.mul_mat(_in_place_rows(b, k.t), _in_place_rows(b, q.t))            # ne [S, L, H, B]
     m: Tensor | None = None
     if mask is not None:
@@ -119,7 +135,8 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kwarg
 
 register(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
          notes="ggml_mul_mat + ggml_soft_max_ext (scale, float or bool mask, causal mask) + ggml_mul_mat "
-               "(a query whose every key is masked gets the mean of V, not 0)",
+               "(a query whose every key is masked gets the mean of V, not 0; K and V heads repeated by "
+               "repeat_interleave are read unrepeated, broadcast by the products)",
          check=_sdpa_check, mask_args=(3, "attn_mask"))(_sdpa)
 
 
