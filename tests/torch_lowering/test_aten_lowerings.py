@@ -363,3 +363,16 @@ def test_the_docs_table_is_current():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "torch_lowering_table.py"), "--check"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_row_index_out_of_range_is_a_value_error(cpu):
+    """index_put's rows are checked before ggml computes (ggml_set_rows would abort): ValueError."""
+    gm = make_fx(lambda x, i, v: aten.index_put.default(x, [i], v))(torch.zeros(6, 4), torch.tensor([2]),
+                                                                     torch.ones(1, 4))
+    lowered = LoweredGraph(gm, set(), backend=cpu)
+    try:
+        assert float(lowered(torch.zeros(6, 4), torch.tensor([5]), torch.ones(1, 4))[0][5].sum()) == 4.0
+        with pytest.raises(ValueError, match="row index 6"):
+            lowered(torch.zeros(6, 4), torch.tensor([6]), torch.ones(1, 4))
+    finally:
+        lowered.close()
