@@ -36,7 +36,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("memory", ["pyggml.memory"]),               # buffers and buffer types
     ("core", ["pyggml.core"]),                   # tensors, ops, graphs, contexts, GGUF
     ("backends", ["pyggml.backends"]),           # backends, devices, allocators, schedulers
-    ("top", ["pyggml", "pyggml.__main__", "pyggml.rpc", "pyggml.opt", "pyggml.impl", "pyggml.torch_lowering"]),
+    ("top", ["pyggml", "pyggml.__main__", "pyggml.rpc", "pyggml.runtime", "pyggml.opt", "pyggml.impl",
+             "pyggml.torch_lowering"]),
+    ("models", ["pyggml.models"]),               # models people import: BERT, llama, Whisper
 ]
 
 

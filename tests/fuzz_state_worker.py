@@ -67,6 +67,7 @@ from pyggml import (
     Threadpool,
 )
 from pyggml.memory import buffer as _buffer
+from pyggml.backends.graph_cache import GraphParts
 from pyggml.backends.cpu import cpu_buffer_type, graph_compute
 from pyggml.backends.device import device_by_name
 from pyggml.impl import HostBuffer, PyBufferType, PyRegistry, register
@@ -1740,12 +1741,13 @@ class GraphM(Model):
         self.computed = False
 
 
-def _cache_build(ctx: Context, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    x = ctx.new_tensor(F32, [4 * n, 2])
-    w = ctx.new_tensor(F32, [4 * n])
+def _cache_build(g: GraphParts, n: int) -> dict[str, Any]:
+    ctx = g.ctx
+    x = g.input(F32, [4 * n, 2], "x")
+    w = g.input(F32, [4 * n], "w")
     y = ctx.tanh(ctx.mul(x, w)) + x
     s = ctx.sum_rows(ctx.sqr(y))
-    return {"x": x, "w": w}, {"y": y, "s": s}
+    return {"y": y, "s": s}
 
 
 def main(argv: list[str]) -> int:

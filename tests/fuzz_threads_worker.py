@@ -36,6 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pyggml import ClosedError, Context, CPUBackend, GraphAllocator, GraphCache, Scheduler
+from pyggml.backends.graph_cache import GraphParts
 from pyggml.impl import numpy as numpy_backend
 from pyggml.core.ops import host_array
 
@@ -58,11 +59,11 @@ class Counter:
             print(self.failures[-1], flush=True)
 
 
-def _build(ctx: Context, n: int, m: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def _build(g: GraphParts, n: int, m: int) -> dict[str, Any]:
     """The cache's graphs: y = tanh(w @ x) in NumPy order, x (m, n), w (n, n)."""
-    x = ctx.new_tensor("f32", [n, m])
-    w = ctx.new_tensor("f32", [n, n])
-    return {"x": x, "w": w}, {"y": ctx.tanh(ctx.mul_mat(w, x))}
+    x = g.input("f32", [n, m], "x")
+    w = g.input("f32", [n, n], "w")
+    return {"y": g.ctx.tanh(g.ctx.mul_mat(w, x))}
 
 
 class World:

@@ -29,6 +29,7 @@ from pyggml import (
     Scheduler,
     Threadpool,
 )
+from pyggml.backends.graph_cache import GraphParts
 from pyggml.backends.cpu import cpu_buffer_type
 from pyggml.backends.device import device_by_name
 from pyggml.impl import numpy as numpy_backend
@@ -147,9 +148,9 @@ def kinds() -> dict[str, Callable[[], Callable[[], None]]]:
     def graph_cache() -> Callable[[], None]:
         backend = CPUBackend()
 
-        def build(ctx: Context, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
-            x = ctx.new_tensor(F32, [4 * n])
-            return {"x": x}, {"y": ctx.sqr(x)}
+        def build(g: GraphParts, n: int) -> dict[str, Any]:
+            x = g.input(F32, [4 * n], "x")
+            return {"y": g.ctx.sqr(x)}
 
         x = np.ones(4, np.float32)
 

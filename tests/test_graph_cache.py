@@ -10,11 +10,11 @@ from pyggml import ClosedError, CPUBackend, GGMLType, GraphCache, Scheduler
 rng = np.random.default_rng(5)
 
 
-def build(ctx, n, m):
-    x = ctx.new_tensor("f32", [n, m])
-    w = ctx.new_tensor("f32", [n, 3])
-    y = ctx.soft_max(ctx.mul_mat(w, x))          # NumPy (m, 3)
-    return {"x": x, "w": w}, {"y": y, "xx": ctx.sqr(x)}
+def build(g, n, m):
+    x = g.input("f32", [n, m], "x")
+    w = g.input("f32", [n, 3], "w")
+    y = g.ctx.soft_max(g.ctx.mul_mat(w, x))      # NumPy (m, 3)
+    return {"y": y, "xx": g.ctx.sqr(x)}
 
 
 def reference(x, w):
@@ -120,9 +120,9 @@ def test_keys_with_zero_rows(run_isolated, use_sched):
         import numpy as np
         from pyggml import CPUBackend, GraphCache, Scheduler
 
-        def build(ctx, m):
-            x = ctx.new_tensor("f32", [3, m])
-            return {{"x": x}}, {{"y": ctx.add(ctx.sqr(x), x), "s": ctx.sum_rows(x)}}
+        def build(g, m):
+            x = g.input("f32", [3, m], "x")
+            return {{"y": g.ctx.add(g.ctx.sqr(x), x), "s": g.ctx.sum_rows(x)}}
 
         cpu = CPUBackend(1)
         cache = GraphCache(build, backend=None if {use_sched} else cpu,
@@ -139,21 +139,86 @@ def test_keys_with_zero_rows(run_isolated, use_sched):
         "0 (0, 3) True True"], r.stdout
 
 
-def test_backends_give_each_graph_a_scheduler_of_its_own():
-    """``backends``: each key's graph is placed once by its own scheduler, so alternating keys
-    places nothing again (the shared scheduler splits and places at every change of key)."""
-    def build(ctx, n):
-        x = ctx.new_tensor(GGMLType.F32, [n])
-        return {"x": x}, {"y": ctx.sqr(x) + x}
+def test_backends_share_one_scheduler_reserved_for_the_largest_graph():
+    """``backends``: one scheduler of the cache's own places every graph (one compute buffer),
+    sized ahead by ``reserve``; alternating keys places the graph again and stays right; the
+    scheduler is closed with the cache."""
+    def build(g, n):
+        x = g.input(GGMLType.F32, [n], "x")
+        return {"y": g.ctx.sqr(x) + x}
 
-    with CPUBackend(n_threads=1) as cpu, GraphCache(build, backends=[cpu]) as cache:
-        for _ in range(3):
-            for n in (3, 5):
-                x = np.arange(n, dtype=np.float32)
-                np.testing.assert_array_equal(cache.compute(n, x=x)["y"], x * x + x)
-        a, b = cache.get(3), cache.get(5)
-        assert a.scheduler is not None and b.scheduler is not None and a.scheduler is not b.scheduler
-        assert cache.latest is b and run_of(a.graph).split_by is a.scheduler and run_of(b.graph).split_by is b.scheduler
-    assert a.scheduler.closed and b.scheduler.closed                    # closed with the cache
+    with CPUBackend(n_threads=1) as cpu:
+        with GraphCache(build, backends=[cpu]) as cache:
+            cache.reserve(64)
+            size = cache.scheduler.buffer_size(cpu)
+            assert size >= 64 * 4
+            for _ in range(3):
+                for n in (3, 5, 64):
+                    x = np.arange(n, dtype=np.float32)
+                    np.testing.assert_array_equal(cache.compute(n, x=x)["y"], x * x + x)
+            assert cache.scheduler.buffer_size(cpu) == size       # nothing grew
+            assert cache.latest.key == 64 and run_of(cache.latest.graph).split_by is cache.scheduler
+            assert cache.keys == [3, 5, 64]
+            sched = cache.scheduler
+        assert sched.closed
     with pytest.raises(ValueError, match="one of them"):
         GraphCache(build, backend=cpu, backends=[cpu])
+
+
+def test_inputs_written_in_place_and_kept_between_computes():
+    """An input not given keeps its value; ``arrays`` are the inputs' own memory (a write there
+    is what the next compute reads); an input never given a value is refused."""
+    def build(g, n):
+        x = g.input(GGMLType.F32, [n], "x")
+        k = g.input(GGMLType.I32, [n], "k")
+        return {"y": x + g.ctx.cast(k, GGMLType.F32)}
+
+    with CPUBackend(n_threads=1) as cpu, GraphCache(build, backend=cpu) as cache:
+        with pytest.raises(ValueError, match="missing \\['k'\\]"):
+            cache.compute(4, x=np.ones(4, np.float32))
+        out = cache.compute(4, x=np.ones(4, np.float32), k=np.arange(4))   # int64 into I32
+        np.testing.assert_array_equal(out["y"], [1, 2, 3, 4])
+        np.testing.assert_array_equal(cache.compute(4, x=np.zeros(4))["y"], [0, 1, 2, 3])  # k kept
+        arrays = cache.get(4).arrays
+        assert arrays["k"].dtype == np.int32 and arrays["x"].shape == (4,)
+        arrays["k"][:] = 10
+        np.testing.assert_array_equal(cache.compute(4)["y"], [10, 10, 10, 10])
+        with pytest.raises(TypeError):
+            cache.compute(4, k=np.full(4, 0.5))                       # float into I32
+
+
+def test_constants_are_written_once_and_freed_with_their_graph():
+    """A constant holds its value at every compute (its own buffer, not the compute buffer
+    that later nodes reuse); evicting or clearing the graph closes its constants and inputs."""
+    def build(g, n):
+        x = g.input(GGMLType.F32, [n], "x")
+        c = g.constant(np.arange(n, dtype=np.float64) * 2)               # F32
+        q = g.constant(np.ones((2, 32), np.float32), type="q8_0")         # quantized by ggml
+        return {"y": x * c, "s": g.ctx.sum(g.ctx.mul_mat(q, g.ctx.reshape(x, 32, 2)) if n == 64 else c)}
+
+    with CPUBackend(n_threads=1) as cpu, GraphCache(build, backend=cpu, max_graphs=1) as cache:
+        for _ in range(2):
+            for n in (3, 64):
+                x = np.arange(n, dtype=np.float32) + 1
+                out = cache.compute(n, x=x)
+                np.testing.assert_array_equal(out["y"], x * np.arange(n) * 2)
+        old = cache.get(64)
+        const = next(iter(old._parts._const_ctx.tensors()))
+        inp = old.inputs["x"]
+        cache.compute(3, x=np.ones(3, np.float32))                       # evicts 64
+        for t in (const, inp):
+            with pytest.raises(ClosedError):
+                t.numpy()
+        entry = cache.get(3)
+        cache.clear()
+        assert len(cache) == 0
+        with pytest.raises(ClosedError):
+            entry.inputs["x"].numpy()
+        np.testing.assert_array_equal(cache.compute(3, x=np.ones(3, np.float32))["y"], [0, 2, 4])
+
+
+def test_a_build_that_returns_no_tensors_is_refused():
+    with CPUBackend(n_threads=1) as cpu, GraphCache(lambda g, n: {"y": 1}, backend=cpu) as cache:
+        with pytest.raises(ValueError, match="output 'y' is int"):
+            cache.get(1)
+        assert len(cache) == 0

@@ -266,10 +266,10 @@ def test_threads_computing_one_graph_on_one_backend_leave_the_gate():
 def test_threads_sharing_a_graph_cache_get_their_own_results():
     """GraphCache.compute sets the inputs, computes and reads the outputs as one step: threads
     take turns (else one thread's inputs would be computed for another)."""
-    def build(ctx, n, m):
-        x = ctx.new_tensor("f32", [n, m])
-        w = ctx.new_tensor("f32", [n, n])
-        return {"x": x, "w": w}, {"y": ctx.tanh(ctx.mul_mat(w, x))}
+    def build(g, n, m):
+        x = g.input("f32", [n, m], "x")
+        w = g.input("f32", [n, n], "w")
+        return {"y": g.ctx.tanh(g.ctx.mul_mat(w, x))}
 
     errors: list[BaseException] = []
     with CPUBackend(n_threads=1) as be, GraphCache(build, backend=be) as cache:

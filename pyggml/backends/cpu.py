@@ -306,18 +306,22 @@ class CPUBackend(Backend):
     becomes "abort" (a compute shorter than that returns first; Python raises then).
     ``abort_callback`` (a callable without arguments, true to stop) adds a condition of yours,
     asked after the first node of each compute and then at most once per interval.
+    ``interruptible=False`` sets no abort callback at all (``abort_callback`` is then never
+    asked): Ctrl-C is noticed when the compute returns, and ggml's nodes pay no check.
 
     Raises :class:`~pyggml.errors.BackendNotAvailableError` in a ``GGML_BACKEND_DL`` build whose CPU
     module did not load (no variant fits the processor), GGMLError if ggml cannot create it.
     """
 
-    def __init__(self, n_threads: int | None = None):
+    def __init__(self, n_threads: int | None = None, *, interruptible: bool = True):
         dl.require("cpu")  # a GGML_BACKEND_DL build whose CPU module did not load
         ptr = lib.ggml_backend_cpu_init()
         if ptr == ffi.NULL:
             raise GGMLError("ggml_backend_cpu_init failed")
         super().__init__(ptr)
         self._setup()
+        if not interruptible:
+            lib.ggml_backend_cpu_set_abort_callback(self.ptr, ffi.NULL, ffi.NULL)
         if n_threads is not None:
             self.n_threads = n_threads
 

@@ -6,25 +6,34 @@ recently used first out). Computing a cached graph costs setting its inputs, ggm
 reading its outputs: the graph is not rebuilt, and its checks are not repeated (see
 :mod:`pyggml.core.graph`). Inputs are set and outputs read by name::
 
-    def build(ctx, T, B):                      # called once per key (T, B)
-        tokens = ctx.new_tensor("i32", [T, B]).set_input()
+    def build(g, T, B):                        # called once per key (T, B)
+        tokens = g.input("i32", [T, B], "tokens")           # ne order
+        pos = g.constant(np.arange(T, dtype=np.int32))      # written once
         ...
-        return {"tokens": tokens}, {"embeddings": out}
+        return {"embeddings": out}             # built from g.ctx's ops
 
     cache = GraphCache(build, backend=cpu)     # or backends=[gpu, cpu], or scheduler=...
     out = cache.compute((T, B), tokens=ids)    # {"embeddings": ndarray}, NumPy order
 
-With ``backend`` the graphs share one graph allocator, and with ``scheduler`` one scheduler:
-computing another key places that graph's tensors in the memory again (a C walk of the graph,
-no Python one). With ``backends`` each graph has a scheduler of its own over those backends,
-placed once: keys can alternate without placing anything again, and the splits a GPU backend
-gets stay the same from one compute to the next (ggml-cuda replays its captured CUDA graph of
-a split only then), at the cost of one compute buffer per cached graph. With
-:meth:`GraphCache.compute_async` a backend that computes asynchronously (a GPU) gets the next
-graph while Python prepares the following inputs.
+Each cached graph (:class:`CachedGraph`) owns everything made for it: its context, its input
+tensors (in memory of their own that outlives every compute: :attr:`CachedGraph.arrays` are
+zero-copy NumPy views of them where that memory is the host's, so a model writes a step's
+inputs in place), its constants (in a buffer of the first backend, written once) and its
+graph; dropping it from the cache (eviction, :meth:`GraphCache.clear`, :meth:`GraphCache.close`)
+frees all of them.
+
+With ``backend`` the graphs share one graph allocator, with ``scheduler`` the scheduler you
+give, and with ``backends`` one scheduler of the cache's own over those backends (as
+whisper.cpp's and llama.cpp's one scheduler per set of devices): one compute buffer whatever
+the number of graphs, sized for the largest graph placed so far, or ahead of time by
+:meth:`GraphCache.reserve` with the worst-case key. Computing another key than the last places
+that graph again (ggml's split and allocation, in C). With :meth:`GraphCache.compute_async` a
+backend that computes asynchronously (a GPU) gets the next graph while Python prepares the
+following inputs.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections import OrderedDict
@@ -36,38 +45,146 @@ from .. import types
 from .alloc import GraphAllocator
 from .backend import Backend
 from ..core.context import Context
-from ..enums import GGMLType
+from ..enums import BufferUsage, GGMLType
 from ..errors import ClosedError
 from ..core.graph import Graph
 from .graph_run import run_of
 from .sched import Scheduler
 from ..core.tensor import Tensor
 
-__all__ = ["GraphCache", "CachedGraph", "BuildFn"]
+__all__ = ["GraphCache", "CachedGraph", "GraphParts", "BuildFn"]
 
-#: ``build(ctx, *key) -> (inputs, outputs)``: two {name: Tensor} mappings
-BuildFn = Callable[..., "tuple[Mapping[str, Tensor], Mapping[str, Tensor]]"]
+#: ``build(g, *key) -> outputs``: a :class:`GraphParts` and the key's parts in, ``{name: Tensor}`` out
+BuildFn = Callable[..., "Mapping[str, Tensor]"]
+
+
+class GraphParts:
+    """What a build function makes one graph of (it is given one, ``build(g, *key)``):
+
+    * ``ctx`` -- a ``no_alloc`` :class:`~pyggml.core.context.Context` for the graph's tensors
+      (``g.ctx.mul_mat(a, b)``...), placed by the cache's allocator or scheduler;
+    * ``graph`` -- the graph; nodes built into it first (``g.graph.build_forward(write)``, e.g.
+      a ``set_rows`` into a KV cache) are computed before the outputs, which the cache builds
+      into it after ``build`` returns;
+    * :meth:`input` -- a named input tensor, set by :meth:`GraphCache.compute` (or written in
+      place through :attr:`CachedGraph.arrays`);
+    * :meth:`constant` -- a tensor holding an array.
+
+    Inputs and constants are placed when made (each in a small buffer of its own), so views of
+    them built afterwards are views of placed memory.
+    """
+
+    def __init__(self, n_tensors: int, graph_size: int, inputs_where: Any, constants_where: Any):
+        self._n = n_tensors
+        self._where = {"_input_ctx": inputs_where, "_const_ctx": constants_where}
+        self._stack = contextlib.ExitStack()
+        self.ctx = self._stack.enter_context(Context.for_tensors(n_tensors, graph_size=graph_size))
+        try:
+            self.graph = self.ctx.new_graph(graph_size)
+        except BaseException:
+            self._stack.close()
+            raise
+        self.inputs: dict[str, Tensor] = {}
+        #: NumPy views of the inputs in host memory
+        self.arrays: dict[str, np.ndarray] = {}
+        self._input_ctx: Context | None = None
+        self._const_ctx: Context | None = None
+
+    def _placed(self, which: str, type: types.TypeLike, ne: Sequence[int], name: str | None) -> tuple[Tensor, Any]:
+        """A new tensor of the context ``which`` (made on first use), in a buffer of its own
+        (none for 0 bytes: placed as the graph's other tensors then): (tensor, buffer or None)."""
+        ctx: Context | None = getattr(self, which)
+        if ctx is None:
+            ctx = self._stack.enter_context(Context.for_tensors(self._n))
+            setattr(self, which, ctx)
+        t = ctx.new_tensor(type, ne, name=name)
+        return t, (ctx.alloc_tensors(self._where[which]) if t.nbytes else None)
+
+    def input(self, type: types.TypeLike, ne: Sequence[int], name: str) -> Tensor:
+        """A new input tensor of ggml ``type`` and ``ne`` (ggml order) named ``name``, zeros
+        until set. Raises ValueError for a name given twice and what :meth:`Context.new_tensor
+        <pyggml.core.context.Context.new_tensor>` raises."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("an input needs a name (a non-empty str)")
+        if name in self.inputs:
+            raise ValueError(f"input {name!r} made twice")
+        t, buf = self._placed("_input_ctx", type, ne, name)
+        t.set_input()
+        self.inputs[name] = t
+        if buf is not None:
+            buf.clear(0)
+            if buf.is_host and types.numpy_dtype(t.type) is not None and t.type != GGMLType.BF16:
+                self.arrays[name] = t.numpy(copy=False)
+        return t
+
+    def constant(self, value: Any, type: types.TypeLike | None = None, name: str | None = None) -> Tensor:
+        """A tensor holding ``value`` (array-like, NumPy order: ne is its shape reversed; a scalar
+        is one element), of ggml ``type`` (default: the array's own, float64 as F32), converted
+        or quantized by ggml's routines. Raises what :meth:`Tensor.set
+        <pyggml.core.tensor.Tensor.set>` raises."""
+        a = np.asarray(value)
+        if a.dtype == np.float64:
+            a = a.astype(np.float32)
+        if a.ndim == 0:
+            a = a.reshape(1)
+        t, buf = self._placed("_const_ctx", types.type_of_dtype(a.dtype) if type is None else type,
+                              list(a.shape[::-1]), name)
+        if buf is not None:
+            buf.usage = BufferUsage.WEIGHTS
+            t.set(a, reshape=True)
+        return t
+
+    def close(self) -> None:
+        self._stack.close()
 
 
 class CachedGraph:
-    """One graph of a :class:`GraphCache`: its context, the graph, and its named input and
-    output tensors. Closed (with its context) when the cache drops it."""
+    """One graph of a :class:`GraphCache`: its context ``ctx``, ``graph``, named ``inputs`` and
+    ``outputs`` (tensors), and :attr:`arrays`. Closed, with all it owns, when the cache drops it."""
 
-    def __init__(self, key: Hashable, ctx: Context, graph: Graph, inputs: Mapping[str, Tensor],
-                 outputs: Mapping[str, Tensor], scheduler: Scheduler | None = None):
+    def __init__(self, key: Hashable, parts: GraphParts, outputs: Mapping[str, Tensor]):
         self.key = key
-        self.ctx = ctx
-        self.graph = graph
-        self.inputs = dict(inputs)
+        self._parts = parts
+        self.ctx = parts.ctx
+        self.graph: Graph = parts.graph
+        self.inputs = dict(parts.inputs)
         self.outputs = dict(outputs)
-        #: the graph's own scheduler (a cache made with ``backends``), else None
-        self.scheduler = scheduler
+        self._arrays = parts.arrays
+        self._unset = set(self.inputs)   # inputs never given a value (zeros)
+        self._empty = {n for n, t in self.inputs.items() if not t.nbytes}  # 0 bytes: nothing to write
         self.computes = 0  # computations started: a pending result knows whether it is the last
 
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """``{name: zero-copy NumPy view}`` (NumPy order, the tensor's dtype) of every input in
+        host memory: write a compute's inputs there in place, then
+        :meth:`GraphCache.compute` without them. Inputs in device memory (a GPU backend's,
+        without a scheduler) and of BF16 or quantized types have none."""
+        self._unset.clear()   # the caller writes them
+        return self._arrays
+
+    def _set_inputs(self, values: Mapping[str, Any]) -> None:
+        for name, value in values.items():
+            t = self.inputs.get(name)
+            if t is None:
+                raise ValueError(f"inputs {sorted(self.inputs)} expected; unknown {sorted(set(values) - set(self.inputs))}")
+            arr = self._arrays.get(name)
+            if name in self._empty:
+                t._check_shape(np.shape(value))
+            elif arr is None:
+                t.set(value)
+            else:
+                v = np.asarray(value)
+                t._check_shape(v.shape)
+                np.copyto(arr, v.reshape(arr.shape), casting="same_kind")
+        if self._unset:
+            self._unset.difference_update(values)
+            if self._unset:
+                raise ValueError(f"inputs {sorted(self.inputs)} expected; missing {sorted(self._unset)} "
+                                 "(never given a value)")
+
     def close(self) -> None:
-        if self.scheduler is not None:
-            self.scheduler.close()
-        self.ctx.close()
+        self._parts.close()
 
 
 def _one_at_a_time(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -81,17 +198,19 @@ def _one_at_a_time(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 class GraphCache:
     """Graphs built by ``build`` once per key, computed on ``backend`` (through one
-    :class:`~pyggml.backends.alloc.GraphAllocator`), by ``scheduler``, or each by a
-    :class:`~pyggml.backends.sched.Scheduler` of its own over ``backends`` (in priority order, the CPU
-    last; the graph's ``graph_size`` is the scheduler's too).
+    :class:`~pyggml.backends.alloc.GraphAllocator`), by ``scheduler``, or by a
+    :class:`~pyggml.backends.sched.Scheduler` of the cache's own over ``backends`` (in priority
+    order, the CPU last; one for every graph, closed with the cache).
 
-    ``build(ctx, *key)`` makes the graph's tensors in ``ctx`` (a ``no_alloc`` context of
-    ``n_tensors`` tensors) and returns ``(inputs, outputs)``, two ``{name: Tensor}`` mappings:
-    inputs are marked ``set_input()`` and outputs ``set_output()`` for you. The graph holds up to
-    ``graph_size`` nodes. Raises ValueError for bad arguments and what ``build`` raises.
+    ``build(g, *key)`` makes the graph's tensors with ``g``, a :class:`GraphParts` (``g.ctx`` of
+    ``n_tensors`` tensors, ``g.input(...)``, ``g.constant(...)``), and returns its outputs,
+    ``{name: Tensor}`` (marked ``set_output()`` for you). A graph holds up to ``graph_size``
+    nodes. Inputs live in host memory (the last backend's) with a scheduler, in the backend's
+    memory with ``backend``; constants in the first backend's. Raises ValueError for bad
+    arguments and what ``build`` raises.
 
-    Threads may share a cache: :meth:`get`, :meth:`compute` and :meth:`close` run one at a
-    time (a compute sets the inputs, computes and reads the outputs as one step).
+    Threads may share a cache: :meth:`get`, :meth:`compute`, :meth:`clear` and :meth:`close`
+    run one at a time (a compute sets the inputs, computes and reads the outputs as one step).
     """
 
     def __init__(self, build: BuildFn, *, backend: Backend | None = None,
@@ -103,22 +222,36 @@ class GraphCache:
             raise ValueError("max_graphs and graph_size must be >= 1")
         self._build = build
         self.backend = backend
-        self.scheduler = scheduler
         self.backends = list(backends) if backends is not None else None
         self.graph_size = graph_size
         self.n_tensors = n_tensors or graph_size * 2
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[Hashable, CachedGraph] = OrderedDict()
-        self._galloc = GraphAllocator(backend) if backend is not None else None
+        self._stack = contextlib.ExitStack()
+        self._galloc: GraphAllocator | None = None
+        if backend is not None:
+            self._galloc = self._stack.enter_context(GraphAllocator(backend))
+        elif self.backends is not None:
+            scheduler = self._stack.enter_context(Scheduler(self.backends, graph_size=2 * graph_size + 64))
+        #: the scheduler that computes the graphs (the cache's own with ``backends``), or None
+        self.scheduler = scheduler
         self._closed = False
         self._lock = threading.RLock()  # one get/compute/close at a time, outside the gate
         self.builds = 0  # how many graphs were built (for tests and benchmarks)
 
+    def _homes(self) -> tuple[Any, Any]:
+        """(where inputs go, where constants go)."""
+        if self.backend is not None:
+            return self.backend, self.backend
+        assert self.scheduler is not None
+        backends = self.scheduler.backends
+        return backends[-1], backends[0]
+
     # ------------------------------------------------------------------ graphs
     @_one_at_a_time
     def get(self, key: Hashable) -> CachedGraph:
-        """The graph of ``key``, built (and allocated) on first use. Raises ClosedError once
-        the cache is closed."""
+        """The graph of ``key``, built on first use. Raises ClosedError once the cache is
+        closed, ValueError for a build that returns no outputs or something else than Tensors."""
         if self._closed:
             raise ClosedError("this graph cache is closed")
         entry = self._graphs.get(key)
@@ -126,35 +259,28 @@ class GraphCache:
             self._graphs.move_to_end(key)
             return entry
         args = key if isinstance(key, tuple) else (key,)
-        ctx = Context.for_tensors(self.n_tensors, graph_size=self.graph_size)
+        parts = GraphParts(self.n_tensors, self.graph_size, *self._homes())
         try:
-            inputs, outputs = self._build(ctx, *args)
-            for name, t in {**inputs, **outputs}.items():
+            outputs = self._build(parts, *args)
+            if not isinstance(outputs, Mapping) or not outputs:
+                raise ValueError(f"build must return {{name: Tensor}} of one or more outputs, not {outputs!r:.80}")
+            for name, t in outputs.items():
                 if not isinstance(t, Tensor):
-                    raise TypeError(f"build must return Tensors, {name!r} is {type(t).__name__}")
-            for t in inputs.values():
-                t.set_input()
-            for t in outputs.values():
+                    raise ValueError(f"build must return Tensors, output {name!r} is {type(t).__name__}")
                 t.set_output()
-            graph = ctx.new_graph(self.graph_size).build_forward(*outputs.values())
-            sched = (Scheduler(self.backends, graph_size=2 * self.graph_size + 64)
-                     if self.backends is not None else None)
+            parts.graph.build_forward(*outputs.values())
         except BaseException:
-            ctx.close()
+            parts.close()
             raise
-        entry = self._graphs[key] = CachedGraph(key, ctx, graph, inputs, outputs, sched)
+        entry = self._graphs[key] = CachedGraph(key, parts, outputs)
         self.builds += 1
         while len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)[1].close()
         return entry
 
-    def _sched(self, entry: CachedGraph) -> Scheduler | None:
-        """The scheduler that computes ``entry``: its own, the cache's, or None (a backend)."""
-        return entry.scheduler or self.scheduler
-
     def _place(self, entry: CachedGraph) -> None:
         graph = entry.graph
-        s = self._sched(entry)
+        s = self.scheduler
         if s is not None:
             if not (s._graph is graph and s._is_alloc and run_of(graph).split_by is s):
                 s.alloc_graph(graph)
@@ -163,35 +289,34 @@ class GraphCache:
             if self._galloc._graph is not graph:
                 self._galloc.alloc_graph(graph)
 
-    @staticmethod
-    def _check_names(entry: CachedGraph, inputs: Mapping[str, Any]) -> None:
-        if inputs.keys() == entry.inputs.keys():
-            return
-        missing = set(entry.inputs) - set(inputs)
-        unknown = set(inputs) - set(entry.inputs)
-        if missing or unknown:
-            raise ValueError(f"inputs {sorted(entry.inputs)} expected; missing {sorted(missing)}, "
-                             f"unknown {sorted(unknown)}")
-
-    def _set_inputs(self, entry: CachedGraph, inputs: Mapping[str, Any]) -> None:
-        self._check_names(entry, inputs)
-        for name, value in inputs.items():
-            entry.inputs[name].set(value)
+    @_one_at_a_time
+    def reserve(self, key: Hashable) -> None:
+        """Size the compute buffer for the graph of ``key`` (built now if it is not cached):
+        ``ggml_backend_sched_reserve`` or ``ggml_gallocr_reserve``. Give the largest key a
+        model will compute (the longest prompt batch) so that later graphs fit without
+        growing it. Raises MemoryError if the buffer cannot be allocated."""
+        entry = self.get(key)
+        if self.scheduler is not None:
+            self.scheduler.reserve(entry.graph)
+        else:
+            assert self._galloc is not None
+            self._galloc.reserve(entry.graph)
 
     # ------------------------------------------------------------------ compute
     def compute(self, key: Hashable, outputs: list[str] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
-        """Compute the graph of ``key`` with ``inputs`` (``name=array``, NumPy order, every input
-        of the graph) and return the outputs named in ``outputs`` (default: all) as NumPy arrays.
-        Raises ValueError for missing or unknown inputs or a wrong shape, and what computing
+        """Compute the graph of ``key`` with ``inputs`` (``name=array``, NumPy order) and return
+        the outputs named in ``outputs`` (default: all) as NumPy arrays. An input not given
+        keeps the value it holds (set by an earlier compute, or written through
+        :attr:`CachedGraph.arrays`). Raises ValueError for an unknown input, one never given a
+        value, or a wrong shape; TypeError for a dtype of another kind; and what computing
         raises."""
         with self._lock:
             entry = self.get(key)
+            entry._set_inputs(inputs)
             self._place(entry)
-            self._set_inputs(entry, inputs)
             entry.computes += 1
-            sched = self._sched(entry)
-            if sched is not None:
-                sched.compute(entry.graph)
+            if self.scheduler is not None:
+                self.scheduler.compute(entry.graph)
             else:
                 assert self.backend is not None
                 self.backend.graph_compute(entry.graph)
@@ -200,45 +325,38 @@ class GraphCache:
 
     @_one_at_a_time
     def compute_async(self, key: Hashable, **inputs: Any) -> "PendingCompute":
-        """Queue the graph of ``key`` with ``inputs`` on the backend
-        (``ggml_backend_tensor_set_async`` + ``ggml_backend_graph_compute_async``, or the
-        scheduler's ``compute_async``) and return at once; :meth:`PendingCompute.result`
-        waits and reads the outputs. On a backend that computes synchronously (the CPU) the work
-        is done before this returns. Threads: until ``result()``, the outputs are this call's
-        only while no other compute of the same key starts (``result()`` raises ClosedError
-        then, rather than return that compute's values)."""
+        """Queue the graph of ``key`` with ``inputs`` (as :meth:`compute`) on the backend
+        (``ggml_backend_graph_compute_async``, or the scheduler's ``compute_async``) and return at
+        once; :meth:`PendingCompute.result` waits and reads the outputs. On a backend that
+        computes synchronously (the CPU) the work is done before this returns. Threads: until
+        ``result()``, the outputs are this call's only while no other compute of the same key
+        starts (``result()`` raises ClosedError then, rather than return that compute's
+        values)."""
         entry = self.get(key)
+        entry._set_inputs(inputs)
         self._place(entry)
         entry.computes += 1
-        sched = self._sched(entry)
-        if sched is not None:
-            self._set_inputs(entry, inputs)
-            sched.compute_async(entry.graph)
-            return PendingCompute(self, entry, sched.synchronize)
+        if self.scheduler is not None:
+            self.scheduler.compute_async(entry.graph)
+            return PendingCompute(self, entry, self.scheduler.synchronize)
         backend = self.backend
         assert backend is not None
-        self._check_names(entry, inputs)
-        for name, value in inputs.items():
-            t = entry.inputs[name]
-            dtype = types.numpy_dtype(t.type)
-            if dtype is None or t.type == GGMLType.BF16:
-                t.set(value)  # converted (quantized) by ggml's routines, synchronously
-                continue
-            a = np.ascontiguousarray(value, dtype=dtype)
-            t._check_shape(a.shape)
-            backend.tensor_set_async(t, a)
         backend.graph_compute_async(entry.graph)
         return PendingCompute(self, entry, backend.synchronize)
 
     @_one_at_a_time
-    def close(self) -> None:
-        """Close every cached graph and the graph allocator; the cache refuses further use
-        (ClosedError)."""
-        self._closed = True
+    def clear(self) -> None:
+        """Drop every cached graph (each closed with what it owns); the cache stays usable."""
         while self._graphs:
             self._graphs.popitem()[1].close()
-        if self._galloc is not None:
-            self._galloc.close()
+
+    @_one_at_a_time
+    def close(self) -> None:
+        """Close every cached graph and the graph allocator or the cache's own scheduler; the
+        cache refuses further use (ClosedError)."""
+        self._closed = True
+        self.clear()
+        self._stack.close()
 
     def __enter__(self) -> "GraphCache":
         return self
@@ -248,6 +366,14 @@ class GraphCache:
 
     def __len__(self) -> int:
         return len(self._graphs)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._graphs
+
+    @property
+    def keys(self) -> list[Hashable]:
+        """The keys of the cached graphs, least recently used first."""
+        return list(self._graphs)
 
     @property
     def latest(self) -> CachedGraph | None:

@@ -837,6 +837,30 @@ class Tensor(_cobject.CBorrowed):
             ffi.memmove(p.data, ffi.from_buffer(raw), raw.nbytes)
         return self
 
+    def set_bytes(self, raw: Any) -> "Tensor":
+        """Copy ``raw`` (bytes as ggml stores this tensor's type: a buffer of exactly
+        :attr:`nbytes` bytes, e.g. a model file's tensor data) into the tensor, unconverted.
+        Raises ValueError for another byte count or a non-contiguous/unallocated tensor. Wraps
+        ``ggml_backend_tensor_set`` for tensors in backend buffers."""
+        data = np.ascontiguousarray(raw if isinstance(raw, np.ndarray) else np.frombuffer(raw, np.uint8))
+        data = data.reshape(-1).view(np.uint8)
+        held, memory = self._using_memory()
+        with held:
+            p, rec, in_buffer = memory
+            if not lib.ggml_is_contiguous(p):
+                raise ValueError(f"tensor {self._label()} is not contiguous")
+            n = int(lib.ggml_nbytes(p))
+            if data.nbytes != n:
+                raise ValueError(f"{data.nbytes} bytes for tensor {self._label()} of {n} bytes "
+                                 f"({self.type_name}, ne {list(self.ne)})")
+            src = ffi.from_buffer(data)
+            if in_buffer:
+                buffer.check_layout(p, read=False)
+                call(lib.ggml_backend_tensor_set, p, src, 0, n)
+            else:
+                ffi.memmove(p.data, src, n)
+        return self
+
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         """ValueError unless an array of NumPy ``shape`` fits this tensor (leading 1s aside)."""
         if _squeeze_leading(tuple(shape)) != _squeeze_leading(self.shape):

@@ -22,7 +22,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from ..backends.backend import Backend
 from ..backends.cpu import CPUBackend
 from ..backends.utils import from_dlpack
-from ..backends.graph_cache import GraphCache
+from ..backends.graph_cache import GraphCache, GraphParts
 from ..core.context import Context
 from ..core.tensor import Tensor
 from .. import types
@@ -38,27 +38,22 @@ GRAPH_SIZE = 8192
 
 
 class Builder:
-    """Lowers FX nodes into ``ctx``: ``env`` maps each node to its :class:`~pyggml.torch_lowering.table.Val` (or a
-    tuple of them); ``consts`` are the constants made on the way (tensors of ``const_ctx``, a
-    ``no_alloc`` context, with their values), written once after the build."""
+    """Lowers FX nodes into the graph ``g`` is building (``g.ctx``): ``env`` maps each node to
+    its :class:`~pyggml.torch_lowering.table.Val` (or a tuple of them); constants made on the
+    way are ``g``'s (written once after the build, owned by the cached graph)."""
 
-    def __init__(self, ctx: Context, const_ctx: Context):
-        self.ctx = ctx
-        self.const_ctx = const_ctx
+    def __init__(self, g: GraphParts):
+        self.g = g
+        self.ctx = g.ctx
         self.env: dict[fx.Node, Any] = {}
-        self.consts: list[tuple[Tensor, np.ndarray]] = []
         #: a tensor made by swapping the last two dims of a contiguous one -> that one (mm reads it)
         self.transposed_of: dict[int, Tensor] = {}
 
     # ------------------------------------------------------------------ helpers for lowerings
     def constant(self, array: Any, dtype: Any = np.float32) -> Tensor:
         """A tensor holding ``array`` (NumPy order), written once after the build."""
-        a = np.ascontiguousarray(np.asarray(array, dtype=dtype))
-        if a.ndim == 0:
-            a = a.reshape(1)
-        t = self.const_ctx.new_tensor(GGMLType.F32 if a.dtype == np.float32 else GGMLType.I32, ne_of(a.shape))
-        self.consts.append((t, a))
-        return t
+        a = np.asarray(array, dtype=dtype)
+        return self.g.constant(a, GGMLType.F32 if a.dtype == np.float32 else GGMLType.I32)
 
     def op(self, name: str) -> Callable[..., Tensor]:
         """The context's op method ``name`` (``"add"``...)."""
@@ -151,17 +146,14 @@ class LoweredGraph:
         self._placed: tuple[int, ...] | None = None   # the weights' data pointers they were placed for
         self._alias_ok = isinstance(backend, CPUBackend)
         self._home = home
-        #: input shapes -> the context of that graph's constants (its own buffer, written once)
-        self._const_ctxs: dict[Any, Context] = {}
         self._out_shapes: dict[Any, list[tuple[int, ...]]] = {}
         #: output position -> the placeholder position whose memory that output was written in
         self._in_place = {j: self.placeholders.index(o.args[0]) for j, o in enumerate(self.outputs)
                           if isinstance(o, fx.Node) and o.meta.get(IN_PLACE) and o.args[0] in self.placeholders}
         #: the input shapes the nodes' fake tensors are for
         self._traced = tuple(shape_of(n) for i, n in enumerate(self.placeholders) if i not in self._weights)
-        self._cache_args: dict[str, Any] = dict(backend=backend, backends=None if backend is not None else backends,
+        self.cache = GraphCache(self._build, backend=backend, backends=None if backend is not None else backends,
                                 graph_size=GRAPH_SIZE, max_graphs=max_graphs)
-        self.cache = GraphCache(self._build, **self._cache_args)
         self.graphs_built = 0
 
     @staticmethod
@@ -173,10 +165,9 @@ class LoweredGraph:
 
     def close(self) -> None:
         self.cache.close()
-        for c in [self._aliased_ctx, self._copied_ctx, *self._const_ctxs.values()]:
+        for c in [self._aliased_ctx, self._copied_ctx]:
             if c is not None:
                 c.close()
-        self._const_ctxs.clear()
 
     def _aliasable(self, i: int, src: torch.Tensor) -> bool:
         """Whether weight ``i`` can be ``src``'s own memory in ggml: on the CPU backend, float32
@@ -199,12 +190,9 @@ class LoweredGraph:
         if ptrs != self._placed:
             aliasable = {i for i in self._weights if self._aliasable(i, args[i])}
             if self._placed is not None:
-                self.cache.close()
-                self.cache = GraphCache(self._build, **self._cache_args)
-                for c in [self._aliased_ctx, *self._const_ctxs.values()]:
-                    if c is not None:
-                        c.close()
-                self._const_ctxs.clear()
+                self.cache.clear()   # the graphs read the weights' old tensors
+                if self._aliased_ctx is not None:
+                    self._aliased_ctx.close()
             if self._placed is None or aliasable != self._aliased:   # a weight that changed kind
                 if self._copied_ctx is not None:
                     self._copied_ctx.close()
@@ -243,22 +231,16 @@ class LoweredGraph:
             raise LoweringError(f"the graph does not take inputs of shapes {list(shapes)}: {e}") from None
         self._traced = shapes
 
-    def _build(self, ctx: Context, *shapes: tuple[int, ...]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    def _build(self, g: GraphParts, *shapes: tuple[int, ...]) -> dict[str, Tensor]:
         if shapes != self._traced:
             self._propagate(shapes)
-        old = self._const_ctxs.pop(shapes, None)
-        if old is not None:
-            old.close()
-        cctx = Context.for_tensors(GRAPH_SIZE // 4)
-        b = Builder(ctx, cctx)
-        inputs: dict[str, Tensor] = {}
+        b = Builder(g)
         k = 0
         for i, node in enumerate(self.placeholders):
             if i in self._w:
                 b.env[node] = Val(self._w[i], shape_of(node))
                 continue
-            t = ctx.new_tensor(self._type_of(node), ne_of(shapes[k]))
-            inputs[f"in{i}"] = t
+            t = g.input(self._type_of(node), ne_of(shapes[k]), f"in{i}")
             b.env[node] = Val(t, tuple(shapes[k]))
             k += 1
         for node in self.gm.graph.nodes:
@@ -269,13 +251,8 @@ class LoweredGraph:
         for j, o in enumerate(self.outputs):
             v = b.env[o]
             outputs[f"out{j}"] = b.contig(v.t)   # NumPy reads contiguous outputs
-        if b.consts:
-            cctx.alloc_tensors(self._home).usage = "weights"
-            for t, a in b.consts:
-                t.set(a)
-        self._const_ctxs[shapes] = cctx
         self.graphs_built += 1
-        return inputs, outputs
+        return outputs
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         self._place_weights(args)

@@ -1,0 +1,104 @@
+"""What a model runs on, in one place: backends opened by device name (:func:`open_backend`,
+:class:`BackendSet`), and, re-exported from :mod:`pyggml.backends`, the graphs built once per
+shape (:class:`~pyggml.backends.graph_cache.GraphCache`) and weights loaded into backend
+buffers (:func:`~pyggml.backends.weights.load_tensors`).
+
+    with BackendSet(["CUDA0"], n_threads=4) as bs, \\
+            load_tensors(gguf, bs.homes[0]) as w, \\
+            GraphCache(build, backends=bs.backends) as graphs:
+        out = graphs.compute(key, tokens=ids)
+
+Device names are ggml's (``CPU``, ``CUDA0``, ``Vulkan0``, ``RPC0``...; ``python -m pyggml
+info`` lists them, case insensitive) and pyggml's Python backends' (``numpy``, ``TORCH0``),
+which are registered on first use.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Sequence
+
+from .backends.backend import Backend
+from .backends.cpu import CPUBackend
+from .backends.device import device_by_name
+from .backends.graph_cache import GraphCache, GraphParts
+from .backends.weights import Weights, load_tensors
+from .impl import register_builtin
+
+__all__ = ["default_threads", "open_backend", "BackendSet", "GraphCache", "GraphParts", "Weights",
+           "load_tensors"]
+
+
+def default_threads() -> int:
+    """The CPU cores this process may run on (``os.sched_getaffinity``, else ``os.cpu_count()``):
+    the CPU backend's threads when none are given."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, n or 1)
+
+
+def _is_cpu(name: str) -> bool:
+    return name.lower() == "cpu"
+
+
+def open_backend(name: str, n_threads: int | None = None, *, interruptible: bool = True) -> Backend:
+    """A new backend on the device ``name`` (see the module's docstring), owned by the caller
+    (``close()``). ``n_threads``: the CPU backend's threads (default :func:`default_threads`),
+    and those of a device that has a setting for it (BLAS); a GPU ignores it.
+    ``interruptible``: a CPU backend keeps pyggml's Ctrl-C check during computes (see
+    :class:`~pyggml.backends.cpu.CPUBackend`). Raises ValueError for ``n_threads < 1``,
+    :class:`~pyggml.errors.BackendNotAvailableError` (a KeyError) naming the devices there
+    are, ImportError when a Python backend's dependency (torch) is missing."""
+    if n_threads is not None and n_threads < 1:
+        raise ValueError(f"n_threads must be >= 1, not {n_threads}")
+    threads = n_threads or default_threads()
+    if _is_cpu(name):
+        return CPUBackend(n_threads=threads, interruptible=interruptible)
+    register_builtin(name)
+    backend = device_by_name(name).init()
+    backend.set_n_threads(threads)
+    return backend
+
+
+class BackendSet:
+    """The backends a model runs on: one per device in ``devices`` (``"cpu"`` is the CPU
+    backend), in :attr:`homes`, and the CPU backend (:attr:`cpu`, ``n_threads``) that ggml's
+    scheduler needs last: :attr:`backends` is the scheduler's list. :meth:`close` (or ``with``)
+    closes every backend it opened. Raises ValueError for no devices, a device named twice, or
+    the CPU anywhere but first; what :func:`open_backend` raises (nothing stays open then)."""
+
+    def __init__(self, devices: Sequence[str] = ("cpu",), n_threads: int | None = None, *,
+                 interruptible: bool = True):
+        names = list(devices)
+        if not names:
+            raise ValueError("give one or more devices")
+        if len({n.lower() for n in names}) != len(names) or any(_is_cpu(n) for n in names[1:]):
+            raise ValueError(f"devices must be distinct, the CPU at most first: {names}")
+        self._stack = contextlib.ExitStack()
+        try:
+            self.cpu: CPUBackend = self._stack.enter_context(
+                open_backend("cpu", n_threads, interruptible=interruptible))   # type: ignore[arg-type]
+            #: one backend per device name, in order
+            self.homes: list[Backend] = [self.cpu if _is_cpu(n) else self._stack.enter_context(
+                open_backend(n, self.cpu.n_threads)) for n in names]
+        except BaseException:
+            self._stack.close()
+            raise
+        self.names = names
+
+    @property
+    def backends(self) -> list[Backend]:
+        """The backends in a scheduler's order: the devices' (the CPU's left out), then the CPU's."""
+        return [b for b in self.homes if b is not self.cpu] + [self.cpu]
+
+    @property
+    def n_threads(self) -> int:
+        return self.cpu.n_threads
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> "BackendSet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
