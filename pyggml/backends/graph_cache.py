@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -68,6 +69,8 @@ class GraphParts:
       into it after ``build`` returns;
     * :meth:`input` -- a named input tensor, set by :meth:`GraphCache.compute` (or written in
       place through :attr:`CachedGraph.arrays`);
+    * :meth:`output` -- an output copied into memory of its own at every compute, read without
+      a call into C through :attr:`CachedGraph.arrays` (a decode step's logits);
     * :meth:`constant` -- a tensor holding an array.
 
     Inputs and constants are placed when made (each in a small buffer of its own), so views of
@@ -85,7 +88,8 @@ class GraphParts:
             self._stack.close()
             raise
         self.inputs: dict[str, Tensor] = {}
-        #: NumPy views of the inputs in host memory
+        self.outputs: dict[str, Tensor] = {}
+        #: NumPy views of the inputs and outputs in host memory
         self.arrays: dict[str, np.ndarray] = {}
         self._input_ctx: Context | None = None
         self._const_ctx: Context | None = None
@@ -100,21 +104,41 @@ class GraphParts:
         t = ctx.new_tensor(type, ne, name=name)
         return t, (ctx.alloc_tensors(self._where[which]) if t.nbytes else None)
 
-    def input(self, type: types.TypeLike, ne: Sequence[int], name: str) -> Tensor:
-        """A new input tensor of ggml ``type`` and ``ne`` (ggml order) named ``name``, zeros
-        until set. Raises ValueError for a name given twice and what :meth:`Context.new_tensor
-        <pyggml.core.context.Context.new_tensor>` raises."""
+    def _host_tensor(self, type: types.TypeLike, ne: Sequence[int], name: str) -> Tensor:
+        """A named tensor in memory of its own next to the inputs, with its NumPy view in
+        :attr:`arrays` where that memory is the host's."""
         if not isinstance(name, str) or not name:
-            raise ValueError("an input needs a name (a non-empty str)")
-        if name in self.inputs:
-            raise ValueError(f"input {name!r} made twice")
+            raise ValueError("an input or output needs a name (a non-empty str)")
+        if name in self.inputs or name in self.outputs:
+            raise ValueError(f"input or output {name!r} made twice")
+        if name in ("outputs", "into"):
+            raise ValueError(f"{name!r} names an argument of GraphCache.compute, not an input")
         t, buf = self._placed("_input_ctx", type, ne, name)
-        t.set_input()
-        self.inputs[name] = t
         if buf is not None:
             buf.clear(0)
             if buf.is_host and types.numpy_dtype(t.type) is not None and t.type != GGMLType.BF16:
-                self.arrays[name] = t.numpy(copy=False)
+                self.arrays[name] = t.numpy(copy=False).reshape([int(n) for n in ne][::-1])
+        return t
+
+    def output(self, tensor: Tensor, name: str) -> Tensor:
+        """Copy ``tensor`` (a node of this graph) into a new tensor of the same type and ``ne``
+        named ``name`` (``ggml_cpy``, computed with the graph), in memory of its own next to the
+        inputs: ``arrays[name]`` is a zero-copy NumPy view of it (NumPy order, ne reversed)
+        where that memory is the host's, holding the last compute's values (a copy is yours to
+        keep); :meth:`GraphCache.compute` reads it by name as any output. Returns the new
+        tensor. Raises ValueError for a name given twice."""
+        n = max(1, tensor.n_dims)
+        t = self._host_tensor(tensor.type, tensor.ne[:n], name)
+        self.graph.build_forward(self.ctx.cpy(tensor, t))
+        self.outputs[name] = t
+        return t
+
+    def input(self, type: types.TypeLike, ne: Sequence[int], name: str) -> Tensor:
+        """A new input tensor of ggml ``type`` and ``ne`` (ggml order) named ``name``, zeros
+        until set; its NumPy view (if any) has the shape ``ne`` reversed, as given. Raises ValueError for a name given twice and what :meth:`Context.new_tensor
+        <pyggml.core.context.Context.new_tensor>` raises."""
+        t = self._host_tensor(type, ne, name).set_input()
+        self.inputs[name] = t
         return t
 
     def constant(self, value: Any, type: types.TypeLike | None = None, name: str | None = None) -> Tensor:
@@ -148,7 +172,7 @@ class CachedGraph:
         self.ctx = parts.ctx
         self.graph: Graph = parts.graph
         self.inputs = dict(parts.inputs)
-        self.outputs = dict(outputs)
+        self.outputs = {**parts.outputs, **outputs}
         self._arrays = parts.arrays
         self._unset = set(self.inputs)   # inputs never given a value (zeros)
         self._empty = {n for n, t in self.inputs.items() if not t.nbytes}  # 0 bytes: nothing to write
@@ -156,10 +180,11 @@ class CachedGraph:
 
     @property
     def arrays(self) -> dict[str, np.ndarray]:
-        """``{name: zero-copy NumPy view}`` (NumPy order, the tensor's dtype) of every input in
-        host memory: write a compute's inputs there in place, then
-        :meth:`GraphCache.compute` without them. Inputs in device memory (a GPU backend's,
-        without a scheduler) and of BF16 or quantized types have none."""
+        """``{name: zero-copy NumPy view}`` (NumPy order, the tensor's dtype) of every input and
+        :meth:`GraphParts.output` in host memory: write a compute's inputs there in place, then
+        :meth:`GraphCache.compute` without them (and ``outputs=[]``), then read those outputs
+        there. Tensors in device memory (a GPU backend's, without a scheduler) and of BF16 or
+        quantized types have none."""
         self._unset.clear()   # the caller writes them
         return self._arrays
 
@@ -238,6 +263,9 @@ class GraphCache:
         self._closed = False
         self._lock = threading.RLock()  # one get/compute/close at a time, outside the gate
         self.builds = 0  # how many graphs were built (for tests and benchmarks)
+        #: seconds spent in ggml's compute by :meth:`compute`, summed (the rest of a compute is
+        #: setting inputs and reading outputs)
+        self.compute_seconds = 0.0
 
     def _homes(self) -> tuple[Any, Any]:
         """(where inputs go, where constants go)."""
@@ -262,13 +290,15 @@ class GraphCache:
         parts = GraphParts(self.n_tensors, self.graph_size, *self._homes())
         try:
             outputs = self._build(parts, *args)
-            if not isinstance(outputs, Mapping) or not outputs:
-                raise ValueError(f"build must return {{name: Tensor}} of one or more outputs, not {outputs!r:.80}")
+            if not isinstance(outputs, Mapping) or not (outputs or parts.outputs):
+                raise ValueError(f"build must return {{name: Tensor}} of one or more outputs (or make them "
+                                 f"with g.output), not {outputs!r:.80}")
             for name, t in outputs.items():
                 if not isinstance(t, Tensor):
                     raise ValueError(f"build must return Tensors, output {name!r} is {type(t).__name__}")
                 t.set_output()
-            parts.graph.build_forward(*outputs.values())
+            if outputs:
+                parts.graph.build_forward(*outputs.values())
         except BaseException:
             parts.close()
             raise
@@ -290,6 +320,15 @@ class GraphCache:
                 self._galloc.alloc_graph(graph)
 
     @_one_at_a_time
+    def prepare(self, key: Hashable) -> CachedGraph:
+        """The graph of ``key``, built if it is not cached and placed in the compute buffer now,
+        so that its next :meth:`compute` starts at once (the graph placed before is no longer:
+        read its outputs first). Returns its :class:`CachedGraph`."""
+        entry = self.get(key)
+        self._place(entry)
+        return entry
+
+    @_one_at_a_time
     def reserve(self, key: Hashable) -> None:
         """Size the compute buffer for the graph of ``key`` (built now if it is not cached):
         ``ggml_backend_sched_reserve`` or ``ggml_gallocr_reserve``. Give the largest key a
@@ -303,25 +342,31 @@ class GraphCache:
             self._galloc.reserve(entry.graph)
 
     # ------------------------------------------------------------------ compute
-    def compute(self, key: Hashable, outputs: list[str] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
+    def compute(self, key: Hashable, outputs: list[str] | None = None, *,
+                into: Mapping[str, np.ndarray] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
         """Compute the graph of ``key`` with ``inputs`` (``name=array``, NumPy order) and return
-        the outputs named in ``outputs`` (default: all) as NumPy arrays. An input not given
-        keeps the value it holds (set by an earlier compute, or written through
-        :attr:`CachedGraph.arrays`). Raises ValueError for an unknown input, one never given a
-        value, or a wrong shape; TypeError for a dtype of another kind; and what computing
-        raises."""
+        the outputs named in ``outputs`` (default: all) as NumPy arrays, those named in
+        ``into`` copied into the arrays given there (:meth:`Tensor.numpy
+        <pyggml.core.tensor.Tensor.numpy>`'s ``out``: a loop reading an output every step
+        reuses its memory). An input not given keeps the value it holds (set by an earlier
+        compute, or written through :attr:`CachedGraph.arrays`). Raises ValueError for an
+        unknown input, one never given a value, or a wrong shape; TypeError for a dtype of
+        another kind; and what computing raises."""
         with self._lock:
             entry = self.get(key)
             entry._set_inputs(inputs)
             self._place(entry)
             entry.computes += 1
+            t0 = time.perf_counter()
             if self.scheduler is not None:
                 self.scheduler.compute(entry.graph)
             else:
                 assert self.backend is not None
                 self.backend.graph_compute(entry.graph)
+            self.compute_seconds += time.perf_counter() - t0
             names = list(entry.outputs) if outputs is None else outputs
-            return {n: entry.outputs[n].numpy() for n in names}
+            into = into or {}
+            return {n: entry.outputs[n].numpy(out=into.get(n)) for n in names}
 
     @_one_at_a_time
     def compute_async(self, key: Hashable, **inputs: Any) -> "PendingCompute":

@@ -670,13 +670,16 @@ class Tensor(_cobject.CBorrowed):
         with calling():  # asks the buffer type; a meta buffer's data are not addresses
             return bool(lib.ggml_backend_buffer_is_host(buf)) and not lib.ggml_backend_buffer_is_meta(buf)
 
-    def numpy(self, copy: bool = True) -> np.ndarray:
+    def numpy(self, copy: bool = True, *, out: np.ndarray | None = None) -> np.ndarray:
         """The data as a NumPy array of shape :attr:`shape` (NumPy order).
 
         Plain types keep their dtype (F32 float32, F16 float16, F64, I8...I64); BF16 and quantized
         types are dequantized to float32 with ggml's own ``to_float``. ``copy=False`` returns a
         zero-copy, writable view of host memory instead (plain types only) that keeps the memory
-        alive; writes through it are seen by ggml.
+        alive; writes through it are seen by ggml. ``out``: a C-contiguous, writable array of the
+        tensor's plain dtype and :attr:`nbytes` bytes (any shape) to copy into, returned
+        (reshaped to :attr:`shape`): a loop that reads an output at every step reuses its
+        memory (a new array of some hundred kilobytes costs page faults on every write).
 
         Raises ValueError if the tensor has no data, is not contiguous (``copy=True``), or
         (``copy=False``) is not in host memory, not a plain type, or in memory a graph allocator
@@ -685,9 +688,18 @@ class Tensor(_cobject.CBorrowed):
         ``ggml_backend_tensor_get`` for tensors in backend buffers (raising what a Python
         buffer's ``get_tensor`` raised).
         """
+        if out is not None:
+            if not copy:
+                raise ValueError("out= copies: it cannot be given with copy=False")
+            dtype = types.numpy_dtype(self._type)
+            if (not isinstance(out, np.ndarray) or dtype is None or self._type == GGMLType.BF16
+                    or out.dtype != dtype or not out.flags.c_contiguous or not out.flags.writeable
+                    or out.nbytes != self.nbytes):
+                raise ValueError(f"out must be a writable, C-contiguous {dtype} array of {self.nbytes} "
+                                 f"bytes for tensor {self._label()} ({self.type_name})")
         held, memory = self._using_memory()
         with held:
-            return self._numpy(copy, memory)
+            return self._numpy(copy, memory, out)
 
     def _using_memory(self) -> tuple[threads.Held, tuple[Any, "buffer.LiveBuffer | None", bool]]:
         """(a held :class:`~pyggml.raw.threads.using` of this tensor's context and of the owner
@@ -709,7 +721,8 @@ class Tensor(_cobject.CBorrowed):
             held.release()
             owner = now
 
-    def _numpy(self, copy: bool, memory: tuple[Any, "buffer.LiveBuffer | None", bool]) -> np.ndarray:
+    def _numpy(self, copy: bool, memory: tuple[Any, "buffer.LiveBuffer | None", bool],
+               out: np.ndarray | None = None) -> np.ndarray:
         p, rec, in_buffer = memory
         dtype = types.numpy_dtype(self._type)
         if not copy:
@@ -726,7 +739,7 @@ class Tensor(_cobject.CBorrowed):
             return np.asarray(holder)
         if not lib.ggml_is_contiguous(p):
             raise ValueError(f"tensor {self._label()} is not contiguous: copy it with Context.cont first")
-        raw = np.empty(int(lib.ggml_nbytes(p)), dtype=np.uint8)
+        raw = np.empty(int(lib.ggml_nbytes(p)), dtype=np.uint8) if out is None else out.reshape(-1).view(np.uint8)
         if in_buffer:
             buffer.check_layout(p, read=True)
             call(lib.ggml_backend_tensor_get, p, ffi.from_buffer(raw), 0, raw.nbytes)

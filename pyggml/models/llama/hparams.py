@@ -12,13 +12,11 @@ from typing import Any
 from pyggml.core.gguf import GGUFFile
 from pyggml.types import GGMLType
 
+from ..common import ModelError
+
 __all__ = ["HParams", "ModelError", "expected_tensors"]
 
 ARCH = "llama"
-
-
-class ModelError(ValueError):
-    """The GGUF file is not a llama model this example can run (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class HParams:
         md = f.metadata
         arch = md.get("general.architecture")
         if arch != ARCH:
-            raise ModelError(f"{f.path}: general.architecture is {arch!r}; this example runs "
+            raise ModelError(f"{f.path}: general.architecture is {arch!r}; pyggml.models.llama runs "
                              f"{ARCH!r} models only")
 
         def get(key: str, kind: type, default: Any = None) -> Any:
@@ -162,7 +160,7 @@ def check_tensors(f: GGUFFile, hp: HParams) -> list[str]:
     have = {t.name: t for t in f.tensors}
     unknown = sorted(set(have) - set(expected))
     if unknown:
-        raise ModelError(f"{f.path}: tensors this example does not know: {', '.join(unknown[:5])}"
+        raise ModelError(f"{f.path}: tensors a llama model does not have: {', '.join(unknown[:5])}"
                          + (f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else ""))
     missing = [n for n in expected if n not in have and not n.endswith(OPTIONAL)]
     if missing:
@@ -173,5 +171,5 @@ def check_tensors(f: GGUFFile, hp: HParams) -> list[str]:
             raise ModelError(f"{f.path}: tensor {name} has ne {list(info.ne)}, the hyperparameters "
                              f"say {list(expected[name])}")
         if name.endswith(F32_ONLY) and info.type != GGMLType.F32:
-            raise ModelError(f"{f.path}: tensor {name} is {info.type.name}; this example needs F32")
+            raise ModelError(f"{f.path}: tensor {name} is {info.type.name}; the model needs F32")
     return list(have)

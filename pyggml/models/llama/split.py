@@ -1,7 +1,7 @@
 """One model over several devices, as llama.cpp's two split modes do it.
 
 ``layer`` (pipeline): whole layers go to each device in proportion to the ``tensor_split``
-weights (:func:`layer_owners`); a layer's KV cache lives with it, and ggml's scheduler moves the
+weights (:func:`pyggml.models.common.layer_owners`); a layer's KV cache lives with it, and ggml's scheduler moves the
 activations from one device to the next. Works with any devices.
 
 ``tensor`` (tensor parallelism): every layer is split over the devices by ggml's meta device
@@ -22,7 +22,7 @@ from pyggml.backends.meta import SplitState
 
 from .hparams import HParams
 
-__all__ = ["SPLIT_MODES", "parse_weights", "layer_owners", "TensorSplit"]
+__all__ = ["SPLIT_MODES", "parse_weights", "TensorSplit"]
 
 SPLIT_MODES = ("layer", "tensor")
 
@@ -40,16 +40,6 @@ def parse_weights(text: str | None, n: int) -> list[float]:
         raise ValueError(f"--tensor-split needs {n} non-negative weights (one per device) with a "
                          f"positive sum, got {text!r}")
     return w
-
-
-def layer_owners(n_layer: int, weights: Sequence[float]) -> list[int]:
-    """The device index of each layer: contiguous runs of layers, device ``j`` getting about
-    ``n_layer * weights[j] / sum(weights)`` of them (llama.cpp's layer split)."""
-    total, acc, bounds = sum(weights), 0.0, []
-    for w in weights:
-        acc += w
-        bounds.append(round(n_layer * acc / total))
-    return [next(j for j, b in enumerate(bounds) if il < b) for il in range(n_layer)]
 
 
 _LAYER = re.compile(r"blk\.\d+\.(.+)")
