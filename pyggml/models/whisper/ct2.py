@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .hparams import ModelError
+from ..common import ModelError
 
 __all__ = ["read_ct2"]
 

@@ -17,10 +17,9 @@ import numpy as np
 from pyggml import GGMLType
 from pyggml.types import quantize
 
-from llama_ggml.tokenizer import bytes_to_unicode
-
+from ..common import ModelError, bytes_to_unicode
 from .ct2 import read_ct2
-from .hparams import HParams, ModelError, expected_tensors
+from .hparams import HParams, expected_tensors
 from .loader import write_model
 
 __all__ = ["WTYPES", "default_model", "from_ct2", "from_hf", "mel_filters", "gpt2_bytes"]
@@ -60,8 +59,7 @@ def mel_filters(n_mels: int, sr: int = 16000, n_fft: int = 400) -> np.ndarray:
 
 
 def gpt2_bytes() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet: the character standing for each byte -> the byte (the
-    llama example's table, inverted)."""
+    """GPT-2's byte-level BPE alphabet: the character standing for each byte -> the byte."""
     return {c: b for b, c in bytes_to_unicode().items()}
 
 

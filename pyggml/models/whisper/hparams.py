@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..common import ModelError
+
 __all__ = ["HParams", "ModelError", "Specials", "expected_tensors"]
-
-
-class ModelError(ValueError):
-    """The model file is not a Whisper model this example can run (the message names the file
-    and says why)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +39,7 @@ class HParams:
         return self.n_vocab >= 51865
 
     def check(self, where: str) -> None:
-        """Raise :class:`ModelError` (naming ``where``) for sizes this example cannot run."""
+        """Raise :class:`ModelError` (naming ``where``) for sizes pyggml.models.whisper cannot run."""
         for f in self.FIELDS[:-1]:
             v = getattr(self, f)
             if not 0 < v < 1 << 20:

