@@ -20,12 +20,12 @@ from typing import Sequence
 
 from .backends.backend import Backend
 from .backends.cpu import CPUBackend
-from .backends.device import device_by_name
+from .backends.device import Device, device_by_name
 from .backends.graph_cache import GraphCache, GraphParts
 from .backends.weights import Weights, load_tensors
 from .impl import register_builtin
 
-__all__ = ["default_threads", "open_backend", "BackendSet", "GraphCache", "GraphParts", "Weights",
+__all__ = ["default_threads", "find_device", "open_backend", "BackendSet", "GraphCache", "GraphParts", "Weights",
            "load_tensors"]
 
 
@@ -38,6 +38,14 @@ def default_threads() -> int:
 
 def _is_cpu(name: str) -> bool:
     return name.lower() == "cpu"
+
+
+def find_device(name: str) -> Device:
+    """The ggml device ``name`` (see the module's docstring; a Python backend's is registered
+    first). Raises :class:`~pyggml.errors.BackendNotAvailableError` (a KeyError) naming the
+    devices there are, ImportError when a Python backend's dependency (torch) is missing."""
+    register_builtin(name)
+    return device_by_name(name)
 
 
 def open_backend(name: str, n_threads: int | None = None, *, interruptible: bool = True) -> Backend:
@@ -53,8 +61,7 @@ def open_backend(name: str, n_threads: int | None = None, *, interruptible: bool
     threads = n_threads or default_threads()
     if _is_cpu(name):
         return CPUBackend(n_threads=threads, interruptible=interruptible)
-    register_builtin(name)
-    backend = device_by_name(name).init()
+    backend = find_device(name).init()
     backend.set_n_threads(threads)
     return backend
 

@@ -23,6 +23,17 @@ PACKAGES = ["pyggml", "pyggml_build"]
 ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("pyggml_build.cmake", "cmake"): "the PyPI cmake package is only needed when cmake is not on PATH",
     ("pyggml.opt.loop", "tqdm"): "an optional progress bar, imported only when a bar is shown on a terminal",
+    # the models' optional dependencies (extras pyggml[bert], [llama], [whisper]): imported when a
+    # model needs them, so that a missing one is an ImportError naming the extra
+    ("pyggml.models.bert.model", "safetensors.numpy"): "optional: pyggml[bert]",
+    ("pyggml.models.bert.model", "tokenizers"): "optional: pyggml[bert]",
+    ("pyggml.models.llama.tokenizer", "tokenizers"): "optional: pyggml[llama]",
+    ("pyggml.models.llama.tokenizer", "jinja2"): "optional: pyggml[llama], only for chat templates",
+    ("pyggml.models.llama.tokenizer", "jinja2.ext"): "optional: pyggml[llama], only for chat templates",
+    ("pyggml.models.llama.tokenizer", "jinja2.sandbox"): "optional: pyggml[llama], only for chat templates",
+    ("pyggml.models.whisper.audio", "soundfile"): "optional: pyggml[whisper], only for audio files",
+    ("pyggml.models.whisper.audio", "soxr"): "optional: pyggml[whisper], only for audio files",
+    ("pyggml.models.whisper.convert", "safetensors.numpy"): "optional: only for Hugging Face conversions",
 }
 
 

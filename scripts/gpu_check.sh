@@ -126,7 +126,7 @@ run() {
     # (MiniLM's own CUDA test compares with the real model's reference: the accuracy step
     # compares these random weights with torch and the CPU instead)
     step "CUDA tests" env PYTHONPATH="$pkgs" python3 -m pytest -q -p no:cacheprovider \
-        tests/variants/test_variants.py tests/test_opt.py tests/examples/test_graph_replay.py \
+        tests/variants/test_variants.py tests/test_opt.py tests/models/test_graph_replay.py \
         -k "(cuda and not minilm_on_cuda) or gpu_devices or replay or hand_a_gpu"
     step "accuracy" env PYTHONPATH="$pkgs" python3 scripts/gpu_check.py accuracy CUDA0
     step "MiniLM vs torch CUDA" env PYTHONPATH="$pkgs" python3 benchmarks/bench_minilm.py --backend CUDA0 \

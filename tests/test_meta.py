@@ -1,5 +1,5 @@
 """pyggml.backends.meta: ggml's meta device (tensor parallelism) from Python, on the CPU device
-twice (the default build; over RPC devices in tests/examples/test_distributed.py). References
+twice (the default build; over RPC devices in tests/models/test_distributed.py). References
 are NumPy's."""
 from __future__ import annotations
 
@@ -267,7 +267,7 @@ def test_without_the_check_ggml_aborts(case):
 
 
 def _llama_graph(ctx, w, kc, vc, T, K, hp, ln):
-    """examples/llama_ggml/model.py::_layer with flash attention (as tensor split runs it), the
+    """pyggml.models.llama.model.LlamaModel._layer with flash attention (as tensor split runs it), the
     embedding before and the output after, plus scale/soft_max/silu/cont/cpy on the logits."""
     import math
     D, H, Hkv, E = hp.head_dim, hp.n_head, hp.n_head_kv, hp.n_embd
@@ -312,14 +312,12 @@ def _llama_graph(ctx, w, kc, vc, T, K, hp, ln):
 @pytest.mark.parametrize("weights", [None, [3, 1]])
 @pytest.mark.parametrize("last_only", [False, True])
 def test_llama_block_in_tensor_split_passes_the_check_and_matches_the_cpu(weights, last_only):
-    """A llama block as examples/llama_ggml builds it in tensor-split mode (flash attention,
-    examples/llama_ggml/split.py's TensorSplit policy) on the CPU twice: the check passes and
+    """A llama block as pyggml.models.llama builds it in tensor-split mode (flash attention,
+    pyggml.models.llama.split's TensorSplit policy) on the CPU twice: the check passes and
     the logits, the block's output and the KV cache are the CPU backend's."""
     import types
 
-    from conftest import load_example
-    load_example("llama")  # puts examples/ first on sys.path, as the example does for itself
-    from llama_ggml.split import TensorSplit
+    from pyggml.models.llama.split import TensorSplit
     hp = types.SimpleNamespace(head_dim=16, n_head=4, n_head_kv=2, n_ff=256, n_embd=64)
     E, F, D, H, Hkv, V, C, T, K = 64, 256, 16, 4, 2, 48, 32, 5, 32
     shapes = {"token_embd.weight": [E, V], "blk.0.attn_norm.weight": [E],

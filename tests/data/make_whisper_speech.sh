@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Synthetic speech for tests/examples/test_whisper.py (English; de/: German, for the multilingual model): espeak-ng (Debian's espeak-ng)
+# Synthetic speech for tests/models/test_whisper.py (English; de/: German, for the multilingual model): espeak-ng (Debian's espeak-ng)
 # speaks each sentence, sox resamples it to 16 kHz mono 16-bit WAV (espeak-ng writes 22,050 Hz).
 #   apt-get install espeak-ng sox && bash tests/data/make_whisper_speech.sh
 set -euo pipefail

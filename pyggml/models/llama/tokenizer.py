@@ -11,6 +11,7 @@ No BPE is written by hand here: the ``tokenizers`` library does the merging.
 from __future__ import annotations
 
 import functools
+import json
 from datetime import datetime
 from typing import Any, Sequence
 
@@ -170,8 +171,6 @@ class ChatTemplate:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError as e:
             raise ImportError("--chat renders the GGUF chat template with jinja2: pip install jinja2") from e
-        import json
-
         def raise_exception(message: str) -> None:
             raise jinja2.exceptions.TemplateError(message)
 

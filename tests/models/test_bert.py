@@ -1,5 +1,5 @@
-"""examples/minilm.py against sentence-transformers (torch) embeddings made by
-tests/data/make_minilm_reference.py."""
+"""pyggml.models.bert and its command line (examples/minilm.py, pyggml-embed): all-MiniLM-L6-v2
+against sentence-transformers (torch) embeddings made by tests/data/make_minilm_reference.py."""
 from __future__ import annotations
 
 import subprocess
@@ -7,10 +7,13 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_example
+from conftest import ROOT
 
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
+
+from pyggml.models import bert as minilm  # noqa: E402
+from pyggml.models.bert import model as bert_model  # noqa: E402
 
 REFERENCE = ROOT / "tests" / "data" / "minilm_reference.npz"
 EXAMPLE = ROOT / "examples" / "minilm.py"
@@ -24,8 +27,7 @@ def reference():
 
 @pytest.fixture(scope="module")
 def model(minilm_dir):
-    minilm = load_example("minilm")
-    with minilm.MiniLM(minilm_dir, n_threads=2) as m:
+    with minilm.Embedder(minilm_dir, n_threads=2) as m:
         yield m
 
 
@@ -43,7 +45,7 @@ def test_reference_covers_what_the_issue_asks(reference):
 @pytest.mark.parametrize("batch_size", [1, 5, 64])
 def test_embeddings_match_sentence_transformers(model, reference, batch_size):
     sentences, expected, _ = reference
-    got = model.embed(sentences, batch_size=batch_size)
+    got = model.encode(sentences, batch_size=batch_size)
     assert got.dtype == np.float32 and got.shape == expected.shape
     cos = _cosine(got, expected)
     worst = int(np.argmin(cos))
@@ -59,35 +61,32 @@ WTYPE_COSINE = {"f32": 0.9999, "f16": 0.9999, "bf16": 0.9999, "q8_0": 0.998}
 @pytest.mark.parametrize("wtype", sorted(WTYPE_COSINE))
 def test_each_weight_type_keeps_its_cosine(reference, minilm_dir, wtype):
     """--type: the linear layers' weights converted by ggml at load (the rest stays F32)."""
-    minilm = load_example("minilm")
     sentences, expected, _ = reference
-    with minilm.MiniLM(minilm_dir, n_threads=2, wtype=wtype) as m:
+    with minilm.Embedder(minilm_dir, n_threads=2, wtype=wtype) as m:
         assert m.w["encoder.layer.0.attention.self.qkv.weight"].type_name == wtype
         assert m.w["embeddings.word_embeddings.weight"].type_name == "f32"
-        cos = _cosine(m.embed(sentences, batch_size=64), expected)
+        cos = _cosine(m.encode(sentences, batch_size=64), expected)
     assert cos.min() >= WTYPE_COSINE[wtype], f"{sentences[int(np.argmin(cos))]!r}: cosine {cos.min()}"
 
 
 def test_the_default_weight_type_follows_the_cpu(minilm_dir):
-    minilm = load_example("minilm")
     pyggml = pytest.importorskip("pyggml")
     bf16 = bool(pyggml.lib.ggml_cpu_has_avx512_bf16())
     assert minilm.default_wtype("cpu") == ("bf16" if bf16 else "f32")
     assert minilm.default_wtype("numpy") == minilm.default_wtype("cpu", ["RPC0"]) == "f32"
     with pytest.raises(ValueError, match="wtype"):
-        minilm.MiniLM(minilm_dir, wtype="q4_k")
+        minilm.Embedder(minilm_dir, wtype="q4_k")
 
 
 def test_attention_without_flash_attn_matches_too(model, reference, minilm_dir):
     """The CPU computes attention as one ggml_flash_attn_ext node by default; the other form
     (mul_mat, soft_max, mul_mat: for devices without a flash-attention kernel for 32-value
     heads) gives the same embeddings, packed and alone."""
-    minilm = load_example("minilm")
     sentences, expected, _ = reference
     assert model.flash_attn
-    with minilm.MiniLM(minilm_dir, n_threads=2, flash_attn=False) as m:
+    with minilm.Embedder(minilm_dir, n_threads=2, flash_attn=False) as m:
         for batch_size in (1, 64):
-            got = m.embed(sentences, batch_size=batch_size)
+            got = m.encode(sentences, batch_size=batch_size)
             assert _cosine(got, expected).min() >= 0.9999
         ops = {n.op_name for key in ((16, 1, 16), (16, 5, 48)) for n in m.graphs.get(key).graph.nodes}
     assert "SOFT_MAX" in ops and "FLASH_ATTN_EXT" not in ops
@@ -97,14 +96,13 @@ def test_packed_token_counts_are_bucketed_and_mixed_lengths_match(model, referen
     """Tokens are packed (no compute on padding in the linear layers): the graph key holds the
     total token count, bucketed to a multiple of PAD_TO within ~3 % of the real count, and
     batches mixing the longest sentence with short ones still match the reference."""
-    minilm = load_example("minilm")
     for n in [1, 7, 8, 9, 63, 64, 65, 300, 787, 1000, 4097, 16384, 16385]:
-        b = minilm._bucket(n)
-        assert b >= n and b % minilm.PAD_TO == 0 and b <= max(n * 1.04, n + minilm.PAD_TO), (n, b)
+        b = bert_model._bucket(n)
+        assert b >= n and b % bert_model.PAD_TO == 0 and b <= max(n * 1.04, n + bert_model.PAD_TO), (n, b)
     sentences, expected, n_tokens = reference
     longest = int(np.argmax(n_tokens))
     idx = [longest, 0, 3, longest - 1, 1]
-    emb = model.embed([sentences[i] for i in idx], batch_size=5)
+    emb = model.encode([sentences[i] for i in idx], batch_size=5)
     assert _cosine(emb, expected[idx]).min() >= 0.9999
 
 
@@ -135,10 +133,9 @@ def test_cli_rejects_bad_threads(minilm_dir):
 
 def test_minilm_through_the_scheduler_with_the_numpy_backend(reference, minilm_dir):
     """[NumPy backend, CPU] under ggml's scheduler: same embeddings."""
-    minilm = load_example("minilm")
     sentences, expected, _ = reference
-    with minilm.MiniLM(minilm_dir, n_threads=2, backend="numpy") as m:
-        got = m.embed(sentences, batch_size=8)
+    with minilm.Embedder(minilm_dir, n_threads=2, backend="numpy") as m:
+        got = m.encode(sentences, batch_size=8)
         assert m.n_splits >= 1
         fa = [n for n in m.graphs.get((16, 1, 16)).graph.nodes if n.op_name == "FLASH_ATTN_EXT"]
         # the NumPy backend has no FLASH_ATTN_EXT; its buffers are host memory, so the CPU
@@ -183,10 +180,10 @@ def test_cli_skips_blank_lines(tmp_path, reference, minilm_dir):
     assert _cosine(np.load(tmp_path / "e.npy"), expected[[3, 0]]).min() >= 0.9999
 
 
-def test_without_the_examples_extra_the_message_says_what_to_install(tmp_path, minilm_dir):
+def test_without_the_bert_extra_the_message_says_what_to_install(tmp_path, minilm_dir):
     """safetensors hidden from the import system: the error names the extra to install."""
     (tmp_path / "safetensors").mkdir()
     (tmp_path / "safetensors" / "__init__.py").write_text("raise ImportError('hidden', name='safetensors')\n")
     env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}:{ROOT}")
     r = _cli("x", "--model-dir", minilm_dir, env=env)
-    assert r.returncode == 1 and "pip install 'pyggml[examples]'" in r.stderr, r.stderr
+    assert r.returncode == 1 and "pip install 'pyggml[bert]'" in r.stderr, r.stderr
