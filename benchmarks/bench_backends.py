@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MiniLM (examples/minilm.py) on each device of this build, against the CPU backend alone,
+"""MiniLM (pyggml.models.bert) on each device of this build, against the CPU backend alone,
 side by side: what a device costs or gains end to end (weights on the device, the scheduler
 placing nodes, transfers, and for RPC the loopback protocol).
 
@@ -13,7 +13,6 @@ child process serving the CPU (needs a build with ``rpc``). For Mesa's lavapipe 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 from _timing import median_seconds
@@ -29,9 +28,9 @@ def _rate(fn, repeat: int) -> float:
 
 
 def bench(minilm, model_dir: Path, device: str, threads: int, repeat: int) -> dict[int, float]:
-    with minilm.MiniLM(model_dir, n_threads=threads, backend=device) as m:
-        return {1: _rate(lambda: [m.embed([s]) for s in SENTENCES], repeat),
-                32: _rate(lambda: m.embed(SENTENCES, batch_size=32), repeat)}
+    with minilm.Embedder(model_dir, n_threads=threads, backend=device) as m:
+        return {1: _rate(lambda: [m.encode([s]) for s in SENTENCES], repeat),
+                32: _rate(lambda: m.encode(SENTENCES, batch_size=32), repeat)}
 
 
 def main() -> None:
@@ -45,9 +44,7 @@ def main() -> None:
     import pyggml
     from pyggml import dl
 
-    spec = importlib.util.spec_from_file_location("minilm", ROOT / "examples" / "minilm.py")
-    minilm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(minilm)
+    from pyggml.models import bert as minilm
     model_dir = a.model_dir or minilm.default_model_dir()
     server = None
     devices = a.device or [d.name for d in pyggml.devices() if d.type != "cpu"]

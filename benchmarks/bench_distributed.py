@@ -31,12 +31,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-
 import pyggml  # noqa: E402
 from pyggml import rpc  # noqa: E402
-from llama_ggml import Llama  # noqa: E402
-from llama_ggml.generate import default_model_path  # noqa: E402
+from pyggml.models.llama import Llama, default_model_path  # noqa: E402
 
 
 class CountingProxy:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""LLM speed: examples/llama.py (pyggml) against llama.cpp's own ``llama-bench`` on the same GGUF
+"""LLM speed: pyggml.models.llama (examples/llama.py) against llama.cpp's own ``llama-bench`` on the same GGUF
 file and thread count, side by side.
 
     scripts/build_llama_bench.sh                      # once: build/llama.cpp/build/bin/llama-bench
@@ -55,11 +55,7 @@ from _timing import median_seconds
 from bench_minilm import compute_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-
-from llama_ggml import Llama, Sampler, requantize  # noqa: E402
-from llama_ggml.generate import TextStream  # noqa: E402
-from llama_ggml.generate import default_model_path  # noqa: E402
+from pyggml.models.llama import Llama, Sampler, TextStream, default_model_path, requantize  # noqa: E402
 
 DEFAULT_LLAMA_BENCH = ROOT / "build" / "llama.cpp" / "build" / "bin" / "llama-bench"
 N = 64

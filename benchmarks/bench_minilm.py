@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MiniLM (all-MiniLM-L6-v2) sentence embeddings per second: pyggml (examples/minilm.py) against
+"""MiniLM (all-MiniLM-L6-v2) sentence embeddings per second: pyggml (pyggml.models.bert) against
 the same model on PyTorch CPU (sentence-transformers), same thread count, side by side.
 
     python benchmarks/bench_minilm.py [--threads 2] [--repeat 5]
@@ -24,7 +24,6 @@ median of ``--repeat`` runs. Nothing here is asserted.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 from pathlib import Path
@@ -62,7 +61,7 @@ def _runner(embed: Callable[[list[str], int], object], bs: int) -> Callable[[], 
 def outside_share(m: Any, bs: int, repeat: int) -> tuple[float, float]:
     """(share of a run's wall time spent outside ggml's graph compute call, those seconds per
     call of ``bs`` sentences): the medians of ``repeat`` runs after a warm-up."""
-    run = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
+    run = _runner(lambda s, b: m.encode(s, batch_size=b), bs)
     run()
     runs = []
     for _ in range(repeat):
@@ -150,15 +149,13 @@ def bench(model_dir: Path, threads: int, repeat: int, backend: str, batches: lis
     """{batch: {"ours", "ref" (sentences per second, medians), "ratio" (median of the rounds'
     ratios), "outside" (share of wall time outside ggml)}}; "ref" and "ratio" are None
     without torch. pyggml and torch run in turns (``_timing.paired_seconds``)."""
-    spec = importlib.util.spec_from_file_location("minilm", ROOT / "examples" / "minilm.py")
-    minilm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(minilm)
+    from pyggml.models import bert as minilm
     ref = torch_model(model_dir, threads, torch_device)
     out: dict[int, dict[str, float | None]] = {}
-    with minilm.MiniLM(model_dir, n_threads=threads, backend=backend, wtype=wtype) as m:
+    with minilm.Embedder(model_dir, n_threads=threads, backend=backend, wtype=wtype) as m:
         for bs in batches:
             outside, outside_s = outside_share(m, bs, repeat)
-            ours = _runner(lambda s, b: m.embed(s, batch_size=b), bs)
+            ours = _runner(lambda s, b: m.encode(s, batch_size=b), bs)
             if ref is None:
                 out[bs] = {"ours": len(SENTENCES) / median_seconds(ours, repeat), "ref": None,
                            "ratio": None, "outside": outside, "outside_s": outside_s}

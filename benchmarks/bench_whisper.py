@@ -30,11 +30,10 @@ import numpy as np
 from _timing import median_ratio, paired_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))   # pyggml_build's downloader (the pinned whisper.cpp sdist)
 
-from whisper_ggml import Whisper, default_model, load_audio, log_mel  # noqa: E402
-from whisper_ggml.audio import CHUNK, FRAMES  # noqa: E402
+from pyggml.models.whisper import Whisper, default_model, load_audio, log_mel  # noqa: E402
+from pyggml.models.whisper.audio import CHUNK, FRAMES  # noqa: E402
 
 SDIST = ("pywhispercpp", "pywhispercpp-1.5.1.tar.gz", "5df897e5dd9d9f16804fc937bd85b9f5880a0b29a55f8843585e0e03d76195e5")
 

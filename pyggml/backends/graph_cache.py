@@ -38,7 +38,7 @@ import functools
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar, cast
 
 import numpy as np
 
@@ -212,13 +212,16 @@ class CachedGraph:
         self._parts.close()
 
 
-def _one_at_a_time(fn: Callable[..., Any]) -> Callable[..., Any]:
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _one_at_a_time(fn: _F) -> _F:
     """A GraphCache method that holds the cache's lock (threads take turns)."""
     @functools.wraps(fn)
     def locked(self: "GraphCache", *args: Any, **kwargs: Any) -> Any:
         with self._lock:
             return fn(self, *args, **kwargs)
-    return locked
+    return cast(_F, locked)
 
 
 class GraphCache:

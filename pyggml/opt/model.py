@@ -13,13 +13,12 @@ from .. import types
 from ..backends.backend import Backend
 from ..core.context import Context
 from ..backends.cpu import CPUBackend
-from ..backends.device import device_by_name
 from ..enums import GGMLType
-from ..errors import BackendNotAvailableError
 from ..core.gguf import GGUFFile, GGUFWriter
 from ..core.graph import Graph
 from ..raw import lib
 from ..backends.sched import Scheduler
+from ..runtime import default_threads, open_backend
 from ..core.tensor import Tensor
 from .dataset import _as_rows, _resolve_type
 
@@ -30,17 +29,11 @@ __all__ = ["GRAPH_SIZE", "Model", "ModelGraph"]
 GRAPH_SIZE = lib.GGML_DEFAULT_GRAPH_SIZE
 
 
-def _default_threads() -> int:
-    """ggml's MNIST example: ``min(ncores, (ncores + 4) / 2)`` CPU threads."""
-    n = os.cpu_count() or 1
-    return max(1, min(n, (n + 4) // 2))
-
-
 def _resolve_backends(backend: Any, n_threads: int | None) -> tuple[list[Backend], list[Backend]]:
     """([primary, ..., CPU], the backends made here): a device name (``"CPU"``, ``"CUDA0"``,
-    ``"Vulkan0"``, ``"NUMPY"``...) or a Backend, then a CPU backend as the fallback ggml's
-    scheduler requires last; or a list of backends as given."""
-    nt = _default_threads() if n_threads is None else n_threads
+    ``"Vulkan0"``, ``"NUMPY"``...: :func:`pyggml.runtime.open_backend`) or a Backend, then a CPU
+    backend as the fallback ggml's scheduler requires last; or a list of backends as given."""
+    nt = default_threads() if n_threads is None else n_threads
     if backend is None:
         cpu = CPUBackend(n_threads=nt)
         return [cpu], [cpu]
@@ -51,15 +44,7 @@ def _resolve_backends(backend: Any, n_threads: int | None) -> tuple[list[Backend
         return out, []
     made = []
     if isinstance(backend, str):
-        try:
-            dev = device_by_name(backend)
-        except BackendNotAvailableError as e:
-            if backend.upper() != "NUMPY":
-                raise
-            # a backend of pyggml.impl (the layer above this one): the user registers it
-            raise BackendNotAvailableError(f"{e.args[0]} (register pyggml's NumPy backend first: "
-                                           "pyggml.impl.numpy.register())") from None
-        backend = dev.init()
+        backend = open_backend(backend, nt)
         made.append(backend)
     if not isinstance(backend, Backend):
         raise TypeError(f"backend must be a device name, a Backend or a list of them, not {type(backend).__name__}")

@@ -23,6 +23,7 @@ from ..backends.backend import Backend
 from ..backends.cpu import CPUBackend
 from ..backends.utils import from_dlpack
 from ..backends.graph_cache import GraphCache, GraphParts
+from ..backends.weights import Weights, load_tensors
 from ..core.context import Context
 from ..core.tensor import Tensor
 from .. import types
@@ -142,7 +143,7 @@ class LoweredGraph:
         self._aliased: set[int] = set()
         self._copied: list[int] = []
         self._aliased_ctx: Context | None = None
-        self._copied_ctx: Context | None = None
+        self._copied_w: Weights | None = None
         self._placed: tuple[int, ...] | None = None   # the weights' data pointers they were placed for
         self._alias_ok = isinstance(backend, CPUBackend)
         self._home = home
@@ -165,7 +166,7 @@ class LoweredGraph:
 
     def close(self) -> None:
         self.cache.close()
-        for c in [self._aliased_ctx, self._copied_ctx]:
+        for c in [self._aliased_ctx, self._copied_w]:
             if c is not None:
                 c.close()
 
@@ -194,15 +195,17 @@ class LoweredGraph:
                 if self._aliased_ctx is not None:
                     self._aliased_ctx.close()
             if self._placed is None or aliasable != self._aliased:   # a weight that changed kind
-                if self._copied_ctx is not None:
-                    self._copied_ctx.close()
+                if self._copied_w is not None:
+                    self._copied_w.close()
+                    self._copied_w = None
                 self._aliased, self._weight_seen = aliasable, {}
-                self._copied_ctx = Context.for_tensors(max(1, len(self._weights) - len(aliasable)))
-                for i in self._weights:
-                    if i not in aliasable:
-                        self._w[i] = self._copied_ctx.new_tensor(self._type(i), ne_of(shape_of(self.placeholders[i])))
-                if len(aliasable) < len(self._weights):
-                    self._copied_ctx.alloc_tensors(self._home).usage = "weights"
+                copied = [i for i in self._weights if i not in aliasable]
+                if copied:   # their values now, converted to the weight type by ggml
+                    self._copied_w = load_tensors({str(i): _array(args[i]) for i in copied}, self._home,
+                                                  type_of=lambda name, t: self._type(int(name)))
+                    for i in copied:
+                        self._w[i] = self._copied_w[str(i)]
+                        self._weight_seen[i] = (args[i].data_ptr(), args[i]._version)
             self._aliased_ctx = Context.for_tensors(max(1, len(aliasable)))
             for i in aliasable:
                 self._w[i] = from_dlpack(args[i].detach(), self._aliased_ctx)
@@ -256,7 +259,7 @@ class LoweredGraph:
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         self._place_weights(args)
-        feed = {f"in{i}": _array(a) for i, a in enumerate(args) if i not in self._w}
+        feed: dict[str, Any] = {f"in{i}": _array(a) for i, a in enumerate(args) if i not in self._w}
         key = tuple(tuple(int(d) for d in args[i].shape) for i in range(len(args)) if i not in self._w)
         # an output written in a weight's own memory is that torch tensor: nothing to read back
         same = {j: args[i] for j, i in self._in_place.items() if i in self._aliased}

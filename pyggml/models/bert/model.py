@@ -294,11 +294,11 @@ class Embedder:
         self.close()
 
     # ---------------------------------------------------------------------------------------
-    def _linear(self, ctx: Any, x: Tensor, prefix: str) -> Tensor:
+    def _linear(self, ctx: Context, x: Tensor, prefix: str) -> Tensor:
         """x @ W.T + b: W has ne [in, out], x ne [in, N] -> [out, N]."""
         return ctx.mul_mat(self.w[prefix + ".weight"], x) + self.w[prefix + ".bias"]
 
-    def _layer_norm(self, ctx: Any, x: Tensor, prefix: str) -> Tensor:
+    def _layer_norm(self, ctx: Context, x: Tensor, prefix: str) -> Tensor:
         return ctx.norm(x, self.config.eps) * self.w[prefix + ".weight"] + self.w[prefix + ".bias"]
 
     def _build(self, g: GraphParts, T: int, B: int, N: int) -> dict[str, Tensor]:
@@ -396,7 +396,7 @@ class Embedder:
         self.graphs.compute(key, [])
         if self.graphs.scheduler is not None:
             self.n_splits = self.graphs.scheduler.n_splits  # 1 on the CPU alone
-        return self.graphs.get(key).arrays["out"].reshape(B, self.hidden).copy()
+        return np.array(self.graphs.get(key).arrays["out"].reshape(B, self.hidden))
 
     def _packed(self, ids: np.ndarray, mask: np.ndarray, T: int, cls: bool) -> tuple[int, int, int]:
         """The inputs of B > 1 sentences padded to T, written into their graph's: its key."""

@@ -27,7 +27,7 @@ from pyggml import Context, GGMLType, Graph, Tensor
 from pyggml.backends.device import Device
 from pyggml.backends.meta import meta_device
 from pyggml.core.gguf import GGUFFile
-from pyggml.runtime import BackendSet, GraphCache, GraphParts, find_device, load_tensors, open_backend
+from pyggml.runtime import BackendSet, GraphCache, GraphParts, find_device, load_tensors
 
 from ..common import layer_owners
 from .hparams import HParams, check_tensors
@@ -157,7 +157,7 @@ class LlamaModel:
             bs = self._stack.enter_context(BackendSet(devices, n_threads, interruptible=interruptible))
             self.cpu, self.homes, self.backends = bs.cpu, bs.homes, bs.backends
             return
-        self.cpu = self._stack.enter_context(open_backend("cpu", n_threads, interruptible=interruptible))
+        self.cpu = self._stack.enter_context(BackendSet(["cpu"], n_threads, interruptible=interruptible)).cpu
         devs = [Device.of(self.cpu) if d.lower() == "cpu" else find_device(d) for d in devices]
         meta = _meta_device(devs, TensorSplit(self.hp, len(devs), weights))
         self.homes = [self._stack.enter_context(meta.init())]
@@ -324,7 +324,7 @@ class LlamaModel:
         the cache holds (``n_ctx``); nothing is computed then.
         """
         if len(ids) == 1 and not all_logits and isinstance(ids[0], (int, np.integer)):  # a decode step
-            return self.step(int(ids[0])).copy()
+            return np.array(self.step(int(ids[0])))
         a = np.asarray(ids, dtype=np.int64).reshape(-1)
         if a.size == 0:
             raise ValueError("no tokens to evaluate")
@@ -376,7 +376,7 @@ class LlamaModel:
     def _eval_batch(self, ids: np.ndarray, all_logits: bool) -> np.ndarray:
         T = ids.size
         if T == 1 and not all_logits:
-            return self._decode(int(ids[0]))[None].copy()
+            return np.array(self._decode(int(ids[0]))[None])
         p0 = self.n_past
         K = self.n_kv_for(p0 + T)
         key = (T, K, all_logits)

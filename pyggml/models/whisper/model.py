@@ -264,4 +264,4 @@ class WhisperModel:
         read[:, n:] = cel[:, :1]                    # padding: masked
         a["mask"].reshape(B, T, K)[:] = np.where(np.arange(K)[None, None, :] <= positions[None, :, None], 0.0, -np.inf)
         self.graphs.compute(key, [])
-        return a["logits"].reshape(B, hp.n_vocab).copy()
+        return np.array(a["logits"].reshape(B, hp.n_vocab))
