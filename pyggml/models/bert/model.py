@@ -112,7 +112,7 @@ class BertConfig:
         st = folder / "sentence_bert_config.json"
         if st.is_file():
             max_len = min(max_len, int(read(st).get("max_seq_length") or max_len))
-        pooling, normalize = "mean", True
+        pooling, normalize = "mean", False   # sentence-transformers' choice for a plain Hugging Face folder
         modules = folder / "modules.json"
         if modules.is_file():
             mods = read(modules)

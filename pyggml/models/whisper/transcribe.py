@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .audio import CHUNK, FRAMES, HOP, SAMPLE_RATE, load_audio, log_mel
+from .convert import default_model
 from .decode import DecodeOptions, WindowResult, decode_window, detect_language
 from .loader import WhisperFile
 from .model import WhisperModel
@@ -57,13 +58,15 @@ class Transcription:
 
 
 class Whisper:
-    """A whisper.cpp model file (``model``: a path) on a ggml device (``backend``, ``n_threads``,
-    ``flash_attn``, ``repack`` as :class:`~.model.WhisperModel` takes them). Raises
-    :class:`~.hparams.ModelError` for a file it cannot run."""
+    """A whisper.cpp model file (``model``: a path; default :func:`~.convert.default_model`,
+    tiny.en) on a ggml device (``backend``, ``n_threads``, ``flash_attn``, ``repack`` as
+    :class:`~.model.WhisperModel` takes them). Raises :class:`~pyggml.models.common.ModelError`
+    for a file it cannot run, FileNotFoundError for a missing one (or, without ``model``, a
+    missing default model, with the pip command)."""
 
-    def __init__(self, model: str | Path, *, backend: str = "cpu", n_threads: int | None = None,
+    def __init__(self, model: str | Path | None = None, *, backend: str = "cpu", n_threads: int | None = None,
                  flash_attn: bool = True, repack: bool = True):
-        self.file = WhisperFile(model)
+        self.file = WhisperFile(model if model is not None else default_model())
         self.tok = WhisperTokenizer(self.file.vocab, self.file.hparams)
         self.model = WhisperModel(self.file, backend=backend, n_threads=n_threads, flash_attn=flash_attn,
                                   repack=repack)
