@@ -1,7 +1,7 @@
 """What a model runs on, in one place: backends opened by device name (:func:`open_backend`,
 :class:`BackendSet`), and, re-exported from :mod:`pyggml.backends`, the graphs built once per
 shape (:class:`~pyggml.backends.graph_cache.GraphCache`) and weights loaded into backend
-buffers (:func:`~pyggml.backends.weights.load_tensors`).
+buffers (:func:`~pyggml.backends.weights.load_tensors`)::
 
     with BackendSet(["CUDA0"], n_threads=4) as bs, \\
             load_tensors(gguf, bs.homes[0]) as w, \\
@@ -89,6 +89,7 @@ class BackendSet:
             raise ValueError(f"devices must be distinct, the CPU at most first: {names}")
         self._stack = contextlib.ExitStack()
         try:
+            #: the CPU backend (``n_threads`` threads), last in :attr:`backends`
             self.cpu = self._stack.enter_context(_cpu(n_threads, interruptible))
             #: one backend per device name, in order
             self.homes: list[Backend] = [self.cpu if _is_cpu(n) else self._stack.enter_context(

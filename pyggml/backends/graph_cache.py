@@ -122,7 +122,7 @@ class GraphParts:
 
     def output(self, tensor: Tensor, name: str) -> Tensor:
         """Copy ``tensor`` (a node of this graph) into a new tensor of the same type and ``ne``
-        named ``name`` (``ggml_cpy``, computed with the graph), in memory of its own next to the
+        (its trailing 1s dropped: ne [8, 1] gives a NumPy view of shape (8,)) named ``name`` (``ggml_cpy``, computed with the graph), in memory of its own next to the
         inputs: ``arrays[name]`` is a zero-copy NumPy view of it (NumPy order, ne reversed)
         where that memory is the host's, holding the last compute's values (a copy is yours to
         keep); :meth:`GraphCache.compute` reads it by name as any output. Returns the new

@@ -70,11 +70,11 @@ class Model:
     per :class:`OptContext`) calls :meth:`forward` again, on its own inputs tensor.
 
     ``backend``: None (the CPU), a device name (``"CPU"``, ``"CUDA0"``, ``"Vulkan0"``,
-    ``"NUMPY"`` for pyggml's NumPy backend once ``pyggml.impl.numpy.register()`` has registered
-    it...), a :class:`Backend`, or a list of backends for the
+    ``"NUMPY"`` and ``"TORCH0"`` for pyggml's Python backends, registered on first use...), a
+    :class:`Backend`, or a list of backends for the
     scheduler (the last one a CPU backend). A single non-CPU backend gets a CPU backend added
-    after it, for the ops it does not support. ``n_threads``: CPU threads (default: as ggml's
-    MNIST example, ``min(ncores, (ncores + 4) // 2)``). ``max_params``: capacity of the
+    after it, for the ops it does not support. ``n_threads``: CPU threads (default: the cores
+    this process may use, :func:`pyggml.runtime.default_threads`). ``max_params``: capacity of the
     parameter context, in tensors.
 
     Raises :class:`~pyggml.errors.BackendNotAvailableError` for an unknown device name.

@@ -6,7 +6,7 @@ pyggml.models.llama``, ``examples/llama.py``): run a llama-architecture LLM from
     pyggml-llama --prompt-file P.txt -n 16 --greedy --dump out.json
     pyggml-llama --backend numpy "Hello" -n 8               # NumPy backend + CPU, scheduled
     pyggml-llama --model other-llama.gguf --flash-attn --threads 4 "Once upon a time"
-    pyggml-llama --rpc 10.0.0.2:50052 --rpc 10.0.0.3:50052 --devices RPC0,RPC1 \
+    pyggml-llama --rpc 10.0.0.2:50052 --rpc 10.0.0.3:50052 --devices RPC0,RPC1 \\
         --split tensor "Hello"                               # one model, two machines
 
 Everything comes from the GGUF file: the ``llama.*`` hyperparameters, the weights (loaded into

@@ -3,7 +3,7 @@ and a tensor table (whose bytes :func:`pyggml.runtime.load_tensors` loads into b
 buffers); and written (by :mod:`.convert`).
 
 Layout (little-endian, no padding): u32 magic ``0x67676d6c``; eleven i32 hyperparameters
-(:class:`~.hparams.HParams`); the mel filters, i32 n_mel, i32 n_fft and n_mel x n_fft f32; the
+(:class:`~pyggml.models.whisper.hparams.HParams`); the mel filters, i32 n_mel, i32 n_fft and n_mel x n_fft f32; the
 vocabulary, i32 count and per token an u32 length and its bytes; then until the end, per tensor:
 i32 n_dims, i32 name length, i32 ggml type, i32 ne[n_dims] (ggml order), the name and the data.
 """
@@ -24,6 +24,7 @@ from .hparams import HParams, expected_tensors
 
 __all__ = ["MAGIC", "TensorInfo", "WhisperFile", "write_model"]
 
+#: the file's first four bytes, little-endian ("ggml")
 MAGIC = 0x67676D6C
 
 
@@ -121,7 +122,7 @@ class WhisperFile:
 def write_model(path: str | Path, hp: HParams, mel_filters: np.ndarray, vocab: Sequence[bytes],
                 tensors: Mapping[str, tuple[GGMLType, np.ndarray]]) -> None:
     """Write a whisper.cpp model file: ``tensors`` maps each name of
-    :func:`~.hparams.expected_tensors` to (ggml type, its data as stored: uint8 bytes of a
+    :func:`~pyggml.models.whisper.hparams.expected_tensors` to (ggml type, its data as stored: uint8 bytes of a
     quantized type, else an array of that type, NumPy shape ne reversed)."""
     hp.check(str(path))
     expected = expected_tensors(hp)
