@@ -267,12 +267,14 @@ class Placer:
     def _track_buffers(self, graph: "Graph") -> None:
         """Record the buffers ggml allocated for this placer that ``graph``'s tensors are in."""
         bufts = set(self._buffer_types())
-        outs = [t._ptr.buffer for t in graph._keep if isinstance(t, Tensor) and t._ptr.buffer != ffi.NULL]
+        outs = {t._ptr.buffer for t in graph._keep if isinstance(t, Tensor) and t._ptr.buffer != ffi.NULL}
         if run_of(graph).sources is not None:
             # split by a scheduler: nodes that read an input may read the split's copy of it
-            # now, and no node the input itself: its buffer is found among the leafs
-            outs += [p.buffer for p in graph.root_leafs() if p.buffer != ffi.NULL]
-        for buf in buffer.graph_buffers(graph.ptr) + outs:  # outputs: leafs read by no node too
+            # now, and no node the input itself: its buffer is found among the leafs (each
+            # buffer once: the weights' leafs share a few)
+            outs.update(p.buffer for p in graph.root_leafs() if p.buffer != ffi.NULL)
+        found = buffer.graph_buffers(graph.ptr)
+        for buf in found + [b for b in outs if b not in found]:  # outputs: leafs read by no node too
             if buffer.lookup(buf) is not None:
                 continue  # a buffer pyggml knows already (weights, inputs, ours)
             if lib.ggml_backend_buffer_get_usage(buf) == _COMPUTE and (

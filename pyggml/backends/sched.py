@@ -119,6 +119,12 @@ class Scheduler(_cobject.CObject, Placer):
         # meta backends: the graphs whose split they passed (meta_check), with what it depended on
         self._metas = {b._ptr for b in backends if lib.ggml_backend_is_meta(b.ptr)}
         self._meta_checked: weakref.WeakKeyDictionary[Graph, Any] = weakref.WeakKeyDictionary()
+        # the graphs this scheduler checked: (their check, what the kernel-table check of its
+        # split depended on, or None). Placing another graph undoes a graph's split and drops
+        # its check; placing it again, unchanged (its version, node count, contexts and
+        # buffers: Checked.still_valid), the same check and the same split's verdict hold: a
+        # cache of graphs that share this scheduler re-checks none of them when keys alternate
+        self._checked: weakref.WeakKeyDictionary[Graph, tuple[Checked, Any]] = weakref.WeakKeyDictionary()
         self._init_placer()
 
     def _free(self, ptr: Any) -> None:
@@ -181,8 +187,13 @@ class Scheduler(_cobject.CObject, Placer):
         seen = threads.changes
         g = graph.ptr
         n_nodes = lib.ggml_graph_n_nodes(g)
-        state = run_of(graph).checks.get(self._ptr)
+        run = run_of(graph)
+        state = run.checks.get(self._ptr)
         if state is not None and state.by is self and state.still_valid(graph, n_nodes, seen):
+            return g
+        memo = self._checked.get(graph)
+        if state is None and memo is not None and memo[0].still_valid(graph, n_nodes, seen):
+            run.checks[self._ptr] = memo[0]   # this scheduler's own check, of this graph unchanged
             return g
         # holding the scheduler, its backends, the graph and its contexts: no close or reset
         with graph._holding(self, *self._backends):
@@ -239,8 +250,9 @@ class Scheduler(_cobject.CObject, Placer):
                 rec = buffer.check_tensor_memory(p, functools.partial(buffer.label, p))
                 if rec is not None:
                     records.append(rec)
-        run.checks[self._ptr] = Checked(graph, self, n_nodes, records, contexts,
-                                        buffer.IndexCheck.of(nodes, saved), placed=False)
+        run.checks[self._ptr] = state = Checked(graph, self, n_nodes, records, contexts,
+                                                buffer.IndexCheck.of(nodes, saved), placed=False)
+        self._checked[graph] = (state, None)
         return g
 
     def _take(self, graph: Graph) -> Any:
@@ -363,7 +375,14 @@ class Scheduler(_cobject.CObject, Placer):
             self._io_plan = io
             self._placed(graph)
         try:
-            self._check_kernels(graph)
+            # the split depends on the graph (its check), the pins and the backends: unchanged,
+            # the verdict of its kernel-table check holds
+            memo = self._checked.get(graph)
+            key = (frozenset((p, b._ptr) for p, (_, b) in self._pins.items()),)
+            if state is None or memo is None or memo[0] is not state or memo[1] != key:
+                self._check_kernels(graph)
+                if state is not None and memo is not None and memo[0] is state:
+                    self._checked[graph] = (state, key)
         except ValueError:
             # nothing of the refused split stays: its tensors are not left placed in memory
             # this scheduler now regards as free (they would stay there, as ggml keeps a

@@ -33,8 +33,10 @@ __all__ = ["BertConfig", "Embedder", "WTYPES", "default_model_dir", "default_wty
 
 #: weight types of the linear layers (``wtype``); "auto": :func:`default_wtype`
 WTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16, "q8_0": GGMLType.Q8_0}
-GRAPH_SIZE = 2048
-PAD_TO = 8            # token counts are padded to a multiple of this: one cached graph per bucket
+PAD_TO = 8            # a batch's token counts are padded to a multiple of this: one graph per bucket
+#: graphs kept: one sentence alone has a graph of its exact length (no padding), batches one per
+#: bucket; with one scheduler for all of them a graph costs its tensors' headers, not a buffer
+MAX_GRAPHS = 96
 #: the safetensors name prefixes of checkpoints saved from a task model (BertForMaskedLM...)
 _PREFIXES = ("bert.", "roberta.", "model.")
 
@@ -194,6 +196,7 @@ class Embedder:
         self.tokenizer.no_padding()
         weights = self._read_weights(load_file(str(folder / "model.safetensors")), folder)
 
+        self._positions = np.arange(cfg.position_offset, cfg.position_offset + cfg.max_seq_length, dtype=np.int32)
         self._stack = contextlib.ExitStack()
         try:
             bs = self._stack.enter_context(BackendSet(names, n_threads))
@@ -224,13 +227,12 @@ class Embedder:
                     self.weight_buffers[buft] = self.weight_buffers.get(buft, 0) + n
             # one graph per (padded length, batch size, packed tokens), built once and computed
             # again with new inputs; one scheduler places them all
-            self.graphs = self._stack.enter_context(GraphCache(self._build, backends=bs.backends,
-                                                               graph_size=GRAPH_SIZE, max_graphs=16))
+            self.graphs = self._stack.enter_context(GraphCache(
+                self._build, backends=bs.backends, graph_size=32 * cfg.n_layers + 64, max_graphs=MAX_GRAPHS))
         except BaseException:
             self._stack.close()
             raise
         self.n_splits = 0
-        self._positions = np.arange(cfg.position_offset, cfg.position_offset + cfg.max_seq_length, dtype=np.int32)
 
     def _read_weights(self, tensors: dict[str, np.ndarray], folder: Path) -> dict[str, np.ndarray]:
         """The float32 tensors the graph reads, named as BertModel names them (a task model's
@@ -309,18 +311,24 @@ class Embedder:
         other ([H, N]), not on B sentences padded to T ([H, T*B]): a batch of uneven sentences
         pays no compute for padding there. Only attention, which mixes the tokens of a sentence,
         gathers them into padded [hd, T, nh, B] form (``gather``) and back (``scatter``). One
-        sentence (B = 1) is both packed and padded (N = T): no gather, no scatter."""
+        sentence (B = 1) is its own length (N = T, the graph made for it): no padding, so no
+        gather, scatter or mask, and its positions and pooling weights are constants."""
         ctx, cfg = g.ctx, self.config
         H, nh = cfg.hidden, cfg.n_heads
         hd = H // nh
         tokens = g.input(GGMLType.I32, [N], "tokens")                           # [N] packed
-        positions = g.input(GGMLType.I32, [N], "positions")                     # [N] in its sentence
-        gather = scatter = None
+        gather = scatter = kq_mask = None
         if B > 1:
+            positions = g.input(GGMLType.I32, [N], "positions")                 # [N] in its sentence
             gather = g.input(GGMLType.I32, [T * B], "gather")                   # padded -> packed row
             scatter = g.input(GGMLType.I32, [N], "scatter")                     # packed -> padded row
-        kq_mask = g.input(self._mask_type, [T, T, 1, B], "kq_mask")             # [T_k, T_q, 1, B]
-        pool = g.input(GGMLType.F32, [N, B], "pool")                            # 1/n_tokens, CLS 1, or 0
+            kq_mask = g.input(self._mask_type, [T, T, 1, B], "kq_mask")         # [T_k, T_q, 1, B]
+            pool = g.input(GGMLType.F32, [N, B], "pool")                        # 1/n_tokens, CLS 1, or 0
+        else:
+            positions = g.constant(self._positions[:N])
+            weights = np.zeros((1, N), np.float32)                              # NumPy order of [N, 1]
+            weights[0, :1 if cfg.pooling == "cls" else N] = 1.0 if cfg.pooling == "cls" else 1.0 / N
+            pool = g.constant(weights)
 
         x = ctx.get_rows(self.w["embeddings.word_embeddings.weight"], tokens)             # [H, N]
         x = x + ctx.get_rows(self.w["embeddings.position_embeddings.weight"], positions)
@@ -373,26 +381,13 @@ class Embedder:
         share a graph; the mask hides padded keys, and packed rows past the real tokens are
         computed but never read."""
         B, T0 = ids.shape
-        T = min(-(-T0 // PAD_TO) * PAD_TO, max(T0, self.config.max_seq_length))
-        cls = self.config.pooling == "cls"
-        if B == 1:  # the latency case, in fewer NumPy calls: N == T, no gather or scatter
+        if B == 1:  # the latency case: the sentence's own graph, only its tokens to write
             n = int(mask.sum())
-            key = (T, 1, T)
-            a = self.graphs.get(key).arrays
-            a["tokens"][:n] = ids[0, :n]
-            a["tokens"][n:] = 0
-            a["positions"][:] = self._positions[:T]
-            pool = a["pool"]
-            pool[:] = 0.0
-            if cls:
-                pool[0, 0] = 1.0
-            else:
-                pool[0, :n] = 1.0 / n
-            bias = a["kq_mask"]
-            bias[..., :n] = 0.0
-            bias[..., n:] = -np.inf
+            key = (n, 1, n)
+            self.graphs.get(key).arrays["tokens"][:] = ids[0, :n]
         else:
-            key = self._packed(ids, mask, T, cls)
+            T = min(-(-T0 // PAD_TO) * PAD_TO, max(T0, self.config.max_seq_length))
+            key = self._packed(ids, mask, T, self.config.pooling == "cls")
         self.graphs.compute(key, [])
         if self.graphs.scheduler is not None:
             self.n_splits = self.graphs.scheduler.n_splits  # 1 on the CPU alone
