@@ -89,7 +89,8 @@ class BackendSet:
             raise ValueError(f"devices must be distinct, the CPU at most first: {names}")
         self._stack = contextlib.ExitStack()
         try:
-            #: the CPU backend (``n_threads`` threads), last in :attr:`backends`
+            #: the CPU backend (``n_threads`` threads), last in :attr:`backends` (and first in
+            #: :attr:`homes` where ``"cpu"`` is named first)
             self.cpu = self._stack.enter_context(_cpu(n_threads, interruptible))
             #: one backend per device name, in order
             self.homes: list[Backend] = [self.cpu if _is_cpu(n) else self._stack.enter_context(

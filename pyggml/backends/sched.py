@@ -129,6 +129,7 @@ class Scheduler(_cobject.CObject, Placer):
 
     def _free(self, ptr: Any) -> None:
         self._retire()
+        self._checked.clear()   # its checks name this scheduler (a cycle, and nothing to keep)
         self._free_zero_byte_homes()
         if self._graph is not None:
             restore_sources(self._graph)

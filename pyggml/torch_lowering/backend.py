@@ -30,9 +30,8 @@ from torch.utils import _pytree as pytree
 from .. import types
 from ..backends.backend import Backend
 from ..backends.cpu import CPUBackend
-from ..backends.device import device_by_name
 from ..enums import GGMLType
-from ..impl import register_builtin
+from ..runtime import open_backend
 from .graph import LoweredGraph
 from .partition import Explanation, explain_graph, partition
 from .rewrites import mark_in_place, rewrite
@@ -68,8 +67,7 @@ class _Devices:
         self.cpu = CPUBackend(n_threads=opts.threads or torch.get_num_threads())
         self.other: Backend | None = None
         if opts.device.lower() != "cpu":
-            register_builtin(opts.device)
-            self.other = device_by_name(opts.device).init()
+            self.other = open_backend(opts.device, self.cpu.n_threads)
 
     def graph(self, gm: fx.GraphModule, weights: set[int]) -> LoweredGraph:
         if self.other is None:

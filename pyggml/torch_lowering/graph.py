@@ -291,12 +291,23 @@ def _reads_as_stored(user: fx.Node, node: fx.Node) -> bool:
     return bool(user.target == torch.ops.aten.embedding.default and a[0] is node and a[1] is not node)
 
 
+_I32 = torch.iinfo(torch.int32)
+
+
 def _array(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor as NumPy (a view where torch allows), index dtypes as int32, bool as 0/1
-    float32."""
+    float32. Raises ValueError for an int64 value outside int32's range (ggml's indices are
+    int32: it would be another index, as eager torch's IndexError says of an index past its
+    table)."""
     t = t.detach()
     if t.dtype == torch.bool:
         return np.asarray(t.to(torch.float32).contiguous().numpy())
     if t.dtype in INDEX_DTYPES:
+        if t.dtype == torch.int64 and t.numel():
+            lo, hi = int(t.min()), int(t.max())
+            if lo < _I32.min or hi > _I32.max:
+                bad = lo if lo < _I32.min else hi
+                raise ValueError(f"an int64 input of shape {list(t.shape)} holds {bad}, outside the int32 "
+                                 "range of ggml's indices: as an index it is out of range")
         return np.asarray(t.to(torch.int32).contiguous().numpy())
     return np.asarray(t.contiguous().numpy())

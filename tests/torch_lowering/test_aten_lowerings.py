@@ -376,3 +376,28 @@ def test_a_row_index_out_of_range_is_a_value_error(cpu):
             lowered(torch.zeros(6, 4), torch.tensor([6]), torch.ones(1, 4))
     finally:
         lowered.close()
+
+
+@pytest.mark.parametrize("op", ["embedding", "index", "index_put"])
+def test_an_int64_index_beyond_int32_is_a_value_error(cpu, op):
+    """ggml's indices are int32: an int64 index past int32's range used to be truncated into a
+    valid one (1 << 40 became 0, and nn.Embedding(10, 8) returned row 0; eager torch raises
+    IndexError). Each lowering that takes indices refuses it before computing: ValueError, and
+    in-range int64 indices still give eager's result."""
+    table = torch.arange(40.0).reshape(10, 4)
+    ok, bad = torch.tensor([[1, 2, 9]]), torch.tensor([[1, 2, 1 << 40]])
+    fn = {"embedding": lambda w, i: aten.embedding.default(w, i),
+          "index": lambda w, i: aten.index.Tensor(w, [i]),
+          "index_put": lambda w, i: aten.index_put.default(w, [i], torch.ones(3, 4))}[op]
+    if op == "index_put":   # rows of one dimension
+        ok, bad = ok[0], bad[0]
+    gm = make_fx(fn)(table, ok)
+    lowered = LoweredGraph(gm, set(), backend=cpu)
+    try:
+        torch.testing.assert_close(lowered(table, ok)[0], fn(table, ok))
+        for idx in (bad, -bad):
+            with pytest.raises(ValueError, match="outside the int32 range"):
+                lowered(table, idx)
+        torch.testing.assert_close(lowered(table, ok)[0], fn(table, ok))   # nothing left broken
+    finally:
+        lowered.close()

@@ -10,40 +10,29 @@ i32 n_dims, i32 name length, i32 ggml type, i32 ne[n_dims] (ggml order), the nam
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Mapping, Sequence
 
 import numpy as np
 
 from pyggml import GGMLType
+from pyggml.core.gguf import TensorInfo
 from pyggml.types import row_size
 
 from ..common import ModelError
 from .hparams import HParams, expected_tensors
 
-__all__ = ["MAGIC", "TensorInfo", "WhisperFile", "write_model"]
+__all__ = ["MAGIC", "WhisperFile", "write_model"]
 
 #: the file's first four bytes, little-endian ("ggml")
 MAGIC = 0x67676D6C
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor of the file: ``name``, ggml ``type``, ``ne`` (ggml order), ``offset`` and
-    ``nbytes`` of its data in the file."""
-
-    name: str
-    type: GGMLType
-    ne: tuple[int, ...]
-    offset: int
-    nbytes: int
-
-
 class WhisperFile:
     """A whisper.cpp model file, checked: ``hparams``, ``mel_filters`` (float32, NumPy shape
     (n_mels, n_fft // 2 + 1)), ``vocab`` (the bytes of each token stored, in id order: the BPE
-    tokens, not the special ones) and ``tensors`` (:class:`TensorInfo` in file order; also
+    tokens, not the special ones) and ``tensors`` (GGUF's :class:`~pyggml.core.gguf.TensorInfo`,
+    ``offset`` from the start of the file, in file order; also
     :meth:`tensor_info`). The data stays in the file (a memory map): a
     :class:`~pyggml.backends.weights.TensorSource`, which
     :func:`~pyggml.runtime.load_tensors` loads into backend buffers. ``weights=False`` accepts a file without
@@ -102,7 +91,7 @@ class WhisperFile:
                 raise ModelError(f"{self.path}: tensor {name} has ne {list(ne)}, expected {list(expected[name])}")
             self._by_name[name] = TensorInfo(name, t, tuple(ne), pos, size)
             take(size)
-        #: every tensor's :class:`TensorInfo`, in file order
+        #: every tensor's :class:`~pyggml.core.gguf.TensorInfo`, in file order
         self.tensors: tuple[TensorInfo, ...] = tuple(self._by_name.values())
         if weights:
             missing = [n for n in expected if n not in self._by_name]
@@ -110,13 +99,13 @@ class WhisperFile:
                 raise ModelError(f"{self.path}: {len(missing)} tensors missing, e.g. {missing[0]!r}")
 
     def tensor_info(self, name: str) -> TensorInfo:
-        """The :class:`TensorInfo` of tensor ``name``; KeyError if there is none."""
+        """The :class:`~pyggml.core.gguf.TensorInfo` of tensor ``name``; KeyError if there is none."""
         return self._by_name[name]
 
     def raw(self, name: str) -> np.ndarray:
         """The bytes of tensor ``name`` (uint8, a read-only view of the file). KeyError if none."""
         i = self._by_name[name]
-        return np.asarray(self._map[i.offset:i.offset + i.nbytes])
+        return np.asarray(self._map[i.offset:i.offset + i.size])
 
 
 def write_model(path: str | Path, hp: HParams, mel_filters: np.ndarray, vocab: Sequence[bytes],
