@@ -7,8 +7,10 @@ import functools
 from typing import Sequence
 
 from pyggml import rpc
+from pyggml.errors import BackendNotAvailableError
 
-__all__ = ["ModelError", "bytes_to_unicode", "layer_owners", "add_device_options", "devices_of", "connect_rpc"]
+__all__ = ["ModelError", "bytes_to_unicode", "layer_owners", "add_device_options", "devices_of", "connect_rpc",
+           "LOAD_ERRORS", "message"]
 
 
 class ModelError(ValueError):
@@ -38,6 +40,17 @@ def layer_owners(n_layer: int, weights: Sequence[float]) -> list[int]:
         acc += w
         bounds.append(round(n_layer * acc / total))
     return [next(j for j, b in enumerate(bounds) if il < b) for il in range(n_layer)]
+
+
+#: what loading a model raises for a bad file, setting, device or missing package: a command
+#: line says ``error: message`` and exits 1
+LOAD_ERRORS = (ModelError, ValueError, OSError, ImportError, BackendNotAvailableError)
+
+
+def message(e: BaseException) -> str:
+    """``e``'s message (a KeyError's, as BackendNotAvailableError is, without the quotes
+    ``str()`` adds)."""
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
 
 
 def add_device_options(p: argparse.ArgumentParser, *, what: str, devices: str | None = None) -> None:

@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from pyggml import lib
-from pyggml.errors import BackendNotAvailableError
 from pyggml.runtime import find_device
 
-from ..common import ModelError, add_device_options, connect_rpc, devices_of
+from ..common import LOAD_ERRORS, add_device_options, connect_rpc, devices_of, message
 from .model import WTYPES, Embedder
 
 __all__ = ["main"]
@@ -88,10 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 find_device(name)  # a missing device is said before the model is looked for
         model = Embedder(a.model_dir, n_threads=a.threads, backend=a.backend, devices=devices,
                          wtype=a.type, repack=not a.no_repack)
-    except BackendNotAvailableError as e:  # a KeyError: its message is its first argument
-        p.exit(1, f"{p.prog}: error: {e.args[0] if e.args else e}\n")
-    except (ImportError, ModelError, ValueError, OSError) as e:
-        p.exit(1, f"{p.prog}: error: {e}\n")
+    except LOAD_ERRORS as e:
+        p.exit(1, f"{p.prog}: error: {message(e)}\n")
     with model:
         emb = model.encode(sentences, batch_size=a.batch_size)
         if model.extra is not None:

@@ -26,10 +26,9 @@ import json
 import sys
 from pathlib import Path
 
-from pyggml.errors import BackendNotAvailableError
 from pyggml.runtime import default_threads
 
-from ..common import ModelError, add_device_options, connect_rpc, devices_of
+from ..common import LOAD_ERRORS, ModelError, add_device_options, connect_rpc, devices_of, message
 from .generate import Generation, Llama, TextStream
 from .sampling import Sampler
 from .split import parse_weights
@@ -123,11 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                     n_threads=a.threads or default_threads(), n_ctx=a.ctx_size,
                     n_batch=a.batch_size, flash_attn=a.flash_attn, kv_type=a.cache_type, dequantize=a.dequantize,
                     repack=not a.no_repack)
-    except (ModelError, ValueError, OSError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except BackendNotAvailableError as e:  # a KeyError: its message is its first argument
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+    except LOAD_ERRORS as e:
+        print(f"error: {message(e)}", file=sys.stderr)
         return 1
     with llm:
         try:

@@ -21,10 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-from pyggml.errors import BackendNotAvailableError
 from pyggml.runtime import default_threads
 
-from ..common import ModelError
+from ..common import LOAD_ERRORS, ModelError, message
 from .audio import AudioError
 from .convert import WTYPES, default_model, from_ct2, from_hf
 from .output import srt, to_json, vtt
@@ -102,11 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         model = a.model if a.model is not None else default_model(a.type)
         w = Whisper(model, backend=a.backend, n_threads=a.threads or default_threads(), flash_attn=not a.no_flash_attn,
                     repack=not a.no_repack)
-    except (ModelError, OSError, ValueError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except BackendNotAvailableError as e:  # a KeyError: its message is its first argument
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+    except LOAD_ERRORS as e:
+        print(f"error: {message(e)}", file=sys.stderr)
         return 1
     results = []
     with w:
