@@ -146,6 +146,8 @@ class LlamaModel:
             self.close()
             raise
         self.n_past = 0
+        #: (the decode graph, the first cell its mask hides) after the last decode step
+        self._mask_open: tuple[object, int] | None = None
 
     # ------------------------------------------------------------------ lifetime
     def _init_backends(self, devices: list[str], weights: list[float], n_threads: int | None,
@@ -363,12 +365,17 @@ class LlamaModel:
         whatever the context, the mask's K cells included."""
         p0 = self.n_past
         key = (1, self.n_kv_for(p0 + 1), False)
-        a = self.graphs.get(key).arrays
+        entry = self.graphs.get(key)
+        a = entry.arrays
         a["tokens"][0] = tok
         a["pos"][0] = a["k_idx"][0] = p0
         mask = a["kq_mask"]
-        mask[0, :p0 + 1] = 0.0                                  # causal: cells 0..p0 ...
-        mask[0, p0 + 1:] = -np.inf                              # ... and no later one
+        if self._mask_open == (entry, p0):                     # the step before was this graph's,
+            mask[0, p0] = 0.0                                  # at p0 - 1: one more cell opens
+        else:
+            mask[0, :p0 + 1] = 0.0                             # causal: cells 0..p0 ...
+            mask[0, p0 + 1:] = -np.inf                         # ... and no later one
+        self._mask_open = (entry, p0 + 1)
         self.graphs.compute(key, [])
         self.n_past = p0 + 1
         return a["logits"].reshape(self.hp.n_vocab)
