@@ -10,12 +10,15 @@ runs what it supports, the CPU the rest), ``threads`` (CPU threads; torch's
 ``"bf16"``, ``"q8_0"``, ``"q4_0"``... converted by ggml when copied in; ggml's
 quantized products also quantize the activations). Tensors in and out are CPU
 torch tensors; on the CPU, float32 weights are read, and a KV cache updated with
-``index_copy_`` written, in torch's own memory. Graphs are built once per input shape
-(``dynamic=False`` semantics). Only the forward pass is lowered: under autograd the backward
-pass runs in torch.
+``index_copy_`` written, in torch's own memory. ggml graphs are built once per input shape and
+cached; a dynamo graph of symbolic sizes (``torch.compile``'s default ``dynamic=None`` from the
+second shape on, ``dynamic=True``, ``mark_dynamic``) is partitioned once and lowered at each
+call's sizes. Only the forward pass is lowered: under autograd the backward pass runs in
+torch.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, cast
 
@@ -145,11 +148,17 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any],
         # them in front of the others); dynamo's placeholder names say it where it does not
         # the first outputs are the new values of the inputs the graph mutates, which AOT
         # autograd copies into them afterwards
-        meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+        tracing = TracingContext.try_get()
+        meta = getattr(tracing, "fw_metadata", None)
         static = getattr(meta, "static_input_indices", None)
         found = set(static) if static else weights
         mutated = dict(enumerate(getattr(meta, "mutated_inp_runtime_indices", None) or ()))
-        return cast(Callable[..., Any], lower_module(aten_gm, found, devices, mutated))
+        # a graph of symbolic sizes (dynamic shapes) is partitioned once for all of them: what a
+        # check reads of a size must not become one of dynamo's guards (a recompilation for
+        # every new size); the lowering then runs at each call's sizes
+        shape_env = getattr(getattr(tracing, "fake_mode", None), "shape_env", None)
+        with shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext():
+            return cast(Callable[..., Any], lower_module(aten_gm, found, devices, mutated))
 
     def backward(aten_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
         return cast(Callable[..., Any], aten_gm)

@@ -11,6 +11,7 @@ DLPack (:func:`~pyggml.backends.utils.from_dlpack`).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Collection, Sequence, cast
 
 import numpy as np
@@ -28,7 +29,7 @@ from ..core.context import Context
 from ..core.tensor import Tensor
 from .. import types
 from ..enums import GGMLType
-from .layout import DTYPES, INDEX_DTYPES, ne_of, shape_of, val
+from .layout import DTYPES, INDEX_DTYPES, is_static, ne_of, shape_of, val
 from .rewrites import IN_PLACE
 from .table import TABLE, LoweringError, Val, why_not
 
@@ -117,11 +118,18 @@ class LoweredGraph:
     backend buffer at the first call and again only when torch has changed them (another
     tensor, or written in place), not at every call. An ``index_put`` marked by
     :func:`~pyggml.torch_lowering.rewrites.mark_in_place` writes into its input's memory. Call
-    it with the graph's inputs (CPU tensors); it returns the outputs as a list of torch tensors.
-    Raises :class:`~pyggml.torch_lowering.table.LoweringError` for a node it cannot lower."""
+    it with the graph's inputs (CPU tensors, and Python ints for the sizes a graph with dynamic
+    shapes takes); it returns the outputs as a list of torch tensors.
+
+    A graph traced with symbolic sizes (``torch.compile``'s dynamic shapes) is lowered for each
+    concrete set of input shapes and sizes it is called with (its fake tensors propagated for
+    them, one ggml graph each, cached); where those shapes cannot be lowered (a lowering's
+    condition on a size), that call runs the graph in torch, with a warning once per shape.
+    Raises :class:`~pyggml.torch_lowering.table.LoweringError` for a node it cannot lower at
+    the traced shapes."""
 
     def __init__(self, gm: fx.GraphModule, weights: Collection[int], backend: Backend | None = None,
-                 backends: Sequence[Backend] | None = None, max_graphs: int = 8,
+                 backends: Sequence[Backend] | None = None, max_graphs: int = 64,
                  weight_type: GGMLType = GGMLType.F32):
         self.gm = gm
         if backend is None and not backends:
@@ -148,11 +156,21 @@ class LoweredGraph:
         self._alias_ok = isinstance(backend, CPUBackend)
         self._home = home
         self._out_shapes: dict[Any, list[tuple[int, ...]]] = {}
+        self._out_strides: dict[Any, list[tuple[int, ...]]] = {}
+        #: placeholder positions that take a Python int (a symbolic size of a dynamic graph)
+        self._ints = {i for i, n in enumerate(self.placeholders) if not isinstance(val(n), torch.Tensor)}
+        #: keys (input shapes and sizes) whose lowering failed -> why: those calls run in torch
+        self._in_torch: dict[Any, str] = {}
         #: output position -> the placeholder position whose memory that output was written in
         self._in_place = {j: self.placeholders.index(o.args[0]) for j, o in enumerate(self.outputs)
                           if isinstance(o, fx.Node) and o.meta.get(IN_PLACE) and o.args[0] in self.placeholders}
-        #: the input shapes the nodes' fake tensors are for
-        self._traced = tuple(shape_of(n) for i, n in enumerate(self.placeholders) if i not in self._weights)
+        #: the key (input shapes and sizes) the nodes' fake tensors are for; None: symbolic
+        self._traced: Any = None
+        if not self._ints and all(is_static(val(n).shape) for n in self.placeholders):
+            self._traced = tuple(shape_of(n) for i, n in enumerate(self.placeholders) if i not in self._weights)
+        self._static_key = self._traced
+        #: a graph traced with symbolic sizes: each node's traced value (see _specialize)
+        self._symbolic: dict[fx.Node, Any] | None = None
         self.cache = GraphCache(self._build, backend=backend, backends=None if backend is not None else backends,
                                 graph_size=GRAPH_SIZE, max_graphs=max_graphs)
         self.graphs_built = 0
@@ -218,54 +236,145 @@ class LoweredGraph:
                 self._w[i].set(_array(src))
                 self._weight_seen[i] = stamp
 
-    def _propagate(self, shapes: tuple[tuple[int, ...], ...]) -> None:
-        """The nodes' fake tensors for inputs of ``shapes`` (the graph was traced for others)."""
+    def _propagate(self, key: tuple[Any, ...]) -> None:
+        """The nodes' fake tensors (and sizes) for the inputs of ``key``: each non-weight
+        input's shape, or its value for a size (the graph was traced for others)."""
         mode = FakeTensorMode()
-        fakes, k = [], 0
+        fakes: list[Any] = []
+        k = 0
         for i, node in enumerate(self.placeholders):
-            v = val(node)
-            weight = i in self._weights
-            shape = shape_of(node) if weight else shapes[k]
-            k += not weight
-            fakes.append(mode.from_tensor(torch.empty(shape, dtype=v.dtype)))
+            if i in self._weights:
+                fakes.append(mode.from_tensor(torch.empty(shape_of(node), dtype=val(node).dtype)))
+                continue
+            fakes.append(key[k] if i in self._ints else mode.from_tensor(torch.empty(key[k], dtype=val(node).dtype)))
+            k += 1
         try:
             FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fakes)
         except Exception as e:  # noqa: BLE001 - torch says the graph does not take these shapes
-            raise LoweringError(f"the graph does not take inputs of shapes {list(shapes)}: {e}") from None
-        self._traced = shapes
+            self._traced = None
+            raise LoweringError(f"the graph does not take inputs of shapes {list(key)}: {e}") from None
+        self._traced = key
 
-    def _build(self, g: GraphParts, *shapes: tuple[int, ...]) -> dict[str, Tensor]:
-        if shapes != self._traced:
-            self._propagate(shapes)
+    def _specialize(self, key: tuple[Any, ...]) -> bool:
+        """For a graph traced with symbolic sizes: each node's value for the inputs of ``key``
+        (a meta tensor, or an int), its sizes and strides the traced ones' expressions of the
+        symbols, evaluated at the sizes ``key`` binds them to (a few microseconds a node, where
+        propagating fake tensors takes half a millisecond). False where a size is not bound (a
+        data-dependent one): :meth:`_propagate` then."""
+        if self._symbolic is None:
+            self._symbolic = {n: val(n) for n in self.gm.graph.nodes if n.op != "output"}
+        binds: dict[Any, int] = {}
+        k = 0
+        for i, node in enumerate(self.placeholders):
+            if i in self._weights:
+                continue
+            v = self._symbolic[node]
+            for sym, size in ([(v, key[k])] if i in self._ints else zip(v.shape, key[k])):
+                if isinstance(sym, torch.SymInt):
+                    expr = sym.node.expr
+                    if not expr.is_Symbol:
+                        return False
+                    binds[expr] = int(size)
+            k += 1
+        known: dict[Any, int] = {}
+
+        def size(d: Any) -> int:
+            if not isinstance(d, torch.SymInt):
+                return int(d)
+            expr = d.node.expr
+            got = known.get(expr)
+            if got is None:
+                value = expr.xreplace(binds) if hasattr(expr, "xreplace") else expr
+                if not getattr(value, "is_number", True):
+                    raise LookupError(expr)
+                got = known[expr] = int(value)
+            return got
+
+        def concrete(v: Any) -> Any:
+            if isinstance(v, torch.Tensor):
+                return torch.empty_strided([size(d) for d in v.shape], [size(s) for s in v.stride()],
+                                           dtype=v.dtype, device="meta")
+            if isinstance(v, (tuple, list)):
+                return type(v)(concrete(x) for x in v)
+            return size(v) if isinstance(v, torch.SymInt) else v
+
+        try:
+            metas = {n: concrete(v) for n, v in self._symbolic.items()}
+        except LookupError:
+            return False
+        for n, v in metas.items():
+            n.meta["val"] = v
+        return True
+
+    def _build(self, g: GraphParts, *key: Any) -> dict[str, Tensor]:
+        if key != self._traced:
+            if self._static_key is not None or not self._specialize(key):
+                self._propagate(key)
+            self._traced = key
         b = Builder(g)
         k = 0
         for i, node in enumerate(self.placeholders):
             if i in self._w:
                 b.env[node] = Val(self._w[i], shape_of(node))
                 continue
-            t = g.input(self._type_of(node), ne_of(shapes[k]), f"in{i}")
-            b.env[node] = Val(t, tuple(shapes[k]))
+            if i in self._ints:
+                b.env[node] = key[k]
+            else:
+                t = g.input(self._type_of(node), ne_of(key[k]), f"in{i}")
+                b.env[node] = Val(t, tuple(key[k]))
             k += 1
         for node in self.gm.graph.nodes:
             if node.op == "call_function":
                 b.env[node] = b.lower(node)
         outputs = {}
-        self._out_shapes[shapes] = [b.env[o].shape for o in self.outputs]
+        self._out_shapes[key] = [b.env[o].shape for o in self.outputs]
+        # the strides torch traced: a view torch takes of an output may need them
+        self._out_strides[key] = [tuple(int(s) for s in val(o).stride()) for o in self.outputs]
         for j, o in enumerate(self.outputs):
             v = b.env[o]
             outputs[f"out{j}"] = b.contig(v.t)   # NumPy reads contiguous outputs
         self.graphs_built += 1
         return outputs
 
-    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+    def __call__(self, *args: Any) -> list[torch.Tensor]:
+        key = tuple(int(args[i]) if i in self._ints else tuple(int(d) for d in args[i].shape)
+                    for i in range(len(args)) if i not in self._weights)
+        if key in self._in_torch:
+            return self._in_torch_run(args)
         self._place_weights(args)
-        feed: dict[str, Any] = {f"in{i}": _array(a) for i, a in enumerate(args) if i not in self._w}
-        key = tuple(tuple(int(d) for d in args[i].shape) for i in range(len(args)) if i not in self._w)
+        feed: dict[str, Any] = {f"in{i}": _array(a) for i, a in enumerate(args)
+                                if i not in self._w and i not in self._ints}
         # an output written in a weight's own memory is that torch tensor: nothing to read back
         same = {j: args[i] for j, i in self._in_place.items() if i in self._aliased}
-        out = self.cache.compute(key, [f"out{j}" for j in range(len(self.outputs)) if j not in same], **feed)
-        return [same[j] if j in same else torch.from_numpy(out[f"out{j}"]).reshape(shape)
+        try:
+            out = self.cache.compute(key, [f"out{j}" for j in range(len(self.outputs)) if j not in same], **feed)
+        except LoweringError as e:
+            if key == self._static_key:   # the shapes its nodes were checked for: a bug, not a size
+                raise
+            self._in_torch[key] = str(e)
+            warnings.warn(f"pyggml: a graph of {len(self.gm.graph.nodes)} nodes runs in torch for inputs of "
+                          f"shapes {list(key)}: {e}", stacklevel=2)
+            return self._in_torch_run(args)
+        strides = self._out_strides[key]
+        return [same[j] if j in same else _strided(torch.from_numpy(out[f"out{j}"]).reshape(shape), strides[j])
                 for j, shape in enumerate(self._out_shapes[key])]
+
+    def _in_torch_run(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        """The graph computed by torch (its FX module), for inputs whose shapes ggml does not take."""
+        out = self.gm(*args)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _strided(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """``t`` (contiguous) laid out with the strides torch traced for it, where they differ (a
+    transposed result, which a view torch takes of it next reads as laid out so)."""
+    if all(a == b for a, b, n in zip(t.stride(), stride, t.shape) if n > 1):
+        return t
+    if 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, stride)) != t.numel():
+        return t   # not a dense layout (an expand's 0 strides): only a permuted dense one is kept
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype)
+    out.copy_(t)
+    return out
 
 
 def _products_only(node: fx.Node, t: GGMLType) -> bool:
