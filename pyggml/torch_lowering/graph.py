@@ -269,12 +269,12 @@ class LoweredGraph:
             if i in self._weights:
                 continue
             v = self._symbolic[node]
-            for sym, size in ([(v, key[k])] if i in self._ints else zip(v.shape, key[k])):
+            for sym, n in ([(v, key[k])] if i in self._ints else zip(v.shape, key[k])):
                 if isinstance(sym, torch.SymInt):
                     expr = sym.node.expr
                     if not expr.is_Symbol:
                         return False
-                    binds[expr] = int(size)
+                    binds[expr] = int(n)
             k += 1
         known: dict[Any, int] = {}
 
