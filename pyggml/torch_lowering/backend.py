@@ -8,7 +8,10 @@ runs what it supports, the CPU the rest), ``threads`` (CPU threads; torch's
 ``torch.get_num_threads()`` by default), ``weights`` (the type of the weight matrices that only
 ``nn.Linear``-style products and embeddings read: ``"f32"``, the default, or ``"f16"``,
 ``"bf16"``, ``"q8_0"``, ``"q4_0"``... converted by ggml when copied in; ggml's
-quantized products also quantize the activations). Tensors in and out are CPU
+quantized products also quantize the activations), ``attention`` (``"flash"``, the default:
+scaled-dot-product attention as one ``ggml_flash_attn_ext`` node, whose CPU kernel for more
+than a few queries computes in F16 tiles, a relative error of about 2e-4; ``"exact"``:
+``mul_mat``, ``soft_max``, ``mul_mat`` in float32). Tensors in and out are CPU
 torch tensors; on the CPU, float32 weights are read, and a KV cache updated with
 ``index_copy_`` written, in torch's own memory. ggml graphs are built once per input shape and
 cached; a dynamo graph of symbolic sizes (``torch.compile``'s default ``dynamic=None`` from the
@@ -48,6 +51,7 @@ class Options:
     device: str = "cpu"
     threads: int | None = None
     weights: str = "f32"
+    attention: str = "flash"
 
     def __post_init__(self) -> None:
         try:
@@ -60,6 +64,8 @@ class Options:
             raise ValueError(f"device must be a ggml device name, not {self.device!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError(f"threads must be an int >= 1, not {self.threads!r}")
+        if self.attention not in ("flash", "exact"):
+            raise ValueError(f"attention must be 'flash' or 'exact', not {self.attention!r}")
 
 
 class _Devices:
@@ -67,6 +73,7 @@ class _Devices:
 
     def __init__(self, opts: Options):
         self.weight_type = types.ggml_type(opts.weights)
+        self.flash_attn = opts.attention == "flash"
         self.cpu = CPUBackend(n_threads=opts.threads or torch.get_num_threads())
         self.other: Backend | None = None
         if opts.device.lower() != "cpu":
@@ -74,8 +81,10 @@ class _Devices:
 
     def graph(self, gm: fx.GraphModule, weights: set[int]) -> LoweredGraph:
         if self.other is None:
-            return LoweredGraph(gm, weights, backend=self.cpu, weight_type=self.weight_type)
-        return LoweredGraph(gm, weights, backends=[self.other, self.cpu], weight_type=self.weight_type)
+            return LoweredGraph(gm, weights, backend=self.cpu, weight_type=self.weight_type,
+                                flash_attn=self.flash_attn)
+        return LoweredGraph(gm, weights, backends=[self.other, self.cpu], weight_type=self.weight_type,
+                            flash_attn=self.flash_attn)
 
 
 def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any,

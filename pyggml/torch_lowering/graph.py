@@ -44,9 +44,11 @@ class Builder:
     its :class:`~pyggml.torch_lowering.table.Val` (or a tuple of them); constants made on the
     way are ``g``'s (written once after the build, owned by the cached graph)."""
 
-    def __init__(self, g: GraphParts):
+    def __init__(self, g: GraphParts, flash_attn: bool = False):
         self.g = g
         self.ctx = g.ctx
+        #: scaled-dot-product attention as ggml_flash_attn_ext (else mul_mat, soft_max, mul_mat)
+        self.flash_attn = flash_attn
         self.env: dict[fx.Node, Any] = {}
         #: a tensor made by swapping the last two dims of a contiguous one -> that one (mm reads it)
         self.transposed_of: dict[int, Tensor] = {}
@@ -121,6 +123,9 @@ class LoweredGraph:
     it with the graph's inputs (CPU tensors, and Python ints for the sizes a graph with dynamic
     shapes takes); it returns the outputs as a list of torch tensors.
 
+    ``flash_attn``: scaled-dot-product attention as one ``ggml_flash_attn_ext`` node (see
+    :class:`~pyggml.torch_lowering.backend.Options`' ``attention``), else in float32 products.
+
     A graph traced with symbolic sizes (``torch.compile``'s dynamic shapes) is lowered for each
     concrete set of input shapes and sizes it is called with (its fake tensors propagated for
     them, one ggml graph each, cached); where those shapes cannot be lowered (a lowering's
@@ -130,7 +135,7 @@ class LoweredGraph:
 
     def __init__(self, gm: fx.GraphModule, weights: Collection[int], backend: Backend | None = None,
                  backends: Sequence[Backend] | None = None, max_graphs: int = 64,
-                 weight_type: GGMLType = GGMLType.F32):
+                 weight_type: GGMLType = GGMLType.F32, flash_attn: bool = False):
         self.gm = gm
         if backend is None and not backends:
             raise ValueError("give a backend or backends")
@@ -145,6 +150,7 @@ class LoweredGraph:
                     raise LoweringError(f"{n.format_node()}: {why}")
         self._weights = sorted(weights)
         self._weight_type = weight_type
+        self._flash_attn = flash_attn
         self._weight_seen: dict[int, tuple[int, int]] = {}
         self._w: dict[int, Tensor] = {}
         #: weights whose ggml tensor is the torch tensor's own memory (on the CPU backend)
@@ -311,7 +317,7 @@ class LoweredGraph:
             if self._static_key is not None or not self._specialize(key):
                 self._propagate(key)
             self._traced = key
-        b = Builder(g)
+        b = Builder(g, self._flash_attn)
         k = 0
         for i, node in enumerate(self.placeholders):
             if i in self._w:

@@ -12,6 +12,7 @@ import torch
 from torch import fx
 
 from ..core.tensor import Tensor
+from ..enums import GGMLType
 from .graph import Builder
 from .layout import shape_of, val
 from .rewrites import IN_PLACE
@@ -109,7 +110,6 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kwarg
     if scale is None:
         scale = 1.0 / math.sqrt(E)
     k, v = _unrepeated(b, node, 1, k), _unrepeated(b, node, 2, v)
-    kq = ctx.mul_mat(_in_place_rows(b, k.t), _in_place_rows(b, q.t))            # ne [S, L, H, B]
     m: Tensor | None = None
     if mask is not None:
         mshape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
@@ -119,24 +119,33 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kwarg
             mask_node = (args_of(node) + [None] * 4)[3]
         if val(mask_node).dtype == torch.bool:   # True: attend; False: -1e30 (exp gives 0)
             m = ctx.scale(ctx.sub(m, b.constant(1.0)), 1e30)
-        if mshape[2] != L:   # soft_max_ext's mask covers every query row
+        if mshape[2] != L:   # the kernels' mask covers every query row
             m = ctx.repeat(m, ctx.new_tensor(m.type, [S, L, mshape[1], mshape[0]]))
     if causal:
         tri = np.triu(np.full((L, S), -np.inf, np.float32), k=1 + S - L)
         c = b.constant(tri)
         m = c if m is None else ctx.add(ctx.cont(m), c)
-    attn = ctx.soft_max(kq, m, float(scale))                   # ne [S, L, H, B]
-    vt = ctx.cont(ctx.permute(v.t, 1, 0, 2, 3))                 # ne [S, Ev, H, B]
-    out = ctx.mul_mat(vt, attn)                                 # ne [Ev, L, H, B]
+    if b.flash_attn and (m is None or m.ne[2] in (1, H)) and (m is None or m.ne[3] in (1, B)):
+        # one node: softmax(scale K Q^T + mask) V, K and V read in place (their rows are
+        # contiguous), the mask as F16 (-1e30 and -inf both mean "masked" there)
+        fm = None if m is None else ctx.cast(ctx.cont(m), GGMLType.F16)
+        o = ctx.flash_attn(_in_place_rows(b, q.t), _in_place_rows(b, k.t), _in_place_rows(b, v.t), fm,
+                           float(scale))                                # ne [Ev, H, L, B]
+        out = ctx.permute(o, 0, 2, 1, 3)                                # ne [Ev, L, H, B]
+    else:
+        kq = ctx.mul_mat(_in_place_rows(b, k.t), _in_place_rows(b, q.t))    # ne [S, L, H, B]
+        attn = ctx.soft_max(kq, m, float(scale))                            # ne [S, L, H, B]
+        vt = ctx.cont(ctx.permute(v.t, 1, 0, 2, 3))                         # ne [S, Ev, H, B]
+        out = ctx.mul_mat(vt, attn)                                         # ne [Ev, L, H, B]
     if node.target == aten.scaled_dot_product_attention.default:
         return out
     return (out,) + (None,) * (len(val(node)) - 1)
 
 
 register(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
-         notes="ggml_mul_mat + ggml_soft_max_ext (scale, float or bool mask, causal mask) + ggml_mul_mat "
-               "(a query whose every key is masked gets the mean of V, not 0; K and V heads repeated by "
-               "repeat_interleave are read unrepeated, broadcast by the products)",
+         notes="ggml_flash_attn_ext (scale, float or bool mask as F16, causal mask), or ggml_mul_mat + "
+               "ggml_soft_max_ext + ggml_mul_mat for a mask per head of another count (K and V heads "
+               "repeated by repeat_interleave are read unrepeated, broadcast by the kernels)",
          check=_sdpa_check, mask_args=(3, "attn_mask"))(_sdpa)
 
 
