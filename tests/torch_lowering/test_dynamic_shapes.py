@@ -122,3 +122,25 @@ def test_a_size_a_lowering_refuses_runs_in_torch_with_a_warning(monkeypatch):
         torch._dynamo.reset()
     assert [n for n, _ in warned] == [7], warned
     assert "7 tokens" in warned[0][1]
+
+
+def test_auto_weights_are_bf16_where_the_cpu_has_its_products():
+    """``options={"weights": "auto"}``: BF16 on the CPU where ggml has AVX512-BF16 kernels (else
+    F32); an encoder's outputs stay within cosine 0.9999 of eager float32."""
+    from pyggml.torch_lowering.backend import Options
+
+    bf16 = bool(lib.ggml_cpu_has_avx512_bf16())
+    assert Options(weights="auto").weight_type() == ("bf16" if bf16 else "f32")
+    assert Options(weights="auto", device="CUDA0").weight_type() == "f32"
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    torch._dynamo.reset()
+    try:
+        fn = torch.compile(model, backend="pyggml", options={"weights": "auto"})
+        with torch.no_grad():
+            ids = torch.randint(0, 100, (3, 9))
+            got, want = fn(ids), model(ids)
+    finally:
+        torch._dynamo.reset()
+    cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
+    assert float(cos.min()) >= 0.9999, cos
