@@ -73,8 +73,8 @@ class GraphParts:
       a call into C through :attr:`CachedGraph.arrays` (a decode step's logits);
     * :meth:`constant` -- a tensor holding an array.
 
-    Inputs and constants are placed when made (each in a small buffer of its own), so views of
-    them built afterwards are views of placed memory.
+    Inputs, outputs and constants are placed when made (each in a small buffer of its own), so
+    views of them built afterwards are views of placed memory.
     """
 
     def __init__(self, n_tensors: int, graph_size: int, inputs_where: Any, constants_where: Any):
@@ -121,12 +121,13 @@ class GraphParts:
         return t
 
     def output(self, tensor: Tensor, name: str) -> Tensor:
-        """Copy ``tensor`` (a node of this graph) into a new tensor of the same type and ``ne``
-        (its trailing 1s dropped: ne [8, 1] gives a NumPy view of shape (8,)) named ``name`` (``ggml_cpy``, computed with the graph), in memory of its own next to the
-        inputs: ``arrays[name]`` is a zero-copy NumPy view of it (NumPy order, ne reversed)
-        where that memory is the host's, holding the last compute's values (a copy is yours to
-        keep); :meth:`GraphCache.compute` reads it by name as any output. Returns the new
-        tensor. Raises ValueError for a name given twice."""
+        """Copy ``tensor`` (a node of this graph) into a new tensor named ``name`` of the same
+        type and ``ne`` (its trailing 1s dropped: ne [8, 1] gives a view of NumPy shape (8,)),
+        with ``ggml_cpy`` computed with the graph, in memory of its own next to the inputs:
+        ``arrays[name]`` is a zero-copy NumPy view of it (NumPy order, ne reversed) where that
+        memory is the host's, holding the last compute's values (a copy is yours to keep);
+        :meth:`GraphCache.compute` reads it by name as any output. Returns the new tensor.
+        Raises ValueError for a name given twice."""
         n = max(1, tensor.n_dims)
         t = self._host_tensor(tensor.type, tensor.ne[:n], name)
         self.graph.build_forward(self.ctx.cpy(tensor, t))
@@ -135,7 +136,8 @@ class GraphParts:
 
     def input(self, type: types.TypeLike, ne: Sequence[int], name: str) -> Tensor:
         """A new input tensor of ggml ``type`` and ``ne`` (ggml order) named ``name``, zeros
-        until set; its NumPy view (if any) has the shape ``ne`` reversed, as given. Raises ValueError for a name given twice and what :meth:`Context.new_tensor
+        until set; its NumPy view (if any) has the shape ``ne`` reversed, as given. Raises
+        ValueError for a name given twice and what :meth:`Context.new_tensor
         <pyggml.core.context.Context.new_tensor>` raises."""
         t = self._host_tensor(type, ne, name).set_input()
         self.inputs[name] = t
