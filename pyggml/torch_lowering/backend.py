@@ -25,6 +25,7 @@ torch.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, cast
 
@@ -98,6 +99,22 @@ class _Devices:
                             flash_attn=self.flash_attn)
 
 
+_log = logging.getLogger("pyggml.torch_lowering")
+_reported: set[tuple[str, str]] = set()
+
+
+def _report(gm: fx.GraphModule) -> None:
+    """Say (logger ``pyggml.torch_lowering``, INFO) how many of ``gm``'s nodes ggml takes, and
+    each reason a node stays in torch the first time it is met in this process."""
+    e = explain_graph(gm)
+    fresh = [(op, why) for op, why in sorted(e.torch.items()) if (op, why) not in _reported]
+    _reported.update(fresh)
+    _log.info("pyggml lowers %d of %d ATen nodes to ggml%s", sum(e.ggml.values()),
+              sum(e.ggml.values()) + sum(1 for n in gm.graph.nodes if n.op == "call_function" and
+                                         str(n.target) in e.torch),
+              "".join(f"; {op} stays in torch: {why}" for op, why in fresh))
+
+
 def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any,
                  mutated: dict[int, int] | None = None) -> fx.GraphModule:
     """``gm`` (core ATen) with its ggml partitions replaced by :class:`LoweredGraph` modules.
@@ -108,6 +125,7 @@ def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any,
     weight_names = {placeholders[i].name for i in weights}   # partitioning may copy the nodes
     gm = rewrite(gm)
     mark_in_place(gm, mutated or {})
+    _report(gm)
     fused = partition(gm)
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith("fused_"):

@@ -144,3 +144,27 @@ def test_auto_weights_are_bf16_where_the_cpu_has_its_products():
         torch._dynamo.reset()
     cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
     assert float(cos.min()) >= 0.9999, cos
+
+
+def test_what_stays_in_torch_is_reported_once_with_its_reason(caplog, monkeypatch):
+    """Each compile says (logger pyggml.torch_lowering, INFO) how many nodes ggml takes, and a
+    reason a node stays in torch the first time it is met."""
+    import logging
+
+    from pyggml.torch_lowering import backend
+
+    monkeypatch.setattr(backend, "_reported", set())
+
+    class WithErf(nn.Module):
+        def forward(self, x):
+            return torch.special.erf(x) * 2 + 1
+
+    caplog.set_level(logging.INFO, logger="pyggml.torch_lowering")
+    with torch.no_grad():
+        for n in (3, 4):   # two compilations (the second of symbolic sizes): one report of erf
+            torch._dynamo.reset()
+            torch.compile(WithErf(), backend="pyggml")(torch.randn(n, 4))
+    torch._dynamo.reset()
+    said = [r.getMessage() for r in caplog.records if r.name == "pyggml.torch_lowering"]
+    assert said and all(m.startswith("pyggml lowers") for m in said)
+    assert sum("aten.erf.default stays in torch: aten.erf.default has no lowering" in m for m in said) == 1, said
