@@ -222,3 +222,18 @@ def test_a_build_that_returns_no_tensors_is_refused():
         with pytest.raises(ValueError, match="output 'y' is int"):
             cache.get(1)
         assert len(cache) == 0
+
+
+def test_outputs_read_into_arrays_of_yours():
+    """``compute(into={name: array})`` copies an output into the array given (Tensor.numpy's
+    ``out``) and returns it shaped; an array of another dtype or size is refused."""
+    with CPUBackend(n_threads=1) as cpu, GraphCache(build, backend=cpu) as cache:
+        x = rng.standard_normal((2, 4)).astype(np.float32)
+        w = rng.standard_normal((3, 4)).astype(np.float32)
+        mine = np.empty(6, np.float32)
+        out = cache.compute((4, 2), ["y"], into={"y": mine}, x=x, w=w)
+        assert np.shares_memory(out["y"], mine) and out["y"].shape == (2, 3)
+        np.testing.assert_allclose(mine.reshape(2, 3), reference(x, w), rtol=1e-5, atol=1e-6)
+        for bad in (np.empty(6, np.float64), np.empty(5, np.float32), np.empty((3, 4), np.float32)[:, :2]):
+            with pytest.raises(ValueError, match="out must be"):
+                cache.compute((4, 2), ["y"], into={"y": bad})

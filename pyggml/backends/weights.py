@@ -27,12 +27,6 @@ from ..memory.buffer_type import BufferType
 __all__ = ["TensorSource", "Weights", "load_tensors"]
 
 
-class _Info(Protocol):
-    name: str
-    type: GGMLType
-    ne: tuple[int, ...]
-
-
 class TensorSource(Protocol):
     """A model file's tensors: ``tensors`` (infos with ``name``, ``type``, ``ne`` in ggml
     order), ``tensor_info(name)`` (KeyError if none) and ``raw(name)`` (the bytes as stored,
@@ -128,11 +122,12 @@ def load_tensors(source: TensorSource | Mapping[str, Any], where: Backend | Buff
     if not infos:
         raise ValueError("no tensors to load")
     default = where if isinstance(where, BufferType) else where.default_buffer_type
-    device = Device.of(where) if repack is not None and isinstance(where, CPUBackend) else None
+    device = Device.of(where) if isinstance(where, CPUBackend) else None
     groups: dict[BufferType, list[tuple[Any, GGMLType]]] = {}
     for info in infos:
         t = types.ggml_type(type_of(info.name, info.type)) if type_of is not None else info.type
-        buft = device.weight_buffer_type(t, info.ne) if device is not None and repack(info.name) else default  # type: ignore[misc]
+        products = repack is not None and device is not None and repack(info.name)
+        buft = device.weight_buffer_type(t, info.ne) if products and device is not None else default
         groups.setdefault(buft, []).append((info, t))
     w = Weights()
     try:
@@ -148,8 +143,8 @@ def load_tensors(source: TensorSource | Mapping[str, Any], where: Backend | Buff
                 else:   # ggml's conversions: dequantized to float32, then stored as tensor.type
                     tensor.set(types.to_numpy(raw, info.type, info.ne))
                 w._tensors[info.name] = tensor
-            w.buffers[buft.name] = (w.buffers.get(buft.name, (0, 0))[0] + len(made),
-                                    w.buffers.get(buft.name, (0, 0))[1] + buf.size)
+            n, size = w.buffers.get(buft.name, (0, 0))
+            w.buffers[buft.name] = (n + len(made), size + buf.size)
     except BaseException:
         w.close()
         raise

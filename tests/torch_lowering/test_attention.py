@@ -19,12 +19,12 @@ def _nodes(model, args, options, monkeypatch):
     """(result, the ggml ops of the graphs it computed) of ``model(*args)`` compiled with
     ``options``."""
     fused = []
+    lower = backend.lower_module
 
     def spy(*a, **kw):
-        fused.append(backend.lower_module.__wrapped__(*a, **kw))
+        fused.append(lower(*a, **kw))
         return fused[-1]
 
-    spy.__wrapped__ = backend.lower_module   # type: ignore[attr-defined]
     monkeypatch.setattr(backend, "lower_module", spy)
     torch._dynamo.reset()
     try:

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pyggml import Context, GGMLType, Graph, Tensor
+from pyggml import Context, GGMLType, Tensor
 from pyggml.runtime import BackendSet, GraphCache, GraphParts, load_tensors
 
 from .audio import FRAMES
