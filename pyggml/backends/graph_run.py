@@ -95,24 +95,29 @@ def check_meta_views(graph: Graph, state: "Checked") -> None:
 
 
 class Sources:
-    """A graph's node sources as they were before a scheduler rewrote them (C helpers of the
-    extension copy them in one call)."""
+    """A graph's nodes, in their order, and their sources, as they were before a scheduler
+    rewrote the sources (to read its copies of a split's inputs) and a backend's
+    ``graph_optimize`` reordered the nodes of a split in the graph's own array (Vulkan's and
+    CUDA's do). C helpers of the extension copy them in one call."""
 
-    __slots__ = ("saved", "n")
+    __slots__ = ("saved", "n", "version")
 
-    def __init__(self, g: Any):
+    def __init__(self, graph: Graph):
+        g = graph.ptr
         n = int(lib.ggml_graph_n_nodes(g))
-        self.saved = ffi.new("struct ggml_tensor *[]", max(n * _MAX_SRC, 1))
-        self.n = lib.pyggml_graph_save_srcs(g, self.saved, n * _MAX_SRC)
+        self.version = graph.version
+        self.saved = ffi.new("struct ggml_tensor *[]", max(n * (1 + _MAX_SRC), 1))
+        self.n = lib.pyggml_graph_save_srcs(g, self.saved, n * (1 + _MAX_SRC))
 
-    def restore(self, g: Any) -> None:
-        lib.pyggml_graph_restore_srcs(g, self.saved, self.n)
+    def restore(self, graph: Graph) -> None:
+        # the order only while the graph holds the same nodes (no build_forward since)
+        lib.pyggml_graph_restore_srcs(graph._ptr, self.saved, self.n, graph.version == self.version)
 
 
 def save_sources(graph: Graph, split_by: Any) -> Sources:
     """Save the node sources before a scheduler splits ``graph`` (it rewrites them to read its
     copies); ``split_by``: the scheduler that will hold the split, if any."""
-    saved = Sources(graph.ptr)
+    saved = Sources(graph)
     if split_by is not None:
         r = run_of(graph)
         r.sources = saved
@@ -131,7 +136,7 @@ def restore_sources(graph: Graph, saved: Sources | None = None) -> None:
         contexts = graph.contexts()
         with threads.using(*(c for c, _ in contexts), gate=False):
             if not graph.closed and all(c._gen == gen for c, gen in contexts):
-                saved.restore(graph._ptr)
+                saved.restore(graph)
     if saved is r.sources:
         r.sources = None
         if r.split_by is not None:

@@ -43,25 +43,34 @@ int pyggml_dl_is_bound(const char *name) {
     return -1;
 }
 
-/* The sources of the first n nodes of `graph` (n = ggml_graph_n_nodes), GGML_MAX_SRC per node,
-   into `out`; returns n, or -1 if `capacity` pointers do not hold them. */
+/* The first n nodes of `graph` (n = ggml_graph_n_nodes) and their sources, 1 + GGML_MAX_SRC
+   pointers per node, into `out`; returns n, or -1 if `capacity` pointers do not hold them.
+   A scheduler rewrites the sources of the nodes it splits (to read its copies of a split's
+   inputs), and a backend's graph_optimize (Vulkan's, CUDA's) reorders the nodes of a split in
+   the graph's own array: the nodes are saved with their sources so that both come back. */
 int pyggml_graph_save_srcs(struct ggml_cgraph *graph, struct ggml_tensor **out, int capacity) {
     int n = ggml_graph_n_nodes(graph);
-    if (n * GGML_MAX_SRC > capacity) return -1;
+    const int w = 1 + GGML_MAX_SRC;
+    if (n * w > capacity) return -1;
     for (int i = 0; i < n; i++) {
         struct ggml_tensor *node = ggml_graph_node(graph, i);
-        for (int j = 0; j < GGML_MAX_SRC; j++) out[i * GGML_MAX_SRC + j] = node->src[j];
+        out[i * w] = node;
+        for (int j = 0; j < GGML_MAX_SRC; j++) out[i * w + 1 + j] = node->src[j];
     }
     return n;
 }
 
-/* Write back what pyggml_graph_save_srcs saved (for at most the nodes the graph still has). */
-void pyggml_graph_restore_srcs(struct ggml_cgraph *graph, struct ggml_tensor **saved, int n_nodes) {
-    int n = ggml_graph_n_nodes(graph);
-    if (n_nodes < n) n = n_nodes;
-    for (int i = 0; i < n; i++) {
-        struct ggml_tensor *node = ggml_graph_node(graph, i);
-        for (int j = 0; j < GGML_MAX_SRC; j++) node->src[j] = saved[i * GGML_MAX_SRC + j];
+/* Write back what pyggml_graph_save_srcs saved: each saved node's sources (into the node
+   itself, wherever it is now), and with `order` the saved order of the first n_nodes nodes
+   (give it only when the graph still holds those nodes, reordered at most). */
+void pyggml_graph_restore_srcs(struct ggml_cgraph *graph, struct ggml_tensor **saved, int n_nodes, int order) {
+    const int w = 1 + GGML_MAX_SRC;
+    struct ggml_tensor **nodes = ggml_graph_nodes(graph);
+    if (order && n_nodes > ggml_graph_n_nodes(graph)) order = 0;
+    for (int i = 0; i < n_nodes; i++) {
+        struct ggml_tensor *node = saved[i * w];
+        for (int j = 0; j < GGML_MAX_SRC; j++) node->src[j] = saved[i * w + 1 + j];
+        if (order) nodes[i] = node;
     }
 }
 

@@ -11,7 +11,7 @@ void pyggml_dl_unbind(const char *module);
 int pyggml_dl_is_bound(const char *name);
 const char *pyggml_dl_open_error(const char *path);
 int pyggml_graph_save_srcs(struct ggml_cgraph *graph, struct ggml_tensor **out, int capacity);
-void pyggml_graph_restore_srcs(struct ggml_cgraph *graph, struct ggml_tensor **saved, int n_nodes);
+void pyggml_graph_restore_srcs(struct ggml_cgraph *graph, struct ggml_tensor **saved, int n_nodes, int order);
 struct pyggml_live_buffer { ggml_backend_buffer_t buffer; uintptr_t base; size_t size; };
 int pyggml_graph_buffers(struct ggml_cgraph *graph, ggml_backend_buffer_t *out, int capacity);
 int pyggml_graph_check_memory(struct ggml_cgraph *graph, const struct pyggml_live_buffer *live, int n_live,

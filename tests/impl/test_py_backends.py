@@ -17,6 +17,7 @@ from pyggml.backends.device import device_by_name
 from pyggml.enums import DeviceType
 from pyggml.impl import HostBuffer, PyBufferType, PyRegistry, register, unregister
 from pyggml.impl._vtable import slot_arity
+from pyggml.raw import lib
 from pyggml.impl.numpy import NumpyDevice
 
 
@@ -323,6 +324,60 @@ def test_graph_optimize_slot_gets_the_params_of_the_ggml_it_was_built_with():
         unregister(reg)
     expected = "GraphOptimizeParams" if slot_arity("ggml_backend_i", "graph_optimize") == 3 else "NoneType"
     assert dev.optimized and {kind for _, kind in dev.optimized} == {expected}
+
+
+class ReorderingBackend(ArithBackend):
+    def graph_optimize(self, graph, params):
+        """Swap the first two nodes of the split in the graph's own array when the second does
+        not read the first, as Vulkan's and CUDA's graph_optimize reorder nodes."""
+        nodes = lib.ggml_graph_nodes(graph.ptr)
+        if lib.ggml_graph_n_nodes(graph.ptr) >= 2 and all(s != nodes[0] for s in nodes[1].src):
+            nodes[0], nodes[1] = nodes[1], nodes[0]
+            self.device.optimized.append(1)
+
+
+class ReorderingDevice(OptimizingDevice):
+    def init_backend(self, params):
+        return ReorderingBackend(self)
+
+
+def test_graphs_sharing_a_scheduler_whose_backend_reorders_nodes():
+    """A backend's graph_optimize reorders a split's nodes in the graph's own array. Placing
+    another graph puts the first one's node order and sources back (by node, not by index:
+    sources put back by index went to the other node, and a source of MUL_MAT became the
+    node itself, a crash in Vulkan's supports_op), and the first graph computes right when
+    it is placed again."""
+    dev = ReorderingDevice("REORDER")
+    reg = PyRegistry("REORDER", [dev])
+    register(reg)
+    try:
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        y = x + 3
+        with device_by_name("REORDER").init() as be, CPUBackend() as cpu, \
+                Context.for_tensors(32, graph_size=32) as ctx:
+            sched = Scheduler([be, cpu], graph_size=64)
+            a = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+            b = ctx.new_tensor(GGMLType.F32, [4, 2]).set_input()
+            out1 = (a + b) * (b * b)   # ADD, MUL independent: swapped
+            g1 = ctx.new_graph(32).build_forward(out1)
+            out2 = (b + a) * a
+            g2 = ctx.new_graph(32).build_forward(out2)
+            order = [n.name for n in g1.nodes]
+            srcs = [[s.name for s in n.src if s is not None] for n in g1.nodes]
+            for _ in range(2):
+                for g, out, want in ((g1, out1, (x + y) * (y * y)), (g2, out2, (y + x) * x)):
+                    sched.alloc_graph(g)
+                    a.set(x)
+                    b.set(y)
+                    sched.compute(g)
+                    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+            sched.reset()
+            assert [n.name for n in g1.nodes] == order
+            assert [[s.name for s in n.src if s is not None] for n in g1.nodes] == srcs
+            sched.close()
+    finally:
+        unregister(reg)
+    assert dev.optimized
 
 
 class Boom(Exception):
