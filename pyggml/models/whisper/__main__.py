@@ -5,6 +5,7 @@ pyggml.models.whisper``, ``examples/whisper.py``): speech to text from whisper.c
     pyggml-whisper a.flac b.mp3 -t 4 --beam-size 1 --output-srt
     pyggml-whisper talk.ogg --model ggml-base.bin --language de --task translate
     pyggml-whisper jfk.wav --no-timestamps --dump out.json
+    pyggml-whisper lecture.wav --word-timestamps --output-lrc --initial-prompt "Glossary: ggml, GGUF."
     pyggml-whisper --convert CT2_OR_HF_DIR --type q8_0 --out ggml-model-q8_0.bin
 
 Audio is any file ``soundfile`` reads (WAV, FLAC, OGG, MP3), mixed to mono and resampled to
@@ -26,7 +27,7 @@ from pyggml.runtime import default_threads
 from ..common import LOAD_ERRORS, ModelError, message
 from .audio import AudioError
 from .convert import WTYPES, default_model, from_ct2, from_hf
-from .output import srt, to_json, vtt
+from .output import lrc, srt, to_json, tsv, txt, vtt
 from .transcribe import TEMPERATURES, Transcription, Whisper
 
 __all__ = ["main"]
@@ -45,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
                    help="translate: English text from other languages (multilingual models)")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens (one segment per window)")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="each word's start and end (cross-attention alignment, as faster-whisper): in --dump, "
+                        "--output-json and --output-lrc")
+    p.add_argument("--initial-prompt", metavar="TEXT", help="text the first window is prompted with (spellings, style)")
+    p.add_argument("--hotwords", metavar="TEXT", help="words every window is prompted with")
+    p.add_argument("--condition-on-previous-text", action="store_true",
+                   help="prompt each window with the text before it (faster-whisper's default)")
     p.add_argument("--no-fallback", action="store_true",
                    help="decode each window once, at temperature 0 (no fallback on repetitive or unlikely text)")
     p.add_argument("--no-flash-attn", action="store_true",
@@ -55,8 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-srt", action="store_true", help="write AUDIO.srt next to each file")
     p.add_argument("--output-vtt", action="store_true", help="write AUDIO.vtt next to each file")
     p.add_argument("--output-json", action="store_true", help="write AUDIO.json next to each file")
-    p.add_argument("--dump", type=Path, help="write the results as JSON: text, tokens, segments, timings "
-                   "(an object for one file, a list for several)")
+    p.add_argument("--output-txt", action="store_true", help="write AUDIO.txt (a line per segment) next to each file")
+    p.add_argument("--output-tsv", action="store_true", help="write AUDIO.tsv (start, end in ms, text) next to each file")
+    p.add_argument("--output-lrc", action="store_true",
+                   help="write AUDIO.lrc (lyrics; each word timed with --word-timestamps) next to each file")
+    p.add_argument("--dump", type=Path, help="write the results as JSON: text, tokens, segments (with words "
+                   "with --word-timestamps), timings (an object for one file, a list for several)")
     p.add_argument("--convert", type=Path, metavar="DIR",
                    help="convert a CTranslate2 (model.bin) or Hugging Face (model.safetensors) Whisper "
                         "directory to --out and exit")
@@ -110,13 +122,16 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 r = w.transcribe(path, beam_size=a.beam_size, timestamps=not a.no_timestamps,
                                  language=a.language, task=a.task,
-                                 temperatures=(0.0,) if a.no_fallback else TEMPERATURES)
-            except (AudioError, ModelError, OSError, ValueError) as e:
+                                 temperatures=(0.0,) if a.no_fallback else TEMPERATURES,
+                                 word_timestamps=a.word_timestamps, initial_prompt=a.initial_prompt,
+                                 hotwords=a.hotwords, condition_on_previous_text=a.condition_on_previous_text)
+            except (AudioError, ModelError, OSError, ValueError, ImportError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1
             _print(r, not a.no_timestamps)
             results.append(r.as_dict())
-            for flag, ext, fmt in ((a.output_srt, ".srt", srt), (a.output_vtt, ".vtt", vtt), (a.output_json, ".json", to_json)):
+            for flag, ext, fmt in ((a.output_srt, ".srt", srt), (a.output_vtt, ".vtt", vtt), (a.output_json, ".json", to_json),
+                                   (a.output_txt, ".txt", txt), (a.output_tsv, ".tsv", tsv), (a.output_lrc, ".lrc", lrc)):
                 if flag:
                     path.with_suffix(ext).write_text(fmt(r), encoding="utf-8")
     if a.dump:

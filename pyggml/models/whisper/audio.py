@@ -8,7 +8,9 @@ clamped at 1e-10, floored 8 below the maximum, then ``(x + 4) / 4``.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -25,19 +27,25 @@ class AudioError(ValueError):
     """A file that is not audio ``soundfile`` can read (the message names the file)."""
 
 
-def load_audio(path: str | Path) -> np.ndarray:
-    """Float32 mono samples at 16 kHz, in [-1, 1]. Raises FileNotFoundError for a missing file
-    and :class:`AudioError` for one that is not readable audio."""
+def load_audio(path: str | os.PathLike[str] | BinaryIO) -> np.ndarray:
+    """Float32 mono samples at 16 kHz, in [-1, 1], of an audio file (a path, or a binary file
+    object). Raises FileNotFoundError for a missing file and :class:`AudioError` for one that
+    is not readable audio."""
     import soundfile
     import soxr
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such audio file")
+    src: Any
+    if hasattr(path, "read"):
+        src = path
+    else:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such audio file")
+        src = str(path)
     try:
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        data, rate = soundfile.read(src, dtype="float32", always_2d=True)
     except Exception as e:  # noqa: BLE001 - libsndfile's errors are RuntimeError/LibsndfileError/TypeError
-        raise AudioError(f"{path}: not an audio file soundfile can read ({e})") from None
+        raise AudioError(f"{src}: not an audio file soundfile can read ({e})") from None
     mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
     if rate != SAMPLE_RATE and mono.size:
         mono = soxr.resample(mono, rate, SAMPLE_RATE).astype(np.float32)

@@ -1,7 +1,7 @@
 """Decoding one 30-s window as openai-whisper does: the prompt, the logit filters (blank and
 non-speech suppression, the timestamp rules), greedy or beam search, and sampling at a
 temperature for the fallback (:func:`decode_window`). Logits come from
-:meth:`~.model.WhisperModel.decode`, one step at a time over the model's KV cache.
+:meth:`~.model.WhisperNet.decode`, one step at a time over the model's KV cache.
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .model import WhisperModel
+from .model import WhisperNet
 from .tokenizer import LANGUAGES, WhisperTokenizer
 
-__all__ = ["DecodeOptions", "WindowResult", "decode_window", "detect_language", "compression_ratio",
-           "prompt_tokens"]
+__all__ = ["DecodeOptions", "WindowResult", "decode_window", "detect_language", "language_probs",
+           "compression_ratio", "prompt_tokens", "sot_sequence"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,12 @@ class DecodeOptions:
     takes the most likely token, above it samples (``best_of`` candidates, the most likely kept);
     ``timestamps``: predict timestamp tokens (segments); ``language``/``task`` for multilingual
     models (``"transcribe"`` or ``"translate"``); ``max_initial_timestamp``: seconds;
-    ``sample_len``: most tokens per window (default n_text_ctx // 2); ``seed`` for sampling."""
+    ``sample_len``: most tokens per window (default n_text_ctx // 2); ``seed`` for sampling;
+    ``previous``: text tokens before the window (``<|startofprev|>`` goes before them, the last
+    n_text_ctx // 2 - 1 of them are kept), ``hotwords`` there too when there is no
+    ``prefix``; ``prefix``: tokens the window's text starts with (decoded as given, returned
+    with the rest); ``suppress_tokens``: ids never sampled (None: openai-whisper's non-speech
+    symbols)."""
 
     beam_size: int = 1
     temperature: float = 0.0
@@ -37,6 +42,10 @@ class DecodeOptions:
     suppress_blank: bool = True
     suppress_non_speech: bool = True
     seed: int = 0
+    previous: tuple[int, ...] = ()
+    hotwords: tuple[int, ...] = ()
+    prefix: tuple[int, ...] = ()
+    suppress_tokens: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.beam_size < 1 or self.best_of < 1:
@@ -68,16 +77,36 @@ def compression_ratio(text: str) -> float:
     return len(b) / len(zlib.compress(b)) if b else 0.0
 
 
-def prompt_tokens(tok: WhisperTokenizer, opts: DecodeOptions) -> list[int]:
-    """``<|startoftranscript|>`` (language, task for multilingual models)
-    (``<|notimestamps|>`` without timestamps)."""
+def sot_sequence(tok: WhisperTokenizer, language: str | None, task: str) -> list[int]:
+    """``<|startoftranscript|>``, and for multilingual models the language (default English)
+    and the task."""
     sp = tok.sp
     out = [sp.sot]
     if sp.n_languages:
-        out += [tok.language_token(opts.language or "en"),
-                sp.translate if opts.task == "translate" else sp.transcribe]
+        out += [tok.language_token(language or "en"), sp.translate if task == "translate" else sp.transcribe]
+    return out
+
+
+def prompt_tokens(tok: WhisperTokenizer, opts: DecodeOptions, n_text_ctx: int = 448) -> list[int]:
+    """The window's prompt: ``<|startofprev|>`` with the hotwords and the previous text (when
+    there are any), :func:`sot_sequence`, ``<|notimestamps|>`` without timestamps, then
+    ``<|0.00|>`` (with timestamps) and the prefix."""
+    sp = tok.sp
+    keep = n_text_ctx // 2 - 1
+    out: list[int] = []
+    hot = opts.hotwords if not opts.prefix else ()
+    if opts.previous or hot:
+        out.append(sp.prev)
+        out += hot[:keep]
+        if opts.previous:
+            out += opts.previous[-keep:]
+    out += sot_sequence(tok, opts.language, opts.task)
     if not opts.timestamps:
         out.append(sp.notimestamps)
+    if opts.prefix:
+        if opts.timestamps:
+            out.append(sp.timestamp_begin)
+        out += opts.prefix[:keep]
     return out
 
 
@@ -89,7 +118,9 @@ class _Filters:
         sp = tok.sp
         self.sp, self.opts = sp, opts
         sup = [sp.translate, sp.transcribe, sp.sot, sp.prev, sp.solm, sp.nosp]
-        if opts.suppress_non_speech:
+        if opts.suppress_tokens is not None:
+            sup += list(opts.suppress_tokens)
+        elif opts.suppress_non_speech:
             sup += tok.non_speech()
         self.suppress = np.array(sorted(set(t for t in sup if t < n_vocab)), dtype=np.int64)
         self.max_initial = sp.timestamp_begin + round(opts.max_initial_timestamp / 0.02)
@@ -133,53 +164,70 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return y - np.log(np.exp(y).sum())  # type: ignore[no-any-return]
 
 
-def detect_language(model: WhisperModel, tok: WhisperTokenizer) -> tuple[str, float]:
-    """The language of the window :meth:`~.model.WhisperModel.encode` left in ``model`` (a
-    multilingual model): the most likely language token after ``<|startoftranscript|>``, as
-    openai-whisper's ``detect_language``: (code, its probability among the languages). ValueError
-    for an English-only model."""
+def language_probs(model: WhisperNet, tok: WhisperTokenizer) -> list[tuple[str, float]]:
+    """The languages of the window :meth:`~.model.WhisperNet.encode` left in ``model`` (a
+    multilingual model), most likely first: (code, probability among the languages) of the
+    language token after ``<|startoftranscript|>``, as openai-whisper's ``detect_language``.
+    ValueError for an English-only model."""
     n = tok.sp.n_languages
     if not n:
         raise ValueError("an English-only model detects no language")
     logits = model.decode([tok.sp.sot], [0])[tok.sp.lang:tok.sp.lang + n].astype(np.float64)
     p = np.exp(_log_softmax(logits))
-    best = int(np.argmax(p))
-    return LANGUAGES[best], float(p[best])
+    order = np.argsort(-p, kind="stable")
+    return [(LANGUAGES[i], float(p[i])) for i in order]
 
 
-def decode_window(model: WhisperModel, tok: WhisperTokenizer, opts: DecodeOptions) -> WindowResult:
-    """Decode the window :meth:`~.model.WhisperModel.encode` left in ``model``."""
+def detect_language(model: WhisperNet, tok: WhisperTokenizer) -> tuple[str, float]:
+    """The most likely of :func:`language_probs`: (code, its probability among the languages)."""
+    return language_probs(model, tok)[0]
+
+
+def decode_window(model: WhisperNet, tok: WhisperTokenizer, opts: DecodeOptions) -> WindowResult:
+    """Decode the window :meth:`~.model.WhisperNet.encode` left in ``model``: the tokens
+    sampled after the prompt (:func:`prompt_tokens`), with the prefix before them."""
     sp = tok.sp
-    prompt = prompt_tokens(tok, opts)
+    prompt = prompt_tokens(tok, opts, model.hp.n_text_ctx)
     limit = opts.sample_len or model.hp.n_text_ctx // 2
     limit = min(limit, model.hp.n_text_ctx - len(prompt) - 1)
+    if limit < 1:
+        raise ValueError(f"a prompt of {len(prompt)} tokens leaves no room in the decoder's "
+                         f"{model.hp.n_text_ctx} positions")
     filters = _Filters(tok, opts, model.hp.n_vocab)
     n_p = len(prompt)
-    first = model.decode(prompt, range(n_p))
-    # no speech: the probability of <|nospeech|> right after the start of transcript
-    sot_logits = first if n_p == 1 else model.decode(prompt[:1], [0])
+    at = prompt.index(sp.sot)
+    # <|0.00|> and the prefix: decoded with the prompt, the window's first tokens to the filters
+    lead = prompt[at + len(sot_sequence(tok, opts.language, opts.task)) + (not opts.timestamps):]
+    if at == 0:
+        first = model.decode(prompt, range(n_p))
+        # no speech: the probability of <|nospeech|> right after the start of transcript
+        sot_logits = first if n_p == 1 else model.decode(prompt[:1], [0])
+    else:                      # the previous text first: up to the start of transcript, then the rest
+        sot_logits = model.decode(prompt[:at + 1], range(at + 1))
+        first = sot_logits if n_p == at + 1 else model.decode(prompt[at + 1:], range(n_p))
     no_speech = float(np.exp(_log_softmax(sot_logits.astype(np.float64))[sp.nosp]))
     res: tuple[list[int], float] | None
     if opts.beam_size > 1 and opts.temperature == 0:
-        res = _beam(model, filters, n_p, first, limit, opts.beam_size, sp.eot)
+        res = _beam(model, filters, n_p, first, limit, opts.beam_size, sp.eot, lead)
     else:
         n = opts.best_of if opts.temperature > 0 else 1
         rng = np.random.default_rng(opts.seed)
         res = None
         for _ in range(n):
-            cand = _sample(model, filters, first, n_p, limit, opts.temperature, rng, sp.eot)
+            cand = _sample(model, filters, first, n_p, limit, opts.temperature, rng, sp.eot, lead)
             if res is None or cand[1] / max(len(cand[0]), 1) > res[1] / max(len(res[0]), 1):
                 res = cand
         assert res is not None
     tokens, sum_lp = res
     text = tok.decode(tokens)
-    return WindowResult(tokens, sum_lp, sum_lp / (len(tokens) + 1), no_speech, opts.temperature,
-                        compression_ratio(text), text)
+    n_sampled = len(tokens) - len(lead)
+    return WindowResult(tokens, sum_lp, sum_lp / (n_sampled + 1), no_speech, opts.temperature,
+                        compression_ratio(text.strip()), text)
 
 
-def _sample(model: WhisperModel, filters: _Filters, logits: np.ndarray, n_prompt: int, limit: int,
-            temperature: float, rng: np.random.Generator, eot: int) -> tuple[list[int], float]:
-    seq: list[int] = []
+def _sample(model: WhisperNet, filters: _Filters, logits: np.ndarray, n_prompt: int, limit: int,
+            temperature: float, rng: np.random.Generator, eot: int, lead: Sequence[int] = ()) -> tuple[list[int], float]:
+    seq: list[int] = list(lead)          # the prompt's last tokens, the window's first
     total = 0.0
     while True:
         lg = logits.astype(np.float64)
@@ -191,14 +239,14 @@ def _sample(model: WhisperModel, filters: _Filters, logits: np.ndarray, n_prompt
         else:
             nxt = int(np.argmax(lg))
         total += float(lp[nxt])
-        if nxt == eot or len(seq) >= limit:
+        if nxt == eot or len(seq) - len(lead) >= limit:
             return seq, total
         seq.append(nxt)
-        logits = model.decode([nxt], range(n_prompt + len(seq)))
+        logits = model.decode([nxt], range(n_prompt + len(seq) - len(lead)))
 
 
-def _beam(model: WhisperModel, filters: _Filters, n_prompt: int, first: np.ndarray, limit: int,
-          beam_size: int, eot: int) -> tuple[list[int], float]:
+def _beam(model: WhisperNet, filters: _Filters, n_prompt: int, first: np.ndarray, limit: int,
+          beam_size: int, eot: int, lead: Sequence[int] = ()) -> tuple[list[int], float]:
     """Beam search as CTranslate2 (faster-whisper's engine) runs it: ``beam_size`` live
     sequences, each extended by its ``beam_size + 1`` best tokens; of all these candidates,
     ranked by summed log-probability, one ending in end of text among the ``beam_size`` best is
@@ -213,7 +261,7 @@ def _beam(model: WhisperModel, filters: _Filters, n_prompt: int, first: np.ndarr
                          f"{n_prompt + beam_size * limit} KV cells; the model has {model.n_cells} (n_cells)")
     prompt_cells = list(range(n_prompt))
     # (tokens, score, logits after them, cells of prompt + tokens)
-    live: list[tuple[list[int], float, np.ndarray, list[int]]] = [([], 0.0, first, prompt_cells)]
+    live: list[tuple[list[int], float, np.ndarray, list[int]]] = [(list(lead), 0.0, first, prompt_cells)]
     finished: list[tuple[list[int], float]] = []
     next_cell = n_prompt
     for _ in range(limit):

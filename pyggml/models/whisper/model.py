@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -32,9 +32,10 @@ from pyggml import Context, GGMLType, Tensor
 from pyggml.runtime import BackendSet, GraphCache, GraphParts, load_tensors
 
 from .audio import FRAMES
+from .hparams import Specials
 from .loader import WhisperFile
 
-__all__ = ["WhisperModel", "KV_PAD"]
+__all__ = ["WhisperNet", "KV_PAD"]
 
 #: decoder graphs attend to the first multiple of KV_PAD cache cells covering the tokens
 KV_PAD = 32
@@ -42,7 +43,7 @@ _EPS = 1e-5
 _ENCODER = ("encoder",)
 
 
-class WhisperModel:
+class WhisperNet:
     """A Whisper model file on a ggml backend: ``backend`` ``"cpu"`` or a device name
     (``"CUDA0"``, ``"Vulkan0"``, ``"TORCH0"``, ``"numpy"``...); a :class:`~pyggml.Scheduler` runs
     on it what it supports and the rest on the CPU backend (``n_threads``, default: the cores
@@ -61,6 +62,7 @@ class WhisperModel:
                  flash_attn: bool = True, max_graphs: int = 16, n_cells: int | None = None,
                  repack: bool = True):
         self.hp = hp = f.hparams
+        self.eot = Specials.of(hp).eot
         self.n_cells = n_cells or 3 * hp.n_text_ctx
         self.flash_attn = flash_attn
         self._stack = contextlib.ExitStack()
@@ -103,17 +105,20 @@ class WhisperModel:
         """Free the graphs, the caches, the weights and the backends (idempotent)."""
         self._stack.close()
 
-    def __enter__(self) -> "WhisperModel":
+    def __enter__(self) -> "WhisperNet":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _build(self, g: GraphParts, kind: str, *shape: int) -> dict[str, Tensor]:
-        """The encoder graph (key ``("encoder",)``) or the decoder graph of key ``("decoder", T,
-        K, B)``."""
+    def _build(self, g: GraphParts, kind: str, *shape: Any) -> dict[str, Tensor]:
+        """The encoder graph (key ``("encoder",)``), the decoder graph of key ``("decoder", T,
+        K, B)`` or the alignment graph of key ``("align", T, K, heads)`` (:meth:`align`)."""
         if kind == "encoder":
             self._build_encoder(g)
+        elif kind == "align":
+            T, K, heads = shape
+            self._build_decoder(g, T, K, 1, heads)
         else:
             self._build_decoder(g, *shape)
         return {}
@@ -184,9 +189,14 @@ class WhisperModel:
         self.graphs.compute(_ENCODER, [])
 
     # ------------------------------------------------------------------ decoder
-    def _build_decoder(self, g: GraphParts, T: int, K: int, B: int) -> None:
+    def _build_decoder(self, g: GraphParts, T: int, K: int, B: int,
+                       heads: tuple[tuple[int, int], ...] | None = None) -> None:
         """The decoder graph of B sequences of T new tokens each (T = 1 when B > 1), attending
-        to K cache cells each: the logits of each sequence's last token, F32 [V, B]."""
+        to K cache cells each: the logits of each sequence's last token, F32 [V, B]. With
+        ``heads`` (B = 1; :meth:`align`), instead: the scaled cross-attention scores of those
+        (layer, head) pairs, F32 [A, T] each (``qk{n}``), and each token's probability of the
+        token after it among the text tokens, F32 [1, T] (``probs``, at the rows of input
+        ``pick``: next token + t x eot)."""
         hp, w, ctx = self.hp, self.w, g.ctx
         D, H, A = hp.n_text_state, hp.n_text_head, hp.n_audio_ctx
         Dh, TB = D // H, T * B
@@ -217,6 +227,20 @@ class WhisperModel:
             o = self._attend(ctx, q, ck, cv, None, H, not self.flash_attn)
             x = self._linear(ctx, o, p + ".cross_attn.out") + x
             x = self._mlp(ctx, x, p)
+            mine = [(n, h) for n, (layer, h) in enumerate(heads or ()) if layer == i]
+            if mine:                                              # the scores, as mul_mat + soft_max see them
+                kq = ctx.mul_mat(ctx.permute(ck, 0, 2, 1, 3), ctx.permute(q, 0, 2, 1, 3))   # [A, T, H]
+                for n, h in mine:
+                    one = ctx.view(kq, [A, T], nb=[kq.nb[1]], offset=h * kq.nb[2])
+                    g.output(ctx.scale(one, 1.0 / math.sqrt(Dh)), f"qk{n}")
+        if heads is not None:
+            x = self._ln(ctx, x, "decoder.ln")                                                   # [D, T]
+            eot = self.eot
+            logits = ctx.mul_mat(w["decoder.token_embedding.weight"], x)                          # [V, T]
+            text = ctx.soft_max(ctx.cont(ctx.view(logits, [eot, T], nb=[logits.nb[1]])))           # [eot, T]
+            pick = g.input(GGMLType.I32, [T], "pick")
+            g.output(ctx.get_rows(ctx.reshape(text, 1, eot * T), pick), "probs")                 # [1, T]
+            return
         if T > 1:                                                        # the last token's logits only
             x = ctx.view(x, [D, 1], offset=(T - 1) * x.nb[1])
         x = self._ln(ctx, x, "decoder.ln")
@@ -265,3 +289,37 @@ class WhisperModel:
         a["mask"].reshape(B, T, K)[:] = np.where(np.arange(K)[None, None, :] <= positions[None, :, None], 0.0, -np.inf)
         self.graphs.compute(key, [])
         return np.array(a["logits"].reshape(B, hp.n_vocab))
+
+    def align(self, tokens: Sequence[int], heads: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """What word timestamps need of the window :meth:`encode` left in the model, for the
+        sequence ``tokens`` (start of transcript, text tokens, end of text; at cells 0..T-1,
+        which it overwrites): the scaled cross-attention scores (q.k / sqrt(Dh), before the
+        softmax) of the (layer, head) pairs ``heads``, float32 NumPy shape (len(heads), T,
+        n_audio_ctx), and each token's probability of the token after it among the text tokens
+        (a softmax over the ids below end of text; 0 where the next token is not text),
+        float32 (T,). One graph per length. Raises ValueError as :meth:`decode_batch` and for a
+        head out of range."""
+        hp = self.hp
+        T = len(tokens)
+        hs = tuple((int(layer), int(h)) for layer, h in heads)
+        if not hs or any(not (0 <= layer < hp.n_text_layer and 0 <= h < hp.n_text_head) for layer, h in hs):
+            raise ValueError(f"heads must be (layer, head) pairs in ({hp.n_text_layer}, {hp.n_text_head})")
+        tok = np.asarray(tokens, dtype=np.int64)
+        if T == 0 or T > hp.n_text_ctx:
+            raise ValueError(f"{T} tokens do not fit the decoder's {hp.n_text_ctx} positions")
+        if tok.min() < 0 or tok.max() >= hp.n_vocab:
+            raise ValueError(f"token ids must be in 0..{hp.n_vocab - 1}")
+        K = min(hp.n_text_ctx, -(-T // KV_PAD) * KV_PAD)
+        key = ("align", T, K, hs)
+        a = self.graphs.get(key).arrays
+        a["tokens"][:] = tok
+        a["pos"][:] = a["rows"][:] = np.arange(T)
+        a["cells"][:T] = np.arange(T)
+        a["cells"][T:] = 0
+        a["mask"].reshape(T, K)[:] = np.where(np.arange(K)[None, :] <= np.arange(T)[:, None], 0.0, -np.inf)
+        nxt = np.append(tok[1:], self.eot)
+        text = nxt < self.eot
+        a["pick"][:] = np.where(text, nxt, 0) + np.arange(T) * self.eot
+        out = self.graphs.compute(key, [f"qk{n}" for n in range(len(hs))] + ["probs"])
+        qk = np.stack([out[f"qk{n}"].reshape(T, hp.n_audio_ctx) for n in range(len(hs))])
+        return qk, np.where(text, out["probs"].reshape(T), 0.0).astype(np.float32)

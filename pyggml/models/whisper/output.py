@@ -1,11 +1,12 @@
-"""A transcription as subtitles (SRT, WebVTT) or JSON."""
+"""A transcription as subtitles (SRT, WebVTT), lyrics (LRC), plain text, tab-separated values or
+JSON."""
 from __future__ import annotations
 
 import json
 
 from .transcribe import Transcription
 
-__all__ = ["srt", "vtt", "to_json"]
+__all__ = ["srt", "vtt", "lrc", "txt", "tsv", "to_json"]
 
 
 def _stamp(seconds: float, sep: str) -> str:
@@ -31,3 +32,34 @@ def vtt(t: Transcription) -> str:
 def to_json(t: Transcription) -> str:
     """The ``--dump`` object (:meth:`Transcription.as_dict`) as indented JSON."""
     return json.dumps(t.as_dict(), indent=1, ensure_ascii=False) + "\n"
+
+
+def txt(t: Transcription) -> str:
+    """Each segment's text on a line of its own."""
+    return "".join(f"{s.text.strip()}\n" for s in t.segments)
+
+
+def tsv(t: Transcription) -> str:
+    """openai-whisper's TSV: a ``start	end	text`` header, then per segment its start and end in
+    integer milliseconds and its text (tabs in it as spaces)."""
+    return "start\tend\ttext\n" + "".join(
+        f"{round(1000 * s.start)}\t{round(1000 * s.end)}\t{s.text.strip().replace(chr(9), ' ')}\n" for s in t.segments)
+
+
+def _lrc_stamp(seconds: float) -> str:
+    cs = int(round(seconds * 100))
+    m, cs = divmod(cs, 6000)
+    return f"{m:02d}:{cs // 100:02d}.{cs % 100:02d}"
+
+
+def lrc(t: Transcription) -> str:
+    """LRC lyrics: a ``[mm:ss.xx]`` line per segment; with word timestamps, enhanced LRC: each
+    word after its own ``<mm:ss.xx>``."""
+    lines = []
+    for s in t.segments:
+        if s.words:
+            body = " ".join(f"<{_lrc_stamp(w.start)}> {w.word.strip()}" for w in s.words)
+            lines.append(f"[{_lrc_stamp(s.start)}] {body} <{_lrc_stamp(s.end)}>\n")
+        else:
+            lines.append(f"[{_lrc_stamp(s.start)}] {s.text.strip()}\n")
+    return "".join(lines)

@@ -1,10 +1,12 @@
 """Whisper's tokens: text from ids through the model file's vocabulary (the bytes of each BPE
-token), the special tokens' names, timestamps, and openai-whisper's non-speech tokens (the
-symbols its ``suppress_tokens=-1`` suppresses) found in the vocabulary.
+token), ids from text (byte-level BPE whose merge ranks are the ids, as openai-whisper's
+tiktoken files give them: ``tiktoken`` runs it), the special tokens' names, timestamps, and
+openai-whisper's non-speech tokens (the symbols its ``suppress_tokens=-1`` suppresses) found
+in the vocabulary.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from .hparams import HParams, Specials
 
@@ -20,6 +22,9 @@ _SYMBOLS = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』') + \
     "<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪".split()
 _MISC = "♩♪♫♬♭♮♯"
 
+#: GPT-2's pre-tokenizer (openai-whisper's tiktoken encodings): the pieces BPE runs on
+_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
 
 class WhisperTokenizer:
     """``vocab``: the model file's tokens (bytes, by id); ``hp``: its hyperparameters, which
@@ -31,6 +36,7 @@ class WhisperTokenizer:
         self.n_vocab = hp.n_vocab
         self._ids = {tok: i for i, tok in enumerate(self.vocab)}
         self._non_speech: list[int] | None = None
+        self._bpe: Any = None
 
     def is_timestamp(self, token: int) -> bool:
         return token >= self.sp.timestamp_begin
@@ -46,6 +52,20 @@ class WhisperTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """The text of the BPE tokens among ``ids`` (special and timestamp tokens are left out)."""
         return b"".join(self.vocab[i] for i in ids if i < self.sp.eot).decode("utf-8", "replace")
+
+    def encode(self, text: str) -> list[int]:
+        """The text token ids of ``text`` (no special tokens; give a leading space to a
+        prompt, as Whisper's text has one). Needs ``tiktoken`` (``pip install
+        "pyggml[whisper]"``: ImportError without it)."""
+        if self._bpe is None:
+            try:
+                import tiktoken
+            except ImportError as e:
+                raise ImportError('encoding text for Whisper needs tiktoken: pip install "pyggml[whisper]"') from e
+            ranks = {self.vocab[i]: i for i in range(self.sp.eot)}
+            self._bpe = tiktoken.Encoding("pyggml-whisper", pat_str=_PATTERN, mergeable_ranks=ranks,
+                                          special_tokens={})
+        return list(self._bpe.encode_ordinary(text))
 
     def language_token(self, code: str) -> int:
         """The token of language ``code`` (``"en"``, ``"de"``...). ValueError for an English-only

@@ -1,24 +1,30 @@
-"""Speech to text: :class:`Whisper` transcribes audio of any length window by window, as
-openai-whisper's ``transcribe`` does (seek, segments from timestamp pairs, temperature fallback
-on repetitive or unlikely text, silent windows skipped), into a :class:`Transcription`.
+"""Speech to text, window by window, as openai-whisper's ``transcribe`` and faster-whisper's
+``generate_segments`` run it (:func:`generate_segments`): 30-s windows from a seek position,
+segments from timestamp pairs, temperature fallback on repetitive or unlikely text, silent
+windows skipped, the previous text as the next window's prompt, word timestamps. Segments come
+one at a time, as each window is decoded. :class:`Whisper` collects them into a
+:class:`Transcription`; :class:`pyggml.models.whisper.faster.WhisperModel` gives them as
+faster-whisper does.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from .audio import CHUNK, FRAMES, HOP, SAMPLE_RATE, load_audio, log_mel
 from .convert import default_model
-from .decode import DecodeOptions, WindowResult, decode_window, detect_language
+from .decode import DecodeOptions, WindowResult, decode_window, detect_language, sot_sequence
 from .loader import WhisperFile
-from .model import WhisperModel
+from .model import WhisperNet
+from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, find_alignment, merge_punctuations
 from .tokenizer import WhisperTokenizer
 
-__all__ = ["Whisper", "Transcription", "Segment"]
+__all__ = ["Whisper", "Transcription", "Segment", "Word", "TranscriptionOptions", "generate_segments",
+           "encode_first_window", "audio_mel"]
 
 #: a window whose samples all stay below this (-80 dBFS) is silence, not decoded
 SILENCE = 1e-4
@@ -26,23 +32,86 @@ SILENCE = 1e-4
 #: temperatures tried in turn while a window's text looks wrong (openai-whisper's defaults)
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
+#: seconds per timestamp token; mel frames per 20-ms encoder frame
+TIME_PRECISION = 0.02
+INPUT_STRIDE = 2
+_FRAMES_PER_SECOND = SAMPLE_RATE // HOP
+_SENTENCE_ENDS = ".。!！?？"
+
+
+@dataclass
+class Word:
+    """A word of a segment (faster-whisper's ``Word``): ``start``, ``end`` in seconds of the
+    audio, the text (with its leading space) and the mean probability of its tokens."""
+
+    start: float
+    end: float
+    word: str
+    probability: float
+
 
 @dataclass
 class Segment:
-    """A piece of the transcript: ``start`` and ``end`` in seconds, its text and token ids."""
+    """A piece of the transcript (faster-whisper's ``Segment``, field for field): ``id`` (from
+    1), ``seek`` (the mel frame its window starts at, 10 ms each), ``start`` and ``end`` in
+    seconds, its text, its token ids (timestamps included), the window's mean log-probability,
+    compression ratio and no-speech probability, its :class:`Word` s (with word timestamps,
+    else None), the temperature that decoded it."""
 
+    id: int
+    seek: int
     start: float
     end: float
     text: str
     tokens: list[int] = field(default_factory=list)
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    words: list[Word] | None = None
+    temperature: float | None = 0.0
+
+
+@dataclass
+class TranscriptionOptions:
+    """What :func:`generate_segments` decodes with (faster-whisper's ``TranscriptionOptions``;
+    ``patience``, ``length_penalty``, ``repetition_penalty``, ``no_repeat_ngram_size``,
+    ``multilingual`` and ``hallucination_silence_threshold`` only at the values that change
+    nothing: :class:`~.faster.WhisperModel` refuses others)."""
+
+    beam_size: int = 5
+    best_of: int = 5
+    patience: float = 1.0
+    length_penalty: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    log_prob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    compression_ratio_threshold: float | None = 2.4
+    condition_on_previous_text: bool = True
+    prompt_reset_on_temperature: float = 0.5
+    temperatures: list[float] = field(default_factory=lambda: list(TEMPERATURES))
+    initial_prompt: str | Iterable[int] | None = None
+    prefix: str | None = None
+    suppress_blank: bool = True
+    suppress_tokens: list[int] | None = field(default_factory=lambda: [-1])
+    without_timestamps: bool = False
+    max_initial_timestamp: float = 1.0
+    word_timestamps: bool = False
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS
+    append_punctuations: str = APPEND_PUNCTUATIONS
+    multilingual: bool = False
+    max_new_tokens: int | None = None
+    clip_timestamps: str | list[float] = "0"
+    hallucination_silence_threshold: float | None = None
+    hotwords: str | None = None
 
 
 @dataclass
 class Transcription:
     """``text``: the whole transcript; ``tokens``: its text token ids (no special or timestamp
-    tokens); ``segments``; ``timings`` in milliseconds: ``mel_ms``, ``encode_ms``, ``decode_ms``,
-    ``total_ms`` (and ``n_tokens``, the tokens decoded); ``language``: the language given or
-    detected (``"en"`` for English-only models)."""
+    tokens); ``segments``; ``timings`` in milliseconds: ``mel_ms``, ``encode_ms``, ``decode_ms``
+    (word timestamps included), ``total_ms`` (and ``n_tokens``, the tokens decoded);
+    ``language``: the language given or detected (``"en"`` for English-only models)."""
 
     text: str
     tokens: list[int]
@@ -51,16 +120,259 @@ class Transcription:
     language: str = "en"
 
     def as_dict(self) -> dict[str, Any]:
-        """The ``--dump`` JSON object: text, tokens, segments (start, end, text), timings."""
-        return {"text": self.text, "tokens": self.tokens,
-                "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in self.segments],
+        """The ``--dump`` JSON object: text, tokens, segments (start, end, text, and ``words``
+        of start, end, word, probability with word timestamps), timings."""
+        def seg(s: Segment) -> dict[str, Any]:
+            d: dict[str, Any] = {"start": s.start, "end": s.end, "text": s.text}
+            if s.words is not None:
+                d["words"] = [{"start": w.start, "end": w.end, "word": w.word, "probability": w.probability}
+                              for w in s.words]
+            return d
+        return {"text": self.text, "tokens": self.tokens, "segments": [seg(s) for s in self.segments],
                 "timings": self.timings}
+
+
+def _suppress(tok: WhisperTokenizer, ids: Sequence[int] | None) -> tuple[int, ...]:
+    """faster-whisper's ``suppress_tokens``: -1 stands for the non-speech symbols."""
+    ids = list(ids or ())
+    out = {t for t in ids if t >= 0}
+    if -1 in ids:
+        out.update(tok.non_speech())
+    return tuple(sorted(out))
+
+
+def _clips(clip_timestamps: str | Sequence[float], n_frames: int) -> list[tuple[int, int]]:
+    """(start, end) mel frames of the clips to transcribe: ``"start,end,start,..."`` seconds
+    (the last end: the audio's)."""
+    if isinstance(clip_timestamps, str):
+        clip_timestamps = [float(x) for x in clip_timestamps.split(",")] if clip_timestamps.strip() else []
+    points = [round(float(t) * _FRAMES_PER_SECOND) for t in clip_timestamps] or [0]
+    if len(points) % 2:
+        points.append(n_frames)
+    return list(zip(points[::2], points[1::2]))
+
+
+def _split(tok: WhisperTokenizer, tokens: list[int], offset: float, seek: int, size: int,
+           duration: float) -> tuple[list[Segment], int, bool]:
+    """One window's tokens as segments (openai-whisper's rule: consecutive timestamp tokens
+    close a segment), the next seek and whether the tokens end on a single timestamp."""
+    tb = tok.sp.timestamp_begin
+    single_end = len(tokens) >= 2 and tokens[-2] < tb <= tokens[-1]
+    cuts = [i for i in range(1, len(tokens)) if tokens[i] >= tb and tokens[i - 1] >= tb]
+    out: list[Segment] = []
+    if cuts:
+        last = 0
+        for cut in cuts + ([len(tokens)] if single_end else []):
+            part = tokens[last:cut]
+            out.append(Segment(0, seek, round(offset + (part[0] - tb) * TIME_PRECISION, 3),
+                               round(offset + (part[-1] - tb) * TIME_PRECISION, 3), "", part))
+            last = cut
+        if single_end:
+            return out, seek + size, True
+        step = (tokens[last - 1] - tb) * INPUT_STRIDE
+        return out, seek + (step if step > 0 else size), False      # <|0.00|><|0.00|>: never stand still
+    stamps = [t for t in tokens if t >= tb]
+    if stamps and stamps[-1] != tb:
+        duration = (stamps[-1] - tb) * TIME_PRECISION
+    out.append(Segment(0, seek, offset, offset + duration, "", tokens))
+    return out, seek + size, single_end
+
+
+def _add_words(net: WhisperNet, tok: WhisperTokenizer, sot: list[int], segments: list[Segment], size: int,
+               opts: TranscriptionOptions, language: str | None, last_speech: float) -> float:
+    """Give ``segments`` (one window's) their words (faster-whisper's ``add_word_timestamps``:
+    :func:`~.timing.find_alignment`, punctuation merged, words at sentence ends and after
+    pauses kept to twice the median word length, segment edges moved to their words).
+    Returns the end of the last word."""
+    per_segment = [[t for t in s.tokens if t < tok.sp.eot] for s in segments]
+    text = [t for part in per_segment for t in part]
+    words = find_alignment(net, tok, sot, text, size, language)
+    durations = np.array([w.end - w.start for w in words])
+    durations = durations[durations.nonzero()]
+    median = min(0.7, float(np.median(durations))) if durations.size else 0.0
+    longest = median * 2
+    if durations.size:
+        for i in range(1, len(words)):
+            if words[i].end - words[i].start > longest:
+                if words[i].word in _SENTENCE_ENDS:
+                    words[i].end = words[i].start + longest
+                elif words[i - 1].word in _SENTENCE_ENDS:
+                    words[i].start = words[i].end - longest
+    merge_punctuations(words, opts.prepend_punctuations, opts.append_punctuations)
+    offset = segments[0].seek / _FRAMES_PER_SECOND if segments else 0.0
+    k = 0
+    for seg, toks in zip(segments, per_segment):
+        mine: list[Word] = []
+        taken = 0
+        while k < len(words) and taken < len(toks):
+            w = words[k]
+            if w.word:
+                mine.append(Word(round(offset + w.start, 2), round(offset + w.end, 2), w.word, w.probability))
+            taken += len(w.tokens)
+            k += 1
+        if mine:
+            first, last = mine[0], mine[-1]
+            # the first words after a pause: no longer than twice the median
+            if first.end - last_speech > median * 4 and (
+                    first.end - first.start > longest or
+                    (len(mine) > 1 and mine[1].end - first.start > longest * 2)):
+                if len(mine) > 1 and mine[1].end - mine[1].start > longest:
+                    boundary = max(mine[1].end / 2, mine[1].end - longest)
+                    first.end = mine[1].start = boundary
+                first.start = max(0.0, first.end - longest)
+            # a segment edge inside a word that runs long wins; else the words set the edges
+            if seg.start < first.end and seg.start - 0.5 > first.start:
+                first.start = max(0.0, min(first.end - median, seg.start))
+            else:
+                seg.start = first.start
+            if seg.end > last.start and seg.end + 0.5 < last.end:
+                last.end = max(last.start + median, seg.end)
+            else:
+                seg.end = last.end
+            last_speech = seg.end
+        seg.words = mine
+    return last_speech
+
+
+def audio_mel(samples: np.ndarray, mel_filters: np.ndarray) -> np.ndarray:
+    """The log-mel of ``samples`` as the windows are cut from it (30 s of zeros after, as
+    openai-whisper pads them), float32 NumPy shape (n_mels, frames)."""
+    return log_mel(samples, mel_filters, pad=CHUNK)
+
+
+def _window(mel: np.ndarray, seek: int, end: int | None = None) -> np.ndarray:
+    """The 30-s window at mel frame ``seek``; frames from ``end`` on (a clip's end before the
+    audio's) are the padding's silence."""
+    window = mel[:, seek:seek + FRAMES]
+    if window.shape[1] < FRAMES:
+        window = np.pad(window, ((0, 0), (0, FRAMES - window.shape[1])))
+    if end is not None and end - seek < FRAMES:
+        window = window.copy()
+        window[:, max(0, end - seek):] = mel[:, -1:]
+    return np.ascontiguousarray(window)
+
+
+def encode_first_window(net: WhisperNet, samples: np.ndarray, mel: np.ndarray, seek: int = 0) -> bool:
+    """Encode the window at mel frame ``seek`` of :func:`audio_mel` ``mel`` into ``net`` (for
+    language detection; give ``encoded=seek`` to :func:`generate_segments` then); False, and
+    nothing encoded, when it is digital silence or past the end."""
+    part = samples[seek * HOP:(seek + FRAMES) * HOP]
+    if part.size < HOP or np.max(np.abs(part), initial=0.0) < SILENCE:
+        return False
+    net.encode(_window(mel, seek))
+    return True
+
+
+def generate_segments(net: WhisperNet, tok: WhisperTokenizer, samples: np.ndarray, mel: np.ndarray,
+                      opts: TranscriptionOptions, language: str = "en", task: str = "transcribe",
+                      stats: dict[str, float] | None = None, *, encoded: int | None = None) -> Iterator[Segment]:
+    """Transcribe ``samples`` (float32, 16 kHz, one channel) with ``net`` window by window,
+    yielding each :class:`Segment` as its window is decoded; ``mel``: their :func:`audio_mel`.
+    ``language``, ``task``: as the
+    windows are decoded (multilingual models; :func:`~.decode.detect_language` after
+    :func:`encode_first_window` finds it). ``encoded``: the seek (mel frame) of a window
+    ``net`` holds already (not encoded again). ``stats``, when given, gains ``mel_ms``,
+    ``encode_ms``, ``decode_ms`` and ``n_tokens`` as the windows go. Raises ValueError for
+    options it cannot decode with, ImportError for text prompts without tiktoken."""
+    stats = stats if stats is not None else {}
+    for k in ("encode_ms", "decode_ms", "n_tokens"):
+        stats.setdefault(k, 0.0)
+    n_frames = samples.size // HOP
+    if not opts.temperatures:
+        raise ValueError("give at least one temperature")
+    suppress = _suppress(tok, opts.suppress_tokens)
+    hotwords = tuple(tok.encode(" " + opts.hotwords.strip())) if opts.hotwords else ()
+    prefix = tuple(tok.encode(" " + opts.prefix.strip())) if opts.prefix else ()
+    all_tokens: list[int] = []
+    if opts.initial_prompt is not None:
+        if isinstance(opts.initial_prompt, str):
+            all_tokens += tok.encode(" " + opts.initial_prompt.strip())
+        else:
+            all_tokens += [int(t) for t in opts.initial_prompt]
+    reset_since = 0
+    idx = 0
+    last_speech = 0.0
+    clips = _clips(opts.clip_timestamps, n_frames)
+    seek = clips[0][0]
+    for clip_start, clip_end in clips:
+        clip_end = min(clip_end, n_frames)
+        seek = max(seek, clip_start)
+        while seek < clip_end:
+            size = min(FRAMES, n_frames - seek, clip_end - seek)
+            offset = seek * HOP / SAMPLE_RATE
+            if np.max(np.abs(samples[seek * HOP:(seek + size) * HOP]), initial=0.0) < SILENCE:
+                seek += size                           # digital silence: the model would invent words
+                continue
+            t1 = time.perf_counter()
+            if seek != encoded:
+                net.encode(_window(mel, seek, clip_end if clip_end < n_frames else None))
+            encoded = None
+            t2 = time.perf_counter()
+            sot = sot_sequence(tok, language, task)
+            res: WindowResult | None = None
+            results: list[WindowResult] = []
+            below: list[WindowResult] = []
+            temperature = 0.0
+            for temperature in opts.temperatures:
+                dopts = DecodeOptions(beam_size=opts.beam_size if temperature == 0 else 1, temperature=temperature,
+                                      best_of=opts.best_of, timestamps=not opts.without_timestamps,
+                                      language=language, task=task, max_initial_timestamp=opts.max_initial_timestamp,
+                                      sample_len=opts.max_new_tokens, suppress_blank=opts.suppress_blank,
+                                      previous=tuple(all_tokens[reset_since:]), hotwords=hotwords,
+                                      prefix=prefix if seek == 0 else (), suppress_tokens=suppress)
+                res = decode_window(net, tok, dopts)
+                results.append(res)
+                stats["n_tokens"] += len(res.tokens) + 1
+                fallback = False
+                if opts.compression_ratio_threshold is not None and res.compression_ratio > opts.compression_ratio_threshold:
+                    fallback = True                    # too repetitive
+                else:
+                    below.append(res)
+                lp_low = opts.log_prob_threshold is not None and res.avg_logprob < opts.log_prob_threshold
+                if lp_low:
+                    fallback = True                    # too unlikely
+                if opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold and lp_low:
+                    fallback = False                   # silence
+                if not fallback:
+                    break
+            else:   # every temperature failed: the likeliest, not too repetitive if any is not
+                res = max(below or results, key=lambda r: r.avg_logprob)
+            assert res is not None
+            stats["encode_ms"] += 1e3 * (t2 - t1)
+            if opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold and not (
+                    opts.log_prob_threshold is not None and res.avg_logprob > opts.log_prob_threshold):
+                seek += size                           # silence: nothing from this window
+                stats["decode_ms"] += 1e3 * (time.perf_counter() - t2)
+                continue
+            previous_seek = seek
+            segments, seek, single_end = _split(tok, res.tokens, offset, seek, size, size * HOP / SAMPLE_RATE)
+            for s in segments:                         # a timestamp past the end of the audio
+                s.end = min(s.end, n_frames * HOP / SAMPLE_RATE)
+            if opts.word_timestamps:
+                last_speech = _add_words(net, tok, sot, segments, size, opts, language, last_speech)
+                if not single_end and segments and segments[-1].words:
+                    last_word_end = segments[-1].words[-1].end
+                    if last_word_end > offset:
+                        seek = round(last_word_end * _FRAMES_PER_SECOND)
+            stats["decode_ms"] += 1e3 * (time.perf_counter() - t2)
+            for s in segments:
+                s.text = tok.decode(s.tokens)
+                if s.start == s.end or not s.text.strip():
+                    continue
+                all_tokens += s.tokens
+                idx += 1
+                s.id, s.seek, s.temperature = idx, previous_seek, temperature
+                s.avg_logprob, s.compression_ratio, s.no_speech_prob = \
+                    res.avg_logprob, res.compression_ratio, res.no_speech_prob
+                yield s
+            if not opts.condition_on_previous_text or temperature > opts.prompt_reset_on_temperature:
+                reset_since = len(all_tokens)
 
 
 class Whisper:
     """A whisper.cpp model file (``model``: a path; default :func:`~.convert.default_model`,
     tiny.en) on a ggml device (``backend``, ``n_threads``, ``flash_attn``, ``repack`` as
-    :class:`~.model.WhisperModel` takes them). Raises :class:`~pyggml.models.common.ModelError`
+    :class:`~.model.WhisperNet` takes them). Raises :class:`~pyggml.models.common.ModelError`
     for a file it cannot run, FileNotFoundError for a missing one (or, without ``model``, a
     missing default model, with the pip command)."""
 
@@ -68,8 +380,8 @@ class Whisper:
                  flash_attn: bool = True, repack: bool = True):
         self.file = WhisperFile(model if model is not None else default_model())
         self.tok = WhisperTokenizer(self.file.vocab, self.file.hparams)
-        self.model = WhisperModel(self.file, backend=backend, n_threads=n_threads, flash_attn=flash_attn,
-                                  repack=repack)
+        self.model = WhisperNet(self.file, backend=backend, n_threads=n_threads, flash_attn=flash_attn,
+                                repack=repack)
 
     def close(self) -> None:
         self.model.close()
@@ -83,14 +395,19 @@ class Whisper:
     def transcribe(self, audio: str | Path | np.ndarray, *, beam_size: int = 5, timestamps: bool = True,
                    language: str | None = None, task: str = "transcribe",
                    temperatures: Sequence[float] = TEMPERATURES, compression_ratio_threshold: float = 2.4,
-                   logprob_threshold: float = -1.0, no_speech_threshold: float = 0.6) -> Transcription:
-        """Transcribe ``audio`` (a file path, or float32 samples at 16 kHz). ``beam_size`` 1 is
-        greedy. A window is decoded again at the next temperature while its compression ratio is
-        above ``compression_ratio_threshold`` or its mean log-probability below
-        ``logprob_threshold``; it is skipped as silence when its no-speech probability is above
-        ``no_speech_threshold`` and its mean log-probability below ``logprob_threshold``; a window
-        of digital silence (:data:`SILENCE`) is not decoded. Empty or silent audio gives an empty
-        transcript. Raises FileNotFoundError,
+                   logprob_threshold: float = -1.0, no_speech_threshold: float = 0.6,
+                   word_timestamps: bool = False, initial_prompt: str | None = None,
+                   condition_on_previous_text: bool = False, hotwords: str | None = None) -> Transcription:
+        """Transcribe ``audio`` (a file path, or float32 samples at 16 kHz) with
+        :func:`generate_segments`. ``beam_size`` 1 is greedy. A window is decoded again at the
+        next temperature while its compression ratio is above ``compression_ratio_threshold``
+        or its mean log-probability below ``logprob_threshold``; it is skipped as silence when
+        its no-speech probability is above ``no_speech_threshold`` and its mean log-probability
+        below ``logprob_threshold``; a window of digital silence (:data:`SILENCE`) is not
+        decoded. ``word_timestamps``: each segment's :class:`Word` s; ``initial_prompt``,
+        ``hotwords``: text the first window (``hotwords``: every window) is prompted with;
+        ``condition_on_previous_text``: each window prompted with the text before it. Empty or
+        silent audio gives an empty transcript. Raises FileNotFoundError,
         :class:`~.audio.AudioError` for a file that is not audio, ValueError for bad options."""
         t0 = time.perf_counter()
         samples = load_audio(audio) if not isinstance(audio, np.ndarray) else np.asarray(audio, np.float32)
@@ -98,90 +415,24 @@ class Whisper:
             raise ValueError("audio samples must be one channel (a 1-D array)")
         if not temperatures:
             raise ValueError("give at least one temperature")
-        n_frames = samples.size // HOP
-        mel = log_mel(samples, self.file.mel_filters, pad=CHUNK)   # as openai-whisper: 30 s of zeros after
-        t_mel = time.perf_counter() - t0
-        t_enc = t_dec = 0.0
-        segments: list[Segment] = []
-        all_tokens: list[int] = []
-        n_decoded = 0
-        seek = 0
-        while seek < n_frames:
-            seg_frames = min(FRAMES, n_frames - seek)
-            if np.max(np.abs(samples[seek * HOP:(seek + seg_frames) * HOP]), initial=0.0) < SILENCE:
-                seek += seg_frames                     # digital silence: the model would invent words
-                continue
-            window = mel[:, seek:seek + FRAMES]
-            if window.shape[1] < FRAMES:
-                window = np.pad(window, ((0, 0), (0, FRAMES - window.shape[1])))
-            t1 = time.perf_counter()
-            self.model.encode(np.ascontiguousarray(window))
-            t2 = time.perf_counter()
-            if language is None and self.tok.sp.n_languages:
-                language, _p = detect_language(self.model, self.tok)     # from the first window
-            res: WindowResult | None = None
-            for temp in temperatures:
-                opts = DecodeOptions(beam_size=beam_size if temp == 0 else 1, temperature=temp,
-                                     timestamps=timestamps, language=language, task=task)
-                res = decode_window(self.model, self.tok, opts)
-                n_decoded += len(res.tokens) + 1
-                too_repetitive = res.compression_ratio > compression_ratio_threshold
-                too_unlikely = res.avg_logprob < logprob_threshold
-                silent = res.no_speech_prob > no_speech_threshold and too_unlikely
-                if silent or not (too_repetitive or too_unlikely):
-                    break
-            assert res is not None
-            t_enc += t2 - t1
-            t_dec += time.perf_counter() - t2
-            if res.no_speech_prob > no_speech_threshold and res.avg_logprob < logprob_threshold:
-                seek += seg_frames                     # silence: nothing from this window
-                continue
-            offset = seek * HOP / SAMPLE_RATE
-            new, seek_step = self._segments(res.tokens, offset, seg_frames)
-            for sgm in new:                            # a timestamp past the end of the audio
-                sgm.end = min(sgm.end, n_frames * HOP / SAMPLE_RATE)
-            segments += new
-            for sgm in new:
-                all_tokens += self.tok.text_tokens(sgm.tokens)
-            seek += seek_step if seek_step > 0 else seg_frames   # <|0.00|><|0.00|>: never stand still
-        text = "".join(s.text for s in segments)
-        total = time.perf_counter() - t0
-        return Transcription(text, all_tokens, segments,
-                             {"mel_ms": 1e3 * t_mel, "encode_ms": 1e3 * t_enc, "decode_ms": 1e3 * t_dec,
-                              "total_ms": 1e3 * total, "n_tokens": float(n_decoded)}, language or "en")
-
-    def _segments(self, tokens: list[int], offset: float, seg_frames: int) -> tuple[list[Segment], int]:
-        """The segments of one window's tokens (openai-whisper's rule: consecutive timestamp
-        tokens close a segment) and how many mel frames to move on."""
-        tok = self.tok
-        is_ts = [tok.is_timestamp(t) for t in tokens]
-        consecutive = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
-        single_ending = len(tokens) >= 2 and not is_ts[-2] and is_ts[-1]
-        out: list[Segment] = []
-        if consecutive:
-            slices = consecutive + ([len(tokens)] if single_ending else [])
-            last = 0
-            for cut in slices:
-                part = tokens[last:cut]
-                if len(part) >= 2 and is_ts[last] and is_ts[cut - 1]:
-                    self._add(out, part, offset)
-                last = cut
-            if single_ending:
-                return out, seg_frames
-            last_ts = tokens[last - 1]
-            return out, round(tok.time_of(last_ts) * SAMPLE_RATE / HOP)
-        stamps = [t for t in tokens if tok.is_timestamp(t)]
-        duration = seg_frames * HOP / SAMPLE_RATE
-        if stamps and stamps[-1] != tok.sp.timestamp_begin:
-            duration = tok.time_of(stamps[-1])
-        text_ids = tok.text_tokens(tokens)
-        if text_ids:
-            out.append(Segment(offset, offset + duration, tok.decode(text_ids), tokens))
-        return out, seg_frames
-
-    def _add(self, out: list[Segment], part: list[int], offset: float) -> None:
-        tok = self.tok
-        text_ids = tok.text_tokens(part)
-        if text_ids:
-            out.append(Segment(round(offset + tok.time_of(part[0]), 3), round(offset + tok.time_of(part[-1]), 3),
-                               tok.decode(text_ids), part))
+        DecodeOptions(beam_size=beam_size, task=task)   # checks the options before anything runs
+        opts = TranscriptionOptions(beam_size=beam_size, temperatures=list(temperatures),
+                                    compression_ratio_threshold=compression_ratio_threshold,
+                                    log_prob_threshold=logprob_threshold, no_speech_threshold=no_speech_threshold,
+                                    condition_on_previous_text=condition_on_previous_text,
+                                    initial_prompt=initial_prompt, hotwords=hotwords,
+                                    without_timestamps=not timestamps, word_timestamps=word_timestamps)
+        mel = audio_mel(samples, self.file.mel_filters)
+        stats: dict[str, float] = {"mel_ms": 1e3 * (time.perf_counter() - t0)}
+        encoded = None
+        if language is None:
+            if self.tok.sp.n_languages and encode_first_window(self.model, samples, mel):
+                language, encoded = detect_language(self.model, self.tok)[0], 0
+            else:
+                language = "en"
+        segments = list(generate_segments(self.model, self.tok, samples, mel, opts, language, task, stats,
+                                          encoded=encoded))
+        tokens = [t for s in segments for t in self.tok.text_tokens(s.tokens)]
+        timings = {"mel_ms": stats["mel_ms"], "encode_ms": stats["encode_ms"], "decode_ms": stats["decode_ms"],
+                   "total_ms": 1e3 * (time.perf_counter() - t0), "n_tokens": stats["n_tokens"]}
+        return Transcription("".join(s.text for s in segments), tokens, segments, timings, language)

