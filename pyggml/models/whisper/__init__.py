@@ -26,12 +26,15 @@ Modules, one concept each:
 * :mod:`.model`      -- the encoder and decoder graphs, KV cache and cross K/V
 * :mod:`.decode`     -- one window: prompt, logit filters, greedy / beam search / sampling
 * :mod:`.timing`     -- word timestamps: alignment heads, dynamic time warping, words
+* :mod:`.vad`        -- Silero VAD on ggml: speech probabilities, speech chunks
 * :mod:`.transcribe` -- audio of any length to segments; :class:`Whisper`: to a :class:`Transcription`
 * :mod:`.faster`     -- faster-whisper's API: :class:`WhisperModel`, ``transcribe`` -> (segments, info)
 * :mod:`.output`     -- SRT, WebVTT and JSON
 * :mod:`.__main__`   -- the command line (``pyggml-whisper``, ``python -m pyggml.models.whisper``)
 
-Audio files need ``soundfile`` and ``soxr``: ``pip install "pyggml[whisper]"``.
+Audio files need ``soundfile`` and ``soxr``, text prompts ``tiktoken``, the VAD ``onnx`` (to read
+its weights): ``pip install "pyggml[whisper]"``; the VAD's model file is faster-whisper's (``pip
+install --no-deps faster-whisper==1.2.1``).
 """
 from __future__ import annotations
 

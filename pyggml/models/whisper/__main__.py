@@ -6,6 +6,7 @@ pyggml.models.whisper``, ``examples/whisper.py``): speech to text from whisper.c
     pyggml-whisper talk.ogg --model ggml-base.bin --language de --task translate
     pyggml-whisper jfk.wav --no-timestamps --dump out.json
     pyggml-whisper lecture.wav --word-timestamps --output-lrc --initial-prompt "Glossary: ggml, GGUF."
+    pyggml-whisper meeting.flac --vad --output-srt        # only the speech Silero VAD finds
     pyggml-whisper --convert CT2_OR_HF_DIR --type q8_0 --out ggml-model-q8_0.bin
 
 Audio is any file ``soundfile`` reads (WAV, FLAC, OGG, MP3), mixed to mono and resampled to
@@ -49,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--word-timestamps", action="store_true",
                    help="each word's start and end (cross-attention alignment, as faster-whisper): in --dump, "
                         "--output-json and --output-lrc")
+    p.add_argument("--vad", action="store_true",
+                   help="transcribe only the speech Silero VAD finds (faster-whisper's vad_filter; its model file is "
+                        "faster-whisper's: pip install --no-deps faster-whisper==1.2.1)")
     p.add_argument("--initial-prompt", metavar="TEXT", help="text the first window is prompted with (spellings, style)")
     p.add_argument("--hotwords", metavar="TEXT", help="words every window is prompted with")
     p.add_argument("--condition-on-previous-text", action="store_true",
@@ -86,8 +90,9 @@ def _print(r: Transcription, timestamps: bool) -> None:
             print(s.text.strip())
     sys.stdout.flush()
     t = r.timings
-    print(f"[whisper] language {r.language}; mel {t['mel_ms']:.0f} ms, encode {t['encode_ms']:.0f} ms, decode {t['decode_ms']:.0f} ms "
-          f"({int(t['n_tokens'])} tokens), total {t['total_ms']:.0f} ms", file=sys.stderr)
+    vad = f"vad {t['vad_ms']:.0f} ms, " if "vad_ms" in t else ""
+    print(f"[whisper] language {r.language}; {vad}mel {t['mel_ms']:.0f} ms, encode {t['encode_ms']:.0f} ms, "
+          f"decode {t['decode_ms']:.0f} ms ({int(t['n_tokens'])} tokens), total {t['total_ms']:.0f} ms", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                                  language=a.language, task=a.task,
                                  temperatures=(0.0,) if a.no_fallback else TEMPERATURES,
                                  word_timestamps=a.word_timestamps, initial_prompt=a.initial_prompt,
-                                 hotwords=a.hotwords, condition_on_previous_text=a.condition_on_previous_text)
+                                 hotwords=a.hotwords, condition_on_previous_text=a.condition_on_previous_text,
+                                 vad=a.vad)
             except (AudioError, ModelError, OSError, ValueError, ImportError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1

@@ -10,8 +10,9 @@ changing its import::
 
 ``transcribe`` takes faster-whisper's parameters with its defaults and returns a generator of
 :class:`~.transcribe.Segment` (decoded as it is iterated) and a :class:`TranscriptionInfo`.
-A parameter pyggml does not implement raises ValueError when given a value that would change
-the result (``vad_filter=True``, ``patience``, ``length_penalty``, ``repetition_penalty``,
+``vad_filter=True`` runs Silero VAD on ggml (:mod:`.vad`; the model file is faster-whisper's:
+``pip install --no-deps faster-whisper==1.2.1``). A parameter pyggml does not implement raises
+ValueError when given a value that would change the result (``patience``, ``length_penalty``, ``repetition_penalty``,
 ``no_repeat_ngram_size``, ``hallucination_silence_threshold``, ``multilingual=True``,
 ``chunk_length`` other than 30, ``language_detection_segments`` above 1); nothing is ignored
 silently.
@@ -27,6 +28,8 @@ from typing import Any, BinaryIO, Iterable, Iterator
 
 import numpy as np
 
+from pyggml import devices
+
 from .audio import HOP, SAMPLE_RATE, load_audio
 from .convert import default_model, from_ct2, from_hf
 from .decode import DecodeOptions, language_probs
@@ -34,7 +37,8 @@ from .loader import WhisperFile
 from .model import WhisperNet
 from .tokenizer import LANGUAGES, WhisperTokenizer
 from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, audio_mel, encode_first_window,
-                         generate_segments)
+                         generate_segments, restore_times, speech_only)
+from .vad import SileroVAD, VadOptions
 
 __all__ = ["WhisperModel", "TranscriptionInfo", "TranscriptionOptions", "VadOptions", "Segment", "Word",
            "COMPUTE_TYPES"]
@@ -45,24 +49,11 @@ COMPUTE_TYPES = {"default": "f16", "auto": "f16", "float32": "f32", "float16": "
 
 
 @dataclass
-class VadOptions:
-    """faster-whisper's Silero VAD parameters (``vad_filter`` is not implemented yet: only
-    carried in :class:`TranscriptionInfo`)."""
-
-    threshold: float = 0.5
-    neg_threshold: float | None = None
-    min_speech_duration_ms: int = 0
-    max_speech_duration_s: float = float("inf")
-    min_silence_duration_ms: int = 2000
-    speech_pad_ms: int = 400
-
-
-@dataclass
 class TranscriptionInfo:
     """faster-whisper's ``TranscriptionInfo``: the language given or detected and its
     probability (1 for English-only models or a given language), ``duration`` of the audio and
-    after VAD (the same: no VAD) in seconds, every language's probability (multilingual models
-    when detected, else None), and the options."""
+    of its speech after VAD (the same without ``vad_filter``) in seconds, every language's
+    probability (multilingual models when detected, else None), and the options."""
 
     language: str
     language_probability: float
@@ -117,8 +108,7 @@ def _device(device: str, device_index: int | list[int]) -> str:
             raise ValueError("one device_index: pyggml runs a model on one device")
         device_index = device_index[0]
     if device == "auto":
-        import pyggml
-        names = [d.name for d in pyggml.devices()]
+        names = [d.name for d in devices()]
         cuda = f"CUDA{device_index}"
         return cuda if cuda in names else "cpu"
     if device == "cuda":
@@ -157,6 +147,14 @@ class WhisperModel:
                               flash_attn=flash_attn)
         #: the language codes of the model (``["en"]`` for English-only models)
         self.supported_languages = list(LANGUAGES[:self.tok.sp.n_languages]) or ["en"]
+        self._vad: SileroVAD | None = None
+
+    def vad(self) -> SileroVAD:
+        """The Silero VAD model ``vad_filter`` runs (:class:`~.vad.SileroVAD`, loaded on first
+        use)."""
+        if self._vad is None:
+            self._vad = SileroVAD()
+        return self._vad
 
     @property
     def is_multilingual(self) -> bool:
@@ -165,6 +163,8 @@ class WhisperModel:
     def close(self) -> None:
         """Free the model's weights and graphs (idempotent)."""
         self.net.close()
+        if self._vad is not None:
+            self._vad.close()
 
     def __enter__(self) -> "WhisperModel":
         return self
@@ -196,7 +196,7 @@ class WhisperModel:
         on the first window here, before returning. Raises ValueError for bad values and for
         those of unimplemented features (see the module), FileNotFoundError and
         :class:`~.audio.AudioError` for audio it cannot read."""
-        unsupported = {"vad_filter (Silero VAD)": vad_filter, "patience != 1": patience != 1,
+        unsupported = {"patience != 1": patience != 1,
                        "length_penalty != 1": length_penalty != 1, "repetition_penalty != 1": repetition_penalty != 1,
                        "no_repeat_ngram_size": no_repeat_ngram_size != 0,
                        "hallucination_silence_threshold": hallucination_silence_threshold is not None,
@@ -208,7 +208,10 @@ class WhisperModel:
             raise ValueError(f"not implemented in pyggml: {', '.join(refused)}")
         if vad_parameters is not None and not isinstance(vad_parameters, (dict, VadOptions)):
             raise ValueError("vad_parameters must be a dict or VadOptions")
-        vad = VadOptions(**vad_parameters) if isinstance(vad_parameters, dict) else vad_parameters or VadOptions()
+        try:
+            vad = VadOptions(**vad_parameters) if isinstance(vad_parameters, dict) else vad_parameters or VadOptions()
+        except TypeError as e:
+            raise ValueError(f"vad_parameters: {e}") from None
         temps = [float(temperature)] if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
         DecodeOptions(beam_size=beam_size, best_of=best_of, task=task)   # checks them
         if not temps or any(t < 0 for t in temps):
@@ -232,8 +235,11 @@ class WhisperModel:
             clip_timestamps=clip_timestamps, hallucination_silence_threshold=hallucination_silence_threshold,
             hotwords=hotwords)
         samples = self._samples(audio)
-        mel = audio_mel(samples, self.file.mel_filters)
         duration = samples.size / SAMPLE_RATE
+        tmap = None
+        if vad_filter and clip_timestamps == "0":       # as faster-whisper: clips turn the VAD off
+            samples, tmap = speech_only(self.vad(), samples, vad)
+        mel = audio_mel(samples, self.file.mel_filters)
         probs: list[tuple[str, float]] | None = None
         encoded = None
         if language is not None:
@@ -251,8 +257,10 @@ class WhisperModel:
                 encoded = seek
             else:
                 language, probability = "en", 0.0
-        info = TranscriptionInfo(language, probability, duration, duration, probs, opts, vad)
+        info = TranscriptionInfo(language, probability, duration, samples.size / SAMPLE_RATE, probs, opts, vad)
         segments = generate_segments(self.net, self.tok, samples, mel, opts, language, task, encoded=encoded)
+        if tmap is not None:
+            segments = restore_times(segments, tmap)
         if log_progress:
             if importlib.util.find_spec("tqdm") is None:
                 raise ImportError("log_progress needs tqdm: pip install tqdm")

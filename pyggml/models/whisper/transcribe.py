@@ -22,9 +22,10 @@ from .loader import WhisperFile
 from .model import WhisperNet
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, find_alignment, merge_punctuations
 from .tokenizer import WhisperTokenizer
+from .vad import SileroVAD, TimeMap, VadOptions, collect_chunks, speech_timestamps
 
 __all__ = ["Whisper", "Transcription", "Segment", "Word", "TranscriptionOptions", "generate_segments",
-           "encode_first_window", "audio_mel"]
+           "encode_first_window", "audio_mel", "speech_only", "restore_times"]
 
 #: a window whose samples all stay below this (-80 dBFS) is silence, not decoded
 SILENCE = 1e-4
@@ -369,6 +370,31 @@ def generate_segments(net: WhisperNet, tok: WhisperTokenizer, samples: np.ndarra
                 reset_since = len(all_tokens)
 
 
+def speech_only(vad: SileroVAD, samples: np.ndarray, opts: VadOptions | None = None
+                ) -> tuple[np.ndarray, TimeMap | None]:
+    """faster-whisper's ``vad_filter``: the samples of the speech Silero VAD finds in
+    ``samples`` (:func:`~.vad.speech_timestamps` with ``opts``), one chunk after the other, and
+    the map of times in them back to ``samples``' (None when there is no speech: the samples
+    are empty)."""
+    chunks = speech_timestamps(vad.probs(samples), samples.size, opts)
+    return collect_chunks(samples, chunks), (TimeMap(chunks) if chunks else None)
+
+
+def restore_times(segments: Iterable[Segment], tmap: TimeMap) -> Iterator[Segment]:
+    """Segments of :func:`speech_only`'s samples with the times of the original audio
+    (faster-whisper's ``restore_speech_timestamps``): each word by the chunk its middle falls
+    in, a segment from its first word to its last; without words, the segment's ends."""
+    for s in segments:
+        if s.words:
+            for w in s.words:
+                i = tmap.chunk_index((w.start + w.end) / 2)
+                w.start, w.end = tmap.original(w.start, i), tmap.original(w.end, i)
+            s.start, s.end = s.words[0].start, s.words[-1].end
+        else:
+            s.start, s.end = tmap.original(s.start), tmap.original(s.end, is_end=True)
+        yield s
+
+
 class Whisper:
     """A whisper.cpp model file (``model``: a path; default :func:`~.convert.default_model`,
     tiny.en) on a ggml device (``backend``, ``n_threads``, ``flash_attn``, ``repack`` as
@@ -382,9 +408,18 @@ class Whisper:
         self.tok = WhisperTokenizer(self.file.vocab, self.file.hparams)
         self.model = WhisperNet(self.file, backend=backend, n_threads=n_threads, flash_attn=flash_attn,
                                 repack=repack)
+        self._vad: SileroVAD | None = None
+
+    def vad(self) -> SileroVAD:
+        """The Silero VAD model (:class:`~.vad.SileroVAD`, loaded on first use)."""
+        if self._vad is None:
+            self._vad = SileroVAD()
+        return self._vad
 
     def close(self) -> None:
         self.model.close()
+        if self._vad is not None:
+            self._vad.close()
 
     def __enter__(self) -> "Whisper":
         return self
@@ -397,7 +432,8 @@ class Whisper:
                    temperatures: Sequence[float] = TEMPERATURES, compression_ratio_threshold: float = 2.4,
                    logprob_threshold: float = -1.0, no_speech_threshold: float = 0.6,
                    word_timestamps: bool = False, initial_prompt: str | None = None,
-                   condition_on_previous_text: bool = False, hotwords: str | None = None) -> Transcription:
+                   condition_on_previous_text: bool = False, hotwords: str | None = None,
+                   vad: bool | VadOptions = False) -> Transcription:
         """Transcribe ``audio`` (a file path, or float32 samples at 16 kHz) with
         :func:`generate_segments`. ``beam_size`` 1 is greedy. A window is decoded again at the
         next temperature while its compression ratio is above ``compression_ratio_threshold``
@@ -406,8 +442,10 @@ class Whisper:
         below ``logprob_threshold``; a window of digital silence (:data:`SILENCE`) is not
         decoded. ``word_timestamps``: each segment's :class:`Word` s; ``initial_prompt``,
         ``hotwords``: text the first window (``hotwords``: every window) is prompted with;
-        ``condition_on_previous_text``: each window prompted with the text before it. Empty or
-        silent audio gives an empty transcript. Raises FileNotFoundError,
+        ``condition_on_previous_text``: each window prompted with the text before it; ``vad``:
+        only the speech Silero VAD finds (True, or its :class:`~.vad.VadOptions`; the times are
+        the original audio's). Empty or silent audio gives an empty transcript. Raises
+        FileNotFoundError,
         :class:`~.audio.AudioError` for a file that is not audio, ValueError for bad options."""
         t0 = time.perf_counter()
         samples = load_audio(audio) if not isinstance(audio, np.ndarray) else np.asarray(audio, np.float32)
@@ -422,17 +460,27 @@ class Whisper:
                                     condition_on_previous_text=condition_on_previous_text,
                                     initial_prompt=initial_prompt, hotwords=hotwords,
                                     without_timestamps=not timestamps, word_timestamps=word_timestamps)
+        tmap = None
+        stats: dict[str, float] = {}
+        if vad is not False:
+            t1 = time.perf_counter()
+            samples, tmap = speech_only(self.vad(), samples, vad if isinstance(vad, VadOptions) else None)
+            stats["vad_ms"] = 1e3 * (time.perf_counter() - t1)
+        t1 = time.perf_counter()
         mel = audio_mel(samples, self.file.mel_filters)
-        stats: dict[str, float] = {"mel_ms": 1e3 * (time.perf_counter() - t0)}
+        stats["mel_ms"] = 1e3 * (time.perf_counter() - t1)
         encoded = None
         if language is None:
             if self.tok.sp.n_languages and encode_first_window(self.model, samples, mel):
                 language, encoded = detect_language(self.model, self.tok)[0], 0
             else:
                 language = "en"
-        segments = list(generate_segments(self.model, self.tok, samples, mel, opts, language, task, stats,
-                                          encoded=encoded))
+        found: Iterable[Segment] = generate_segments(self.model, self.tok, samples, mel, opts, language, task,
+                                                     stats, encoded=encoded)
+        segments = list(restore_times(found, tmap) if tmap is not None else found)
         tokens = [t for s in segments for t in self.tok.text_tokens(s.tokens)]
         timings = {"mel_ms": stats["mel_ms"], "encode_ms": stats["encode_ms"], "decode_ms": stats["decode_ms"],
                    "total_ms": 1e3 * (time.perf_counter() - t0), "n_tokens": stats["n_tokens"]}
+        if "vad_ms" in stats:
+            timings["vad_ms"] = stats["vad_ms"]
         return Transcription("".join(s.text for s in segments), tokens, segments, timings, language)
