@@ -190,7 +190,19 @@ class UnlinkBuiltins(SphinxPostTransform):
 _BUILTINS = frozenset(dir(builtins))
 
 
+def _named_defaults(app, what, name, obj, options, signature, return_annotation):
+    """Defaults that are faster-whisper's punctuation strings, by the name of their constant: a
+    colon inside them makes Sphinx read the rest as a type (a dataclass's generated
+    ``__init__`` has no source for ``autodoc_preserve_defaults`` to show)."""
+    if signature:
+        from pyggml.models.whisper import timing
+        for const in ("APPEND_PUNCTUATIONS", "PREPEND_PUNCTUATIONS"):
+            signature = signature.replace(repr(getattr(timing, const)), const)
+    return signature, return_annotation
+
+
 def setup(app):
+    app.connect("autodoc-process-signature", _named_defaults)
     app.connect("autodoc-process-docstring", _napoleon)
     app.connect("autodoc-skip-member", _skip)
     app.add_directive("unchecked-ops", UncheckedOps)

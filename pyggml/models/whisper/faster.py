@@ -35,13 +35,14 @@ from .convert import default_model, from_ct2, from_hf
 from .decode import DecodeOptions, language_probs
 from .loader import WhisperFile
 from .model import WhisperNet
+from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, WhisperTokenizer
 from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, audio_mel, encode_first_window,
                          generate_segments, restore_times, speech_only)
 from .vad import SileroVAD, VadOptions
 
 __all__ = ["WhisperModel", "TranscriptionInfo", "TranscriptionOptions", "VadOptions", "Segment", "Word",
-           "COMPUTE_TYPES"]
+           "COMPUTE_TYPES", "resolve_model"]
 
 #: faster-whisper's compute types -> the weight type of the converted model file
 COMPUTE_TYPES = {"default": "f16", "auto": "f16", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
@@ -182,7 +183,7 @@ class WhisperModel:
             prompt_reset_on_temperature: float = 0.5, initial_prompt: str | Iterable[int] | None = None,
             prefix: str | None = None, suppress_blank: bool = True, suppress_tokens: list[int] | None = [-1],  # noqa: B006
             without_timestamps: bool = False, max_initial_timestamp: float = 1.0, word_timestamps: bool = False,
-            prepend_punctuations: str = "\"'“¿([{-", append_punctuations: str = "\"'.。,，!！?？:：”)]}、",
+            prepend_punctuations: str = PREPEND_PUNCTUATIONS, append_punctuations: str = APPEND_PUNCTUATIONS,
             multilingual: bool = False, vad_filter: bool = False, vad_parameters: dict[str, Any] | VadOptions | None = None,
             max_new_tokens: int | None = None, chunk_length: int | None = None,
             clip_timestamps: str | list[float] = "0", hallucination_silence_threshold: float | None = None,

@@ -22,9 +22,13 @@ from .tokenizer import WhisperTokenizer
 __all__ = ["Word", "alignment_heads", "find_alignment", "merge_punctuations", "dtw", "median_filter",
            "PREPEND_PUNCTUATIONS", "APPEND_PUNCTUATIONS", "TOKENS_PER_SECOND"]
 
+#: encoder frames per second (20 ms each)
 TOKENS_PER_SECOND = 50
+#: the median filter's width, in encoder frames
 MEDFILT_WIDTH = 7
+#: punctuation joined to the word after it (faster-whisper's default)
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
+#: punctuation joined to the word before it (faster-whisper's default)
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 
 #: (layer, head) of the decoder's cross-attention heads that follow the audio, per model

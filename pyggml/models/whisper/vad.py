@@ -29,13 +29,16 @@ import numpy as np
 from pyggml import Context, GGMLType, Tensor
 from pyggml.runtime import GraphCache, GraphParts, load_tensors, open_backend
 
-__all__ = ["VadOptions", "SileroVAD", "silero_path", "speech_timestamps", "collect_chunks", "TimeMap",
-           "CHUNK", "CONTEXT", "BLOCK"]
+__all__ = ["VadOptions", "SileroVAD", "silero_path", "read_silero", "chunks_of", "speech_timestamps",
+           "collect_chunks", "TimeMap", "CHUNK", "CONTEXT", "BLOCK"]
 
 SAMPLE_RATE = 16000
-CHUNK = 512          # samples per probability
-CONTEXT = 64         # samples of the chunk before, in front of each chunk
-BLOCK = 64           # chunks per graph (2 s): the graphs build fast; the state goes on
+#: samples per speech probability
+CHUNK = 512
+#: samples of the chunk before, in front of each chunk
+CONTEXT = 64
+#: chunks per graph (2 s): the graphs build fast; the LSTM's state goes from one to the next
+BLOCK = 64
 _HIDDEN = 128
 _ROUND = 16          # a last block's chunks, rounded up to a multiple of this (fewer graphs)
 
