@@ -36,7 +36,7 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("pyggml.models.whisper.convert", "safetensors.numpy"): "optional: only for Hugging Face conversions",
     ("pyggml.models.whisper.tokenizer", "tiktoken"): "optional: pyggml[whisper], only for text prompts",
     ("pyggml.models.whisper.vad", "onnx"): "optional: pyggml[whisper], only to read Silero VAD's weights",
-    ("pyggml.models.whisper.faster", "tqdm"): "optional: only for log_progress's bar",
+    ("pyggml.models.whisper.transcribe", "tqdm"): "optional: pyggml[whisper], only for a progress bar",
 }
 
 

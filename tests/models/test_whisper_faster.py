@@ -221,6 +221,14 @@ def test_prompts_prefix_hotwords_and_long_audio_as_faster_whisper(model, audio, 
     assert [s.start for s in ours] == sorted(s.start for s in ours)
 
 
+def test_log_progress_shows_a_bar_of_audio_seconds(model, audio, capsys):
+    pytest.importorskip("tqdm")
+    segments, _ = model.transcribe(audio["jfk"], log_progress=True)
+    assert list(segments)
+    err = capsys.readouterr().err
+    assert "11.0/11.0" in err, err
+
+
 def test_clip_timestamps(model, audio):
     first, _ = model.transcribe(audio["jfk"], clip_timestamps="0,4.5")
     rest, _ = model.transcribe(audio["jfk"], clip_timestamps=[4.5])

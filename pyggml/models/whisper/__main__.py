@@ -19,6 +19,7 @@ stderr.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -53,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vad", action="store_true",
                    help="transcribe only the speech Silero VAD finds (faster-whisper's vad_filter; its model file is "
                         "faster-whisper's: pip install --no-deps faster-whisper==1.2.1)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (shown on stderr when it is a terminal and tqdm is installed)")
     p.add_argument("--initial-prompt", metavar="TEXT", help="text the first window is prompted with (spellings, style)")
     p.add_argument("--hotwords", metavar="TEXT", help="words every window is prompted with")
     p.add_argument("--condition-on-previous-text", action="store_true",
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {message(e)}", file=sys.stderr)
         return 1
     results = []
+    bar = not a.no_progress and sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None
     with w:
         for path in a.audio:
             try:
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                                  temperatures=(0.0,) if a.no_fallback else TEMPERATURES,
                                  word_timestamps=a.word_timestamps, initial_prompt=a.initial_prompt,
                                  hotwords=a.hotwords, condition_on_previous_text=a.condition_on_previous_text,
-                                 vad=a.vad)
+                                 vad=a.vad, show_progress=bar)
             except (AudioError, ModelError, OSError, ValueError, ImportError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1

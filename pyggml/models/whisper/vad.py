@@ -13,13 +13,15 @@ a 1 x 128 product with a sigmoid: one speech probability per chunk. A graph take
 :data:`BLOCK` chunks (the last one fewer, rounded up to 16) and carries the LSTM's state to the
 next; the LSTM's steps are nodes of the graph (each chunk's input product is one ``mul_mat``
 for the whole block), the transform and the convolutions ``im2col`` in float32 and ``mul_mat``. The weights are
-read from the ONNX file with the ``onnx`` package.
+read from the ONNX file with the ``onnx`` package once, then from the cache.
 """
 from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -29,7 +31,9 @@ import numpy as np
 from pyggml import Context, GGMLType, Tensor
 from pyggml.runtime import GraphCache, GraphParts, load_tensors, open_backend
 
-__all__ = ["VadOptions", "SileroVAD", "silero_path", "read_silero", "chunks_of", "speech_timestamps",
+from .convert import cache_dir
+
+__all__ = ["VadOptions", "SileroVAD", "silero_path", "read_silero", "read_onnx", "chunks_of", "speech_timestamps",
            "collect_chunks", "TimeMap", "CHUNK", "CONTEXT", "BLOCK"]
 
 SAMPLE_RATE = 16000
@@ -74,6 +78,22 @@ def silero_path() -> Path:
 
 
 def read_silero(path: str | Path) -> dict[str, np.ndarray]:
+    """:func:`read_onnx`, kept in the cache (:func:`~.convert.cache_dir`) by the file's
+    SHA-256 (importing ``onnx`` alone takes most of a second)."""
+    data = Path(path).read_bytes()
+    cached = cache_dir() / f"silero-{hashlib.sha256(data).hexdigest()[:16]}.npz"
+    if cached.is_file():   # arr_0: the names, then the arrays in their order
+        with np.load(cached) as z:
+            return {str(name): z[f"arr_{i + 1}"] for i, name in enumerate(z["arr_0"])}
+    weights = read_onnx(path)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.npz")
+    np.savez(tmp, np.array(list(weights)), *weights.values())
+    os.replace(tmp, cached)
+    return weights
+
+
+def read_onnx(path: str | Path) -> dict[str, np.ndarray]:
     """The weights of Silero VAD v6's ONNX file, float32, named for the graph: ``stft``
     (258, 256), ``conv{i}.weight`` (out, in, 3) and ``conv{i}.bias``, ``lstm.W`` and ``lstm.R``
     (512, 128; gates i, o, f, c as ONNX orders them), ``lstm.b`` (512, both biases summed),
@@ -158,7 +178,7 @@ class SileroVAD:
         x = g.input(f32, [CONTEXT + CHUNK, n], "chunks")
         h = g.input(f32, [_HIDDEN], "h")
         c = g.input(f32, [_HIDDEN], "c")
-        H = g.input(f32, [_HIDDEN, n], "steps")                    # the LSTM's outputs, written step by step
+        H = g.input(f32, [_HIDDEN, n], "steps")   # the LSTM's outputs, copied in step by step (before the decoder reads it)
         p = ctx.pad_reflect_1d(x, 128, 128)                        # [832, n]
         basis = w["stft"]                                          # [256, 258]
         col = ctx.im2col(ctx.reshape(basis, 256, 1, 258), ctx.reshape(p, p.ne[0], 1, n), 128, 0, 0, 0, 1, 0,
@@ -178,7 +198,7 @@ class SileroVAD:
             cand = ctx.tanh(ctx.view(gates, [_HIDDEN], offset=3 * D))
             c = ctx.view(s, [_HIDDEN], offset=2 * D) * c + ctx.view(s, [_HIDDEN]) * cand
             h = ctx.view(s, [_HIDDEN], offset=D) * ctx.tanh(c)
-            H = ctx.set_1d_inplace(H, h, t * D)
+            g.graph.build_forward(ctx.cpy(h, ctx.view(H, [_HIDDEN], offset=t * D)))   # step t's output, in order
         g.output(h, "hn")
         g.output(c, "cn")
         logit = ctx.mul_mat(ctx.reshape(w["decoder.weight"], _HIDDEN, 1), ctx.relu(H)) + w["decoder.bias"]   # [1, n]
