@@ -60,7 +60,7 @@ class WhisperNet:
 
     def __init__(self, f: WhisperFile, *, backend: str = "cpu", n_threads: int | None = None,
                  flash_attn: bool = True, max_graphs: int = 16, n_cells: int | None = None,
-                 repack: bool = True, matrices: str | None = None):
+                 repack: bool = True):
         self.hp = hp = f.hparams
         self.eot = Specials.of(hp).eot
         self.n_cells = n_cells or 3 * hp.n_text_ctx
@@ -74,14 +74,7 @@ class WhisperNet:
                 info = f.tensor_info(name)   # views) nor the convolutions' kernels
                 return len(info.ne) == 2 and name.endswith(".weight") and "embedding" not in name
 
-            mtype = {"bf16": GGMLType.BF16, "f32": GGMLType.F32, "f16": GGMLType.F16}.get(matrices or "")
-
-            def type_of(name: str, stored: GGMLType) -> GGMLType:
-                return mtype if mtype is not None and linear(name) and stored in (GGMLType.F16, GGMLType.F32) \
-                    else stored
-
-            weights = self._stack.enter_context(load_tensors(f, self.home, type_of=type_of,
-                                                             repack=linear if repack else None))
+            weights = self._stack.enter_context(load_tensors(f, self.home, repack=linear if repack else None))
             self.w: dict[str, Tensor] = dict(weights)
             #: buffer type name -> the number of weights in it
             self.weight_buffers = {name: n for name, (n, _) in weights.buffers.items()}
