@@ -251,6 +251,22 @@ def test_alignment_heads_are_ctranslate2s(model):
     assert [list(h) for h in alignment_heads(model.file.hparams)] == REF["alignment_heads"]
 
 
+def test_beam_search_top_k_is_a_stable_sort_of_the_finite_ones():
+    """decode._best (k passes of argmax) against a stable argsort: the same ids in the same
+    order, ties by position, -inf never taken, the array as it was."""
+    from pyggml.models.whisper.decode import _best
+    rng = np.random.default_rng(1)
+    for n in (1, 5, 7, 1000):
+        for _ in range(50):
+            lp = rng.standard_normal(n)
+            lp[rng.random(n) < 0.5] = -np.inf
+            lp[rng.integers(0, n, 3)] = 1.5                    # ties
+            before = lp.copy()
+            finite = np.flatnonzero(np.isfinite(before))
+            assert _best(lp, 6) == list(finite[np.argsort(-before[finite], kind="stable")][:6])
+            assert np.array_equal(lp, before)
+
+
 def test_dtw_and_median_filter_against_their_plain_loops():
     rng = np.random.default_rng(0)
 
