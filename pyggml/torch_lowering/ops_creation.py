@@ -1,5 +1,5 @@
 """Tensors made from nothing but their arguments: ``arange``, ``full``, ``zeros``, ``ones``,
-``scalar_tensor``, ``linspace``, ``eye`` and the ``*_like`` / ``new_*`` forms. Their values are
+``scalar_tensor``, ``linspace``, ``eye``, the ``*_like`` / ``new_*`` forms and ``fill``. Their values are
 known when the graph is built: torch computes them once and they become a constant input."""
 from __future__ import annotations
 
@@ -35,6 +35,6 @@ def _fold(b: Builder, node: fx.Node, *args: Any, **kwargs: Any) -> Tensor:
 register(aten.arange.default, aten.arange.start, aten.arange.start_step, aten.full.default, aten.zeros.default,
          aten.ones.default, aten.scalar_tensor.default, aten.linspace.default, aten.eye.default,
          aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.new_zeros.default,
-         aten.new_ones.default, aten.new_full.default,
+         aten.new_ones.default, aten.new_full.default, aten.fill.Scalar,
          notes="a constant input (the values torch computes when the graph is built)",
          check=_creation_check)(_fold)

@@ -8,6 +8,7 @@ or, for products, ``ggml_scale``.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from torch import fx
 
 from ..core.tensor import Tensor
 from .graph import Builder
-from .layout import shape_of, tiles
+from .layout import shape_of, tiles, val
 from .ops_shape import views_along
 from .table import CheckFn, Val, args_of, kw_of, register
 
@@ -333,3 +334,119 @@ def _glu(b: Builder, node: fx.Node, x: Val, dim: int = -1) -> Tensor:
     half = x.shape[dim] // 2
     a, g = views_along(b, x, dim, [half, half])
     return b.ctx.mul(b.ctx.cont(a), b.ctx.sigmoid(b.ctx.cont(g)))
+
+
+@register(aten.log10.default, notes="ggml_log, ggml_scale by 1/ln 10")
+def _log10(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return b.ctx.scale(b.ctx.log(b.contig(x.t)), 1.0 / math.log(10.0))
+
+
+@register(aten.celu.default, notes="α·elu(x/α): ggml_scale, ggml_elu, ggml_scale",
+          check=lambda node: None if float(args_of(node)[1] if len(args_of(node)) > 1 else kw_of(node).get("alpha", 1.0))
+          != 0 else "alpha 0")
+def _celu(b: Builder, node: fx.Node, x: Val, alpha: float = 1.0) -> Tensor:
+    a = float(alpha)
+    return b.ctx.scale(b.ctx.elu(b.ctx.scale(b.contig(x.t), 1.0 / a)), a)
+
+
+def _pow_scalar_check(node: fx.Node) -> str | None:
+    base = args_of(node)[0]
+    return None if isinstance(base, _NUM) and not isinstance(base, bool) and base > 0 else \
+        "a base that is not a positive number"
+
+
+@register(aten.pow.Scalar, notes="ggml_exp of ggml_scale by ln(base) (a positive base)", check=_pow_scalar_check)
+def _pow_scalar(b: Builder, node: fx.Node, base: float, x: Val) -> Tensor:
+    return b.ctx.exp(b.ctx.scale(b.contig(x.t), math.log(float(base))))
+
+
+@register(aten.lerp.Tensor, notes="a + w·(b - a): ggml_sub, ggml_mul, ggml_add")
+def _lerp_tensor(b: Builder, node: fx.Node, x: Val, y: Val, w: Val) -> Tensor:
+    shape = shape_of(node)
+    a = b.contig(b.expand(x, shape))
+    d = b.ctx.sub(b.contig(b.expand(y, shape)), a)
+    return b.ctx.add(a, b.ctx.mul(d, b.contig(b.expand(w, shape))))
+
+
+@register(aten.hypot.default, notes="ggml_sqrt(x² + y²)")
+def _hypot(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
+    shape = shape_of(node)
+    return b.ctx.sqrt(b.ctx.add(b.ctx.sqr(b.contig(b.expand(x, shape))), b.ctx.sqr(b.contig(b.expand(y, shape)))))
+
+
+@register(aten.logaddexp.default, notes="m + log(exp(x - m) + exp(y - m)), m = max(x, y)")
+def _logaddexp(b: Builder, node: fx.Node, x: Val, y: Val) -> Tensor:
+    shape, ctx = shape_of(node), b.ctx
+    a, c = b.contig(b.expand(x, shape)), b.contig(b.expand(y, shape))
+    m = ctx.add(a, ctx.relu(ctx.sub(c, a)))
+    return ctx.add(m, ctx.log(ctx.add(ctx.exp(ctx.sub(a, m)), ctx.exp(ctx.sub(c, m)))))
+
+
+@register(aten.deg2rad.default, notes="ggml_scale by π/180")
+def _deg2rad(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return b.ctx.scale(b.contig(x.t), math.pi / 180.0)
+
+
+@register(aten.rad2deg.default, notes="ggml_scale by 180/π")
+def _rad2deg(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return b.ctx.scale(b.contig(x.t), 180.0 / math.pi)
+
+
+@register(aten.relu6.default, notes="ggml_clamp to [0, 6]")
+def _relu6(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return b.ctx.clamp(b.contig(x.t), 0.0, 6.0)
+
+
+def _prelu_check(node: fx.Node) -> str | None:
+    x, w = (val(a) for a in args_of(node)[:2])
+    if w.numel() != 1 and (x.dim() < 2 or w.dim() != 1 or w.shape[0] != x.shape[1]):
+        return "a weight that is neither one number nor one per channel (dim 1)"
+    return None
+
+
+@register(aten.prelu.default, notes="relu(x) - w·relu(-x), w per channel (dim 1) or one", check=_prelu_check)
+def _prelu(b: Builder, node: fx.Node, x: Val, w: Val) -> Tensor:
+    ctx, t = b.ctx, b.contig(x.t)
+    n_w = 1
+    for d in w.shape:
+        n_w *= d
+    shape = (1,) * x.ndim if n_w == 1 else (x.shape[1],) + (1,) * (x.ndim - 2)
+    neg = ctx.mul(ctx.relu(ctx.neg(t)), b.reshape(b.contig(w.t), shape))
+    return ctx.sub(ctx.relu(t), neg)
+
+
+def _clamp_tensor_check(node: fx.Node) -> str | None:
+    args = args_of(node)
+    bounds = [a for a in args[1:3] if a is not None]
+    return None if bounds and all(isinstance(a, fx.Node) for a in bounds) else "no tensor bound"
+
+
+@register(aten.clamp.Tensor, notes="max then min with the bounds: a + relu(lo - a), a - relu(a - hi)",
+          check=_clamp_tensor_check)
+def _clamp_tensor(b: Builder, node: fx.Node, x: Val, lo: Val | None = None, hi: Val | None = None) -> Tensor:
+    shape, ctx = shape_of(node), b.ctx
+    a = b.contig(b.expand(x, shape))
+    if lo is not None:
+        a = ctx.add(a, ctx.relu(ctx.sub(b.contig(b.expand(lo, shape)), a)))
+    if hi is not None:
+        a = ctx.sub(a, ctx.relu(ctx.sub(a, b.contig(b.expand(hi, shape)))))
+    return a
+
+
+def _log_sigmoid_check(node: fx.Node) -> str | None:
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+        return "its buffer is used (only the output is lowered)"
+    return None
+
+
+@register(aten.log_sigmoid_forward.default, notes="-softplus(-x): ggml_neg, ggml_softplus, ggml_neg (the output)",
+          check=_log_sigmoid_check)
+def _log_sigmoid(b: Builder, node: fx.Node, x: Val) -> Any:
+    ctx = b.ctx
+    return (ctx.neg(ctx.softplus(ctx.neg(b.contig(x.t)))), None)
+
+
+@register(aten.fill.Tensor, notes="the 0-dim value broadcast to x (ggml_repeat)",
+          check=lambda node: None if val(args_of(node)[1]).dim() == 0 else "a value of more than 0 dims")
+def _fill_tensor(b: Builder, node: fx.Node, x: Val, value: Val) -> Tensor:
+    return b.expand(value, shape_of(node))

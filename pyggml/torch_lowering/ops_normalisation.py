@@ -14,7 +14,7 @@ from torch import fx
 
 from ..core.tensor import Tensor
 from .graph import Builder
-from .layout import axis_of, shape_of
+from .layout import axis_of, shape_of, val
 from .table import Val, args_of, kw_of, register
 
 aten = torch.ops.aten
@@ -157,6 +157,8 @@ def _var(b: Builder, node: fx.Node, x: Val, dims: Any = None, *, correction: Any
         return b.ctx.sqrt(var)
     if node.target == aten.var_mean.correction:
         return (var, b.reshape(mean, out_shape))
+    if node.target == aten.std_mean.correction:
+        return (b.ctx.sqrt(var), b.reshape(mean, out_shape))
     return var
 
 
@@ -166,12 +168,14 @@ def _reduce_to(b: Builder, x: Val, dims: list[int], mean: bool) -> Tensor:
     for d in sorted(set(dims)):
         front, axes = _to_front(b, Val(t, tuple(shape)), d)
         r = b.ctx.mean(front) if mean else b.ctx.sum_rows(front)
-        t = b.ctx.permute(r, *axes) if axes != [0, 1, 2, 3] else r
+        # permuted back and copied: a size-1 dim swapped keeps ggml_is_contiguous true but
+        # leaves strides that ggml_scale and others refuse
+        t = b.ctx.cont(b.ctx.permute(r, *axes)) if axes != [0, 1, 2, 3] else r
         shape[d] = 1
     return b.contig(t)
 
 
-register(aten.var.correction, aten.std.correction, aten.var_mean.correction,
+register(aten.var.correction, aten.std.correction, aten.var_mean.correction, aten.std_mean.correction,
          notes="ggml_mean, ggml_sub, ggml_sqr, ggml_sum_rows, ggml_scale (ggml_sqrt for std)",
          check=_var_check)(_var)
 
@@ -202,3 +206,60 @@ def _batch_norm(b: Builder, node: fx.Node, x: Val, w: Val, bias: Val, mean: Val,
     out = ctx.div(ctx.sub(b.contig(x.t), per_channel(mean)), std)
     out = ctx.add(ctx.mul(out, per_channel(w)), per_channel(bias))
     return (out, None, None)
+
+
+def _group_norm_check(node: fx.Node) -> str | None:
+    x = val(args_of(node)[0])
+    if node.target == aten.native_group_norm.default and any(
+            u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+        return "its mean or rstd is used (only the normalised output is lowered)"
+    return None if 2 <= x.dim() <= 4 else f"a {x.dim()}-dim input"
+
+
+def _group_norm_val(b: Builder, x: Val, groups: int, w: Val | None, bias: Val | None, eps: float) -> Tensor:
+    """ggml_group_norm over x (N, C, *) seen as ggml ne [rest, 1, C, N]: groups of C / groups
+    channels along ne[2]; then the per-channel affine."""
+    n, c = x.shape[0], x.shape[1]
+    rest = 1
+    for d in x.shape[2:]:
+        rest *= d
+    t = b.ctx.reshape(b.contig(x.t), rest, 1, c, n)
+    out = b.ctx.group_norm(t, int(groups), float(eps))
+    if w is not None:
+        out = b.ctx.mul(out, b.ctx.reshape(b.contig(w.t), 1, 1, c, 1))
+    if bias is not None:
+        out = b.ctx.add(out, b.ctx.reshape(b.contig(bias.t), 1, 1, c, 1))
+    return b.reshape(out, x.shape)
+
+
+@register(aten.native_group_norm.default, notes="ggml_group_norm + ggml_mul + ggml_add (the normalised output)",
+          check=_group_norm_check)
+def _native_group_norm(b: Builder, node: fx.Node, x: Val, w: Val | None, bias: Val | None, n: int, c: int,
+                       hw: int, groups: int, eps: float) -> Any:
+    return (_group_norm_val(b, x, groups, w, bias, eps), None, None)
+
+
+@register(aten.group_norm.default, notes="ggml_group_norm + ggml_mul + ggml_add", check=_group_norm_check)
+def _group_norm(b: Builder, node: fx.Node, x: Val, groups: int, w: Val | None = None, bias: Val | None = None,
+                eps: float = 1e-5, *rest: Any) -> Tensor:
+    return _group_norm_val(b, x, groups, w, bias, eps)
+
+
+def _vector_norm_check(node: fx.Node) -> str | None:
+    args, kw = args_of(node), kw_of(node)
+    order = args[1] if len(args) > 1 else kw.get("ord", 2)
+    dtype = args[4] if len(args) > 4 else kw.get("dtype")
+    if order not in (2, 2.0):
+        return f"ord={order} (2 only)"
+    return None if dtype is None else "a dtype"
+
+
+@register(aten.linalg_vector_norm.default, notes="ggml_sqrt of ggml_sum_rows of ggml_sqr (ord 2)",
+          check=_vector_norm_check)
+def _vector_norm(b: Builder, node: fx.Node, x: Val, order: float = 2, dims: Any = None, keepdim: bool = False,
+                 **kw: Any) -> Tensor:
+    n = x.ndim
+    dl = list(range(n)) if dims is None or (not isinstance(dims, int) and not dims) else \
+        ([dims % n] if isinstance(dims, int) else [d % n for d in dims])
+    sq = Val(b.ctx.sqr(b.contig(x.t)), x.shape)
+    return b.reshape(b.ctx.sqrt(_reduce_to(b, sq, dl, mean=False)), shape_of(node))

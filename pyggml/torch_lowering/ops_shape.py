@@ -259,3 +259,107 @@ def _repeat_interleave(b: Builder, node: fx.Node, x: Val, n: int, dim: int, *res
     t = b.ctx.reshape(b.contig(x.t), below, 1, ne[ax], above)
     t = b.ctx.repeat(t, b.ctx.new_tensor(t.type, [below, n, ne[ax], above]))
     return b.reshape(t, shape_of(node))
+
+
+register(aten.narrow_copy.default, notes="as narrow (ggml_view)")(_narrow)
+register(aten.swapaxes.default, aten.swapdims.default, notes="as transpose (ggml_permute, a view)")(_transpose)
+register(aten.ravel.default, notes="ggml_reshape (after ggml_cont where the source is not contiguous)")(_reshape)
+
+
+def _roll_check(node: fx.Node) -> str | None:
+    args = args_of(node)
+    dims = args[2] if len(args) > 2 else kw_of(node).get("dims", [])
+    return None if dims else "a roll of the flattened tensor (no dims)"
+
+
+@register(aten.roll.default, notes="ggml_roll (a shift per ggml axis)", check=_roll_check)
+def _roll(b: Builder, node: fx.Node, x: Val, shifts: Any, dims: Any = ()) -> Tensor:
+    sh = [shifts] if isinstance(shifts, int) else list(shifts)
+    dl = [dims] if isinstance(dims, int) else list(dims)
+    s = [0, 0, 0, 0]
+    for k, d in zip(sh, dl):
+        ax = axis_of(d, x.ndim)
+        s[ax] += int(k)
+    ne = x.t.ne
+    return b.ctx.roll(b.contig(x.t), *[s[i] % ne[i] if ne[i] else 0 for i in range(4)])
+
+
+def _tri_check(node: fx.Node) -> str | None:
+    args = args_of(node)
+    diagonal = args[1] if len(args) > 1 else kw_of(node).get("diagonal", 0)
+    x = val(args[0])
+    if x.dim() < 2 or x.shape[-1] != x.shape[-2]:
+        return "not square in the last two dims (ggml_tri)"
+    ok = (0, 1) if node.target == aten.triu.default else (0, -1)
+    return None if diagonal in ok else f"diagonal {diagonal} (ggml_tri keeps {ok})"
+
+
+@register(aten.triu.default, aten.tril.default,
+          notes="ggml_tri (triu diagonal 0 or 1, tril diagonal 0 or -1)", check=_tri_check)
+def _tri(b: Builder, node: fx.Node, x: Val, diagonal: int = 0) -> Tensor:
+    # ggml's ne[0] is torch's last dim (the column), ne[1] the row
+    kind = {(aten.triu.default, 0): 0, (aten.triu.default, 1): 1, (aten.tril.default, 0): 2,
+            (aten.tril.default, -1): 3}[(node.target, diagonal)]
+    return b.ctx.tri(b.contig(x.t), kind)
+
+
+def _reflect_check(node: fx.Node) -> str | None:
+    pad = list(args_of(node)[1])
+    x = val(args_of(node)[0])
+    if len(pad) != 2 or min(pad) < 0:
+        return "other than two non-negative pads"
+    return None if max(pad) < x.shape[-1] else "a pad as long as the dim (torch refuses it)"
+
+
+@register(aten.reflection_pad1d.default, notes="ggml_pad_reflect_1d (the last dim)", check=_reflect_check)
+def _reflection_pad1d(b: Builder, node: fx.Node, x: Val, pad: Sequence[int]) -> Tensor:
+    return b.ctx.pad_reflect_1d(b.contig(x.t), int(pad[0]), int(pad[1]))
+
+
+def _copy_of_check(node: fx.Node) -> str | None:
+    dst, src = (val(a) for a in args_of(node)[:2])
+    if dst.dtype != src.dtype:
+        return f"a conversion from {src.dtype} to {dst.dtype}"
+    return None
+
+
+@register(aten.copy.default, notes="the source, broadcast to the destination's shape (ggml_repeat)",
+          check=_copy_of_check)
+def _copy_of(b: Builder, node: fx.Node, dst: Val, src: Val, non_blocking: bool = False) -> Tensor:
+    return b.expand(src, shape_of(node))
+
+
+def _scatter_check(node: fx.Node) -> str | None:
+    args = args_of(node)
+    if node.target == aten.slice_scatter.default:
+        step = args[5] if len(args) > 5 else kw_of(node).get("step", 1)
+        if step != 1:
+            return f"step {step}"
+    return None
+
+
+def _write_along(b: Builder, x: Val, src: Tensor, dim: int, start: int) -> Tensor:
+    """x (a contiguous copy) with ``src`` (x's ndim, contiguous) written from ``start`` along
+    torch dim ``dim``: ggml_set, which copies x and writes src into the view at that offset."""
+    t = b.contig(x.t)
+    ax = axis_of(dim, x.ndim)
+    return b.ctx.set(t, src, t.nb[1], t.nb[2], t.nb[3], start * t.nb[ax])
+
+
+@register(aten.slice_scatter.default, notes="ggml_set (x copied, src written at the slice; step 1)",
+          check=_scatter_check)
+def _slice_scatter(b: Builder, node: fx.Node, x: Val, src: Val, dim: int = 0, start: Any = None, end: Any = None,
+                   step: int = 1) -> Tensor:
+    n = x.shape[dim]
+    s = 0 if start is None else int(start)
+    s = max(0, min(n, s + n if s < 0 else s))
+    return _write_along(b, x, b.contig(src.t), dim, s)
+
+
+@register(aten.select_scatter.default, notes="ggml_set (x copied, src written at the index)")
+def _select_scatter(b: Builder, node: fx.Node, x: Val, src: Val, dim: int, index: int) -> Tensor:
+    d = dim % x.ndim
+    n = x.shape[d]
+    i = index + n if index < 0 else index
+    shape = tuple(x.shape[:d]) + (1,) + tuple(x.shape[d + 1:])
+    return _write_along(b, x, b.reshape(b.contig(src.t), shape), d, int(i))
