@@ -298,8 +298,8 @@ def _tri_check(node: fx.Node) -> str | None:
           notes="ggml_tri (triu diagonal 0 or 1, tril diagonal 0 or -1)", check=_tri_check)
 def _tri(b: Builder, node: fx.Node, x: Val, diagonal: int = 0) -> Tensor:
     # ggml's ne[0] is torch's last dim (the column), ne[1] the row
-    kind = {(aten.triu.default, 0): 0, (aten.triu.default, 1): 1, (aten.tril.default, 0): 2,
-            (aten.tril.default, -1): 3}[(node.target, diagonal)]
+    upper = node.target == aten.triu.default
+    kind = (0 if diagonal == 0 else 1) if upper else (2 if diagonal == 0 else 3)   # GGML_TRI_TYPE_*
     return b.ctx.tri(b.contig(x.t), kind)
 
 
