@@ -38,7 +38,7 @@ from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, WhisperTokenizer
 from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, audio_mel, encode_first_window,
                          generate_segments, progress, restore_times, speech_only)
-from .vad import SileroVAD, VadOptions
+from .vad import VadOptions, shared_vad
 
 __all__ = ["WhisperModel", "TranscriptionInfo", "TranscriptionOptions", "VadOptions", "Segment", "Word",
            "COMPUTE_TYPES", "resolve_model"]
@@ -143,14 +143,7 @@ class WhisperModel:
                               flash_attn=flash_attn)
         #: the language codes of the model (``["en"]`` for English-only models)
         self.supported_languages = list(LANGUAGES[:self.tok.sp.n_languages]) or ["en"]
-        self._vad: SileroVAD | None = None
 
-    def vad(self) -> SileroVAD:
-        """The Silero VAD model ``vad_filter`` runs (:class:`~.vad.SileroVAD`, loaded on first
-        use)."""
-        if self._vad is None:
-            self._vad = SileroVAD()
-        return self._vad
 
     @property
     def is_multilingual(self) -> bool:
@@ -159,8 +152,6 @@ class WhisperModel:
     def close(self) -> None:
         """Free the model's weights and graphs (idempotent)."""
         self.net.close()
-        if self._vad is not None:
-            self._vad.close()
 
     def __enter__(self) -> "WhisperModel":
         return self
@@ -234,7 +225,7 @@ class WhisperModel:
         duration = samples.size / SAMPLE_RATE
         tmap = None
         if vad_filter and clip_timestamps == "0":       # as faster-whisper: clips turn the VAD off
-            samples, tmap = speech_only(self.vad(), samples, vad)
+            samples, tmap = speech_only(shared_vad(), samples, vad)
         mel = audio_mel(samples, self.file.mel_filters)
         probs: list[tuple[str, float]] | None = None
         encoded = None

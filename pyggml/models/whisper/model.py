@@ -270,15 +270,31 @@ class WhisperNet:
         p0 = n - T
         if T == 0 or p0 < 0 or n > hp.n_text_ctx:
             raise ValueError(f"{T} tokens after {p0} do not fit the decoder's {hp.n_text_ctx} positions")
-        tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        tok = self._ids(tokens)
         cel = np.asarray(cells, dtype=np.int64)
-        if tok.min() < 0 or tok.max() >= hp.n_vocab:
-            raise ValueError(f"token ids must be in 0..{hp.n_vocab - 1}")
         if cel.min() < 0 or cel.max() >= self.n_cells:
             raise ValueError(f"cells must be in 0..{self.n_cells - 1}")
         K = min(hp.n_text_ctx, -(-n // KV_PAD) * KV_PAD)
         key = ("decoder", T, K, B)
         a = self.graphs.get(key).arrays
+        self._fill(a, tok, cel, p0, K)
+        self.graphs.compute(key, [])
+        return np.array(a["logits"].reshape(B, hp.n_vocab))
+
+    def _ids(self, tokens: Sequence[Sequence[int]] | Sequence[int]) -> np.ndarray:
+        """``tokens`` as int64, flat; ValueError for an id outside the vocabulary."""
+        tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tok.size and (tok.min() < 0 or tok.max() >= self.hp.n_vocab):
+            raise ValueError(f"token ids must be in 0..{self.hp.n_vocab - 1}")
+        return tok
+
+    @staticmethod
+    def _fill(a: dict[str, np.ndarray], tok: np.ndarray, cel: np.ndarray, p0: int, K: int) -> None:
+        """A decoder graph's inputs, written in place: B sequences (the rows of ``cel``, each
+        sequence's cells) of T new tokens at positions p0.. (their cells the last T of a row),
+        each reading its first K cells (the padding masked)."""
+        B, n = cel.shape
+        T = n - p0
         positions = np.arange(p0, n, dtype=np.int32)
         a["tokens"][:] = tok
         a["pos"][:] = np.tile(positions, B)
@@ -287,8 +303,6 @@ class WhisperNet:
         read[:, :n] = cel
         read[:, n:] = cel[:, :1]                    # padding: masked
         a["mask"].reshape(B, T, K)[:] = np.where(np.arange(K)[None, None, :] <= positions[None, :, None], 0.0, -np.inf)
-        self.graphs.compute(key, [])
-        return np.array(a["logits"].reshape(B, hp.n_vocab))
 
     def align(self, tokens: Sequence[int], heads: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """What word timestamps need of the window :meth:`encode` left in the model, for the
@@ -304,19 +318,13 @@ class WhisperNet:
         hs = tuple((int(layer), int(h)) for layer, h in heads)
         if not hs or any(not (0 <= layer < hp.n_text_layer and 0 <= h < hp.n_text_head) for layer, h in hs):
             raise ValueError(f"heads must be (layer, head) pairs in ({hp.n_text_layer}, {hp.n_text_head})")
-        tok = np.asarray(tokens, dtype=np.int64)
         if T == 0 or T > hp.n_text_ctx:
             raise ValueError(f"{T} tokens do not fit the decoder's {hp.n_text_ctx} positions")
-        if tok.min() < 0 or tok.max() >= hp.n_vocab:
-            raise ValueError(f"token ids must be in 0..{hp.n_vocab - 1}")
+        tok = self._ids(tokens)
         K = min(hp.n_text_ctx, -(-T // KV_PAD) * KV_PAD)
         key = ("align", T, K, hs)
         a = self.graphs.get(key).arrays
-        a["tokens"][:] = tok
-        a["pos"][:] = a["rows"][:] = np.arange(T)
-        a["cells"][:T] = np.arange(T)
-        a["cells"][T:] = 0
-        a["mask"].reshape(T, K)[:] = np.where(np.arange(K)[None, :] <= np.arange(T)[:, None], 0.0, -np.inf)
+        self._fill(a, tok, np.arange(T)[None], 0, K)
         nxt = np.append(tok[1:], self.eot)
         text = nxt < self.eot
         a["pick"][:] = np.where(text, nxt, 0) + np.arange(T) * self.eot

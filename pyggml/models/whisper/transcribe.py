@@ -22,7 +22,7 @@ from .loader import WhisperFile
 from .model import WhisperNet
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, find_alignment, merge_punctuations
 from .tokenizer import WhisperTokenizer
-from .vad import SileroVAD, TimeMap, VadOptions, collect_chunks, speech_timestamps
+from .vad import SileroVAD, TimeMap, VadOptions, collect_chunks, shared_vad, speech_timestamps
 
 __all__ = ["Whisper", "Transcription", "Segment", "Word", "TranscriptionOptions", "generate_segments",
            "encode_first_window", "audio_mel", "speech_only", "restore_times", "progress"]
@@ -430,18 +430,9 @@ class Whisper:
         self.tok = WhisperTokenizer(self.file.vocab, self.file.hparams)
         self.model = WhisperNet(self.file, backend=backend, n_threads=n_threads, flash_attn=flash_attn,
                                 repack=repack)
-        self._vad: SileroVAD | None = None
-
-    def vad(self) -> SileroVAD:
-        """The Silero VAD model (:class:`~.vad.SileroVAD`, loaded on first use)."""
-        if self._vad is None:
-            self._vad = SileroVAD()
-        return self._vad
 
     def close(self) -> None:
         self.model.close()
-        if self._vad is not None:
-            self._vad.close()
 
     def __enter__(self) -> "Whisper":
         return self
@@ -486,7 +477,7 @@ class Whisper:
         stats: dict[str, float] = {}
         if vad is not False:
             t1 = time.perf_counter()
-            samples, tmap = speech_only(self.vad(), samples, vad if isinstance(vad, VadOptions) else None)
+            samples, tmap = speech_only(shared_vad(), samples, vad if isinstance(vad, VadOptions) else None)
             stats["vad_ms"] = 1e3 * (time.perf_counter() - t1)
         t1 = time.perf_counter()
         mel = audio_mel(samples, self.file.mel_filters)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import os
@@ -33,7 +34,7 @@ from pyggml.runtime import GraphCache, GraphParts, load_tensors, open_backend
 
 from .convert import cache_dir
 
-__all__ = ["VadOptions", "SileroVAD", "silero_path", "read_silero", "read_onnx", "chunks_of", "speech_timestamps",
+__all__ = ["VadOptions", "SileroVAD", "shared_vad", "silero_path", "read_silero", "read_onnx", "chunks_of", "speech_timestamps",
            "collect_chunks", "TimeMap", "CHUNK", "CONTEXT", "BLOCK"]
 
 SAMPLE_RATE = 16000
@@ -232,6 +233,13 @@ class SileroVAD:
             if m == n:
                 h, c = res["hn"].reshape(-1), res["cn"].reshape(-1)
         return out
+
+
+@functools.lru_cache(maxsize=1)
+def shared_vad() -> SileroVAD:
+    """The process's :class:`SileroVAD` of :func:`silero_path`, made on first use (as
+    faster-whisper keeps one): the Whisper models' ``vad_filter`` use it."""
+    return SileroVAD()
 
 
 def speech_timestamps(probs: np.ndarray, n_samples: int, opts: VadOptions | None = None) -> list[dict[str, int]]:
