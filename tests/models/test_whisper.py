@@ -466,6 +466,23 @@ def test_multilingual_model_detects_languages_and_translates(base, upstream):
     assert jfk.language == "en" and "ask not what your country can do for you" in jfk.text
 
 
+def test_multilingual_windows_each_in_their_own_language(base, upstream):
+    """faster-whisper's ``multilingual=True``: German, then English 30 s later: with the language
+    detected per window the English window is transcribed in English; with the first window's
+    language for all, it is not."""
+    from pyggml.models.whisper.transcribe import TranscriptionOptions, audio_mel, generate_segments
+    de, en = load_audio(GERMAN), load_audio(upstream["jfk"])
+    x = np.concatenate([de, np.zeros(CHUNK - de.size, np.float32), en])
+    mel = audio_mel(x, base.file.mel_filters)
+
+    def text(multilingual: bool) -> str:
+        opts = TranscriptionOptions(beam_size=1, multilingual=multilingual, condition_on_previous_text=False)
+        return "".join(s.text for s in generate_segments(base.model, base.tok, x, mel, opts, "de"))
+
+    assert "Westen" in text(True) and "ask not what your country" in text(True)
+    assert "ask not what your country" not in text(False)
+
+
 #: a greedy step where the two implementations' float32 sums may pick either token: the
 #: log-probabilities of ours and of CTranslate2's choice within this
 TIE = 0.1

@@ -11,11 +11,11 @@ changing its import::
 ``transcribe`` takes faster-whisper's parameters with its defaults and returns a generator of
 :class:`~.transcribe.Segment` (decoded as it is iterated) and a :class:`TranscriptionInfo`.
 ``vad_filter=True`` runs Silero VAD on ggml (:mod:`.vad`; the model file is faster-whisper's:
-``pip install --no-deps faster-whisper==1.2.1``). A parameter pyggml does not implement raises
-ValueError when given a value that would change the result (``patience``, ``length_penalty``, ``repetition_penalty``,
-``no_repeat_ngram_size``, ``hallucination_silence_threshold``, ``multilingual=True``,
-``chunk_length`` other than 30, ``language_detection_segments`` above 1); nothing is ignored
-silently.
+``pip install --no-deps faster-whisper==1.2.1``); ``multilingual=True`` detects each window's
+language. A parameter pyggml does not implement raises ValueError when given a value that
+would change the result (``patience``, ``length_penalty``, ``repetition_penalty``,
+``no_repeat_ngram_size``, ``hallucination_silence_threshold``, ``chunk_length`` other than 30,
+``language_detection_segments`` above 1); nothing is ignored silently.
 """
 from __future__ import annotations
 
@@ -187,7 +187,6 @@ class WhisperModel:
                        "length_penalty != 1": length_penalty != 1, "repetition_penalty != 1": repetition_penalty != 1,
                        "no_repeat_ngram_size": no_repeat_ngram_size != 0,
                        "hallucination_silence_threshold": hallucination_silence_threshold is not None,
-                       "multilingual=True": multilingual and self.is_multilingual,
                        "chunk_length other than 30": chunk_length not in (None, 30),
                        "language_detection_segments > 1": language_detection_segments != 1}
         refused = [k for k, v in unsupported.items() if v]

@@ -75,9 +75,10 @@ class Segment:
 @dataclass
 class TranscriptionOptions:
     """What :func:`generate_segments` decodes with (faster-whisper's ``TranscriptionOptions``;
-    ``patience``, ``length_penalty``, ``repetition_penalty``, ``no_repeat_ngram_size``,
-    ``multilingual`` and ``hallucination_silence_threshold`` only at the values that change
-    nothing: :class:`~.faster.WhisperModel` refuses others)."""
+    ``multilingual``: each window's language detected, on a multilingual model; ``patience``,
+    ``length_penalty``, ``repetition_penalty``, ``no_repeat_ngram_size`` and
+    ``hallucination_silence_threshold`` only at the values that change nothing:
+    :class:`~.faster.WhisperModel` refuses others)."""
 
     beam_size: int = 5
     best_of: int = 5
@@ -308,6 +309,8 @@ def generate_segments(net: WhisperNet, tok: WhisperTokenizer, samples: np.ndarra
             if seek != encoded:
                 net.encode(_window(mel, seek, clip_end if clip_end < n_frames else None))
             encoded = None
+            if opts.multilingual and tok.sp.n_languages:
+                language = detect_language(net, tok)[0]   # each window's own language
             t2 = time.perf_counter()
             sot = sot_sequence(tok, language, task)
             res: WindowResult | None = None
