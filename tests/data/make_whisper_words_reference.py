@@ -61,6 +61,8 @@ RUNS: list[tuple[str, str, dict[str, Any]]] = [
     ("jfk_prefix", "jfk", {"beam_size": 5, "prefix": "And so my fellow"}),
     ("jfk_hotwords", "jfk", {"beam_size": 5, "hotwords": "Kennedy inaugural"}),
     ("jfk_no_timestamps", "jfk", {"beam_size": 5, "without_timestamps": True}),
+    ("long_patience", "long", {"beam_size": 5, "patience": 2.0}),
+    ("long_length_penalty", "long", {"beam_size": 5, "length_penalty": 0.6}),
     ("long_vad_words", "long", {"beam_size": 5, "vad_filter": True, "word_timestamps": True,
                                 "vad_parameters": {"min_silence_duration_ms": 500}}),
 ]

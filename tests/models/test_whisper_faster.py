@@ -147,7 +147,7 @@ def test_transcribe_returns_a_lazy_generator_and_faster_whispers_fields(model, a
 
 
 @pytest.mark.parametrize("bad, error", [
-    (dict(vad_filter=True, vad_parameters=3), "vad_parameters"), (dict(patience=2), "patience"), (dict(length_penalty=0.5), "length_penalty"),
+    (dict(vad_filter=True, vad_parameters=3), "vad_parameters"), (dict(patience=0), "patience"),
     (dict(repetition_penalty=1.1), "repetition_penalty"), (dict(no_repeat_ngram_size=3), "no_repeat_ngram_size"),
     (dict(hallucination_silence_threshold=2.0), "hallucination"), (dict(chunk_length=10), "chunk_length"),
     (dict(language="de"), "language 'de'"), (dict(temperature=[]), "temperature"), (dict(beam_size=0), "beam_size"),
@@ -196,7 +196,7 @@ def test_word_timestamps_agree_with_faster_whisper(model, audio, name):
 
 
 @pytest.mark.parametrize("name", ["long_greedy_noprev", "jfk_initial_prompt", "jfk_prefix", "jfk_hotwords",
-                                  "jfk_no_timestamps"])
+                                  "jfk_no_timestamps", "long_patience", "long_length_penalty"])
 def test_prompts_prefix_hotwords_and_long_audio_as_faster_whisper(model, audio, name):
     """The same text as faster-whisper within a comma (its log-mel is not ours), segment for
     segment in time; a prefix starts the text. (Greedy on the long input, faster-whisper's last

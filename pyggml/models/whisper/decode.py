@@ -29,7 +29,9 @@ class DecodeOptions:
     n_text_ctx // 2 - 1 of them are kept), ``hotwords`` there too when there is no
     ``prefix``; ``prefix``: tokens the window's text starts with (decoded as given, returned
     with the rest); ``suppress_tokens``: ids never sampled (None: openai-whisper's non-speech
-    symbols)."""
+    symbols); ``patience``: beam search stops when round(beam_size x patience) sequences have
+    ended; ``length_penalty``: the ended one kept is the best sum of log-probabilities over its
+    length to this power."""
 
     beam_size: int = 1
     temperature: float = 0.0
@@ -46,12 +48,16 @@ class DecodeOptions:
     hotwords: tuple[int, ...] = ()
     prefix: tuple[int, ...] = ()
     suppress_tokens: tuple[int, ...] | None = None
+    patience: float = 1.0
+    length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.beam_size < 1 or self.best_of < 1:
             raise ValueError("beam_size and best_of must be >= 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
+        if self.patience <= 0:
+            raise ValueError("patience must be > 0")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
 
@@ -226,7 +232,8 @@ def decode_window(model: WhisperNet, tok: WhisperTokenizer, opts: DecodeOptions)
     no_speech = float(np.exp(_log_softmax(sot_logits.astype(np.float64))[sp.nosp]))
     res: tuple[list[int], float] | None
     if opts.beam_size > 1 and opts.temperature == 0:
-        res = _beam(model, filters, n_p, first, limit, opts.beam_size, sp.eot, lead)
+        res = _beam(model, filters, n_p, first, limit, opts.beam_size, sp.eot, lead, opts.patience,
+                    opts.length_penalty)
     else:
         n = opts.best_of if opts.temperature > 0 else 1
         rng = np.random.default_rng(opts.seed)
@@ -264,13 +271,15 @@ def _sample(model: WhisperNet, filters: _Filters, logits: np.ndarray, n_prompt: 
 
 
 def _beam(model: WhisperNet, filters: _Filters, n_prompt: int, first: np.ndarray, limit: int,
-          beam_size: int, eot: int, lead: Sequence[int] = ()) -> tuple[list[int], float]:
+          beam_size: int, eot: int, lead: Sequence[int] = (), patience: float = 1.0,
+          length_penalty: float = 1.0) -> tuple[list[int], float]:
     """Beam search as CTranslate2 (faster-whisper's engine) runs it: ``beam_size`` live
     sequences, each extended by its ``beam_size + 1`` best tokens; of all these candidates,
     ranked by summed log-probability, one ending in end of text among the ``beam_size`` best is
     finished, and the ``beam_size`` best that do not end become the live ones; it stops when
-    ``beam_size`` are finished (or at ``limit`` tokens) and returns the finished one of best
-    log-probability per token (length penalty 1; end of text not counted). (openai-whisper also
+    round(``beam_size`` x ``patience``) are finished (or at ``limit`` tokens) and returns the
+    finished one of best log-probability over its length to the power ``length_penalty`` (end
+    of text not counted). (openai-whisper also
     finishes end-of-text candidates ranked below the first ``beam_size``, so it can stop before a
     longer, likelier sequence ends.) Each sequence keeps the cache cells of its positions: a new
     token gets a fresh cell, prefixes share theirs (the prompt's are cells 0..n_prompt-1)."""
@@ -281,6 +290,7 @@ def _beam(model: WhisperNet, filters: _Filters, n_prompt: int, first: np.ndarray
     # (tokens, score, logits after them, cells of prompt + tokens)
     live: list[tuple[list[int], float, np.ndarray, list[int]]] = [(list(lead), 0.0, first, prompt_cells)]
     finished: list[tuple[list[int], float]] = []
+    enough = max(1, round(beam_size * patience))
     next_cell = n_prompt
     for _ in range(limit):
         cands: dict[tuple[int, ...], tuple[float, int]] = {}
@@ -297,13 +307,13 @@ def _beam(model: WhisperNet, filters: _Filters, n_prompt: int, first: np.ndarray
         chosen: list[tuple[list[int], float, int]] = []
         for rank, (key, (s, b)) in enumerate(ranked):
             if key[-1] == eot:
-                if rank < beam_size and len(finished) < beam_size:
+                if rank < beam_size and len(finished) < enough:
                     finished.append((list(key[:-1]), s))
             else:
                 chosen.append((list(key), s, b))
             if len(chosen) >= beam_size:
                 break
-        if len(finished) >= beam_size or not chosen:
+        if len(finished) >= enough or not chosen:
             break
         cells = [live[b][3] + [next_cell + j] for j, (_seq, _s, b) in enumerate(chosen)]
         next_cell += len(chosen)
@@ -311,4 +321,4 @@ def _beam(model: WhisperNet, filters: _Filters, n_prompt: int, first: np.ndarray
         live = [(seq, s, logits_b[j], cells[j]) for j, (seq, s, _b) in enumerate(chosen)]
     if not finished:
         finished = [(seq, s) for seq, s, _l, _c in live]
-    return max(finished, key=lambda fs: fs[1] / max(len(fs[0]), 1))
+    return max(finished, key=lambda fs: fs[1] / max(len(fs[0]), 1) ** length_penalty)

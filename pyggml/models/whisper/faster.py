@@ -13,8 +13,8 @@ changing its import::
 ``vad_filter=True`` runs Silero VAD on ggml (:mod:`.vad`; the model file is faster-whisper's:
 ``pip install --no-deps faster-whisper==1.2.1``); ``multilingual=True`` detects each window's
 language. A parameter pyggml does not implement raises ValueError when given a value that
-would change the result (``patience``, ``length_penalty``, ``repetition_penalty``,
-``no_repeat_ngram_size``, ``hallucination_silence_threshold``, ``chunk_length`` other than 30,
+would change the result (``repetition_penalty``, ``no_repeat_ngram_size``,
+``hallucination_silence_threshold``, ``chunk_length`` other than 30,
 ``language_detection_segments`` above 1); nothing is ignored silently.
 """
 from __future__ import annotations
@@ -177,14 +177,12 @@ class WhisperModel:
             language_detection_segments: int = 1) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """Transcribe ``audio`` (a path or file object of any format soundfile reads, or
         float32 samples at 16 kHz) as faster-whisper's ``WhisperModel.transcribe`` does, with
-        its parameters and defaults (see its documentation; beam search is CTranslate2's, with
-        patience 1). Returns (a generator of :class:`~.transcribe.Segment`, decoded as it is
+        its parameters and defaults (see its documentation; beam search is CTranslate2's). Returns (a generator of :class:`~.transcribe.Segment`, decoded as it is
         iterated; :class:`TranscriptionInfo`); the language of a multilingual model is detected
         on the first window here, before returning. Raises ValueError for bad values and for
         those of unimplemented features (see the module), FileNotFoundError and
         :class:`~.audio.AudioError` for audio it cannot read."""
-        unsupported = {"patience != 1": patience != 1,
-                       "length_penalty != 1": length_penalty != 1, "repetition_penalty != 1": repetition_penalty != 1,
+        unsupported = {"repetition_penalty != 1": repetition_penalty != 1,
                        "no_repeat_ngram_size": no_repeat_ngram_size != 0,
                        "hallucination_silence_threshold": hallucination_silence_threshold is not None,
                        "chunk_length other than 30": chunk_length not in (None, 30),
@@ -199,7 +197,7 @@ class WhisperModel:
         except TypeError as e:
             raise ValueError(f"vad_parameters: {e}") from None
         temps = [float(temperature)] if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
-        DecodeOptions(beam_size=beam_size, best_of=best_of, task=task)   # checks them
+        DecodeOptions(beam_size=beam_size, best_of=best_of, task=task, patience=patience)   # checks them
         if not temps or any(t < 0 for t in temps):
             raise ValueError("temperature: one or more values >= 0")
         if language is not None and language not in self.supported_languages:

@@ -75,10 +75,9 @@ class Segment:
 @dataclass
 class TranscriptionOptions:
     """What :func:`generate_segments` decodes with (faster-whisper's ``TranscriptionOptions``;
-    ``multilingual``: each window's language detected, on a multilingual model; ``patience``,
-    ``length_penalty``, ``repetition_penalty``, ``no_repeat_ngram_size`` and
-    ``hallucination_silence_threshold`` only at the values that change nothing:
-    :class:`~.faster.WhisperModel` refuses others)."""
+    ``multilingual``: each window's language detected, on a multilingual model;
+    ``repetition_penalty``, ``no_repeat_ngram_size`` and ``hallucination_silence_threshold``
+    only at the values that change nothing: :class:`~.faster.WhisperModel` refuses others)."""
 
     beam_size: int = 5
     best_of: int = 5
@@ -323,7 +322,8 @@ def generate_segments(net: WhisperNet, tok: WhisperTokenizer, samples: np.ndarra
                                       language=language, task=task, max_initial_timestamp=opts.max_initial_timestamp,
                                       sample_len=opts.max_new_tokens, suppress_blank=opts.suppress_blank,
                                       previous=tuple(all_tokens[reset_since:]), hotwords=hotwords,
-                                      prefix=prefix if seek == 0 else (), suppress_tokens=suppress)
+                                      prefix=prefix if seek == 0 else (), suppress_tokens=suppress,
+                                      patience=opts.patience, length_penalty=opts.length_penalty)
                 res = decode_window(net, tok, dopts)
                 results.append(res)
                 stats["n_tokens"] += len(res.tokens) + 1
