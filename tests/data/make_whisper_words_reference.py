@@ -63,6 +63,8 @@ RUNS: list[tuple[str, str, dict[str, Any]]] = [
     ("jfk_no_timestamps", "jfk", {"beam_size": 5, "without_timestamps": True}),
     ("long_patience", "long", {"beam_size": 5, "patience": 2.0}),
     ("long_length_penalty", "long", {"beam_size": 5, "length_penalty": 0.6}),
+    ("long_repetition_penalty", "long", {"beam_size": 5, "repetition_penalty": 1.5}),
+    ("long_no_repeat_ngram", "long", {"beam_size": 5, "no_repeat_ngram_size": 2}),
     ("long_vad_words", "long", {"beam_size": 5, "vad_filter": True, "word_timestamps": True,
                                 "vad_parameters": {"min_silence_duration_ms": 500}}),
 ]

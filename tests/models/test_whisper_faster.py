@@ -148,7 +148,7 @@ def test_transcribe_returns_a_lazy_generator_and_faster_whispers_fields(model, a
 
 @pytest.mark.parametrize("bad, error", [
     (dict(vad_filter=True, vad_parameters=3), "vad_parameters"), (dict(patience=0), "patience"),
-    (dict(repetition_penalty=1.1), "repetition_penalty"), (dict(no_repeat_ngram_size=3), "no_repeat_ngram_size"),
+    (dict(repetition_penalty=0), "repetition_penalty"), (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size"),
     (dict(hallucination_silence_threshold=2.0), "hallucination"), (dict(chunk_length=10), "chunk_length"),
     (dict(language="de"), "language 'de'"), (dict(temperature=[]), "temperature"), (dict(beam_size=0), "beam_size"),
     (dict(task="summarize"), "task"), (dict(max_new_tokens=0), "max_new_tokens"),
@@ -196,7 +196,8 @@ def test_word_timestamps_agree_with_faster_whisper(model, audio, name):
 
 
 @pytest.mark.parametrize("name", ["long_greedy_noprev", "jfk_initial_prompt", "jfk_prefix", "jfk_hotwords",
-                                  "jfk_no_timestamps", "long_patience", "long_length_penalty"])
+                                  "jfk_no_timestamps", "long_patience", "long_length_penalty",
+                                  "long_repetition_penalty", "long_no_repeat_ngram"])
 def test_prompts_prefix_hotwords_and_long_audio_as_faster_whisper(model, audio, name):
     """The same text as faster-whisper within a comma (its log-mel is not ours), segment for
     segment in time; a prefix starts the text. (Greedy on the long input, faster-whisper's last
@@ -212,10 +213,11 @@ def test_prompts_prefix_hotwords_and_long_audio_as_faster_whisper(model, audio, 
     if RUNS[name]["kwargs"].get("without_timestamps"):
         assert all(t < model.tok.sp.eot for s in ours for t in s.tokens)
     assert ours[0].start == pytest.approx(ref[0]["start"], abs=0.5)
+    duration = audio[RUNS[name]["input"]].size / 16000   # ours end there; faster-whisper's may end past it
     for a, b in zip(ours, ref):                 # the segments cut alike (a prefix may cut elsewhere)
         if _similar(a.text, b["text"]) < 0.8:
             break
-        assert (a.start, a.end) == pytest.approx((b["start"], b["end"]), abs=1.0)
+        assert (a.start, a.end) == pytest.approx((b["start"], min(b["end"], duration)), abs=1.0)
     if RUNS[name]["input"] == "jfk":
         assert ours[-1].end == pytest.approx(ref[-1]["end"], abs=1.0)
     assert [s.start for s in ours] == sorted(s.start for s in ours)

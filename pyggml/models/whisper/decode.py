@@ -31,7 +31,9 @@ class DecodeOptions:
     with the rest); ``suppress_tokens``: ids never sampled (None: openai-whisper's non-speech
     symbols); ``patience``: beam search stops when round(beam_size x patience) sequences have
     ended; ``length_penalty``: the ended one kept is the best sum of log-probabilities over its
-    length to this power."""
+    length to this power; ``repetition_penalty``: the logits of the window's tokens so far
+    divided by it (multiplied where negative); ``no_repeat_ngram_size``: no n-gram of the
+    window's tokens twice."""
 
     beam_size: int = 1
     temperature: float = 0.0
@@ -50,14 +52,16 @@ class DecodeOptions:
     suppress_tokens: tuple[int, ...] | None = None
     patience: float = 1.0
     length_penalty: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
 
     def __post_init__(self) -> None:
         if self.beam_size < 1 or self.best_of < 1:
             raise ValueError("beam_size and best_of must be >= 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
-        if self.patience <= 0:
-            raise ValueError("patience must be > 0")
+        if self.patience <= 0 or self.repetition_penalty <= 0 or self.no_repeat_ngram_size < 0:
+            raise ValueError("patience and repetition_penalty must be > 0, no_repeat_ngram_size >= 0")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
 
@@ -133,6 +137,16 @@ class _Filters:
 
     def apply(self, logits: np.ndarray, seq: Sequence[int]) -> None:
         sp, tb = self.sp, self.sp.timestamp_begin
+        o = self.opts
+        if o.repetition_penalty != 1 and seq:       # CTranslate2's: each token of the sequence once
+            ids = np.unique(np.asarray(seq, dtype=np.int64))
+            v = logits[ids]
+            logits[ids] = np.where(v < 0, v * o.repetition_penalty, v / o.repetition_penalty)
+        n = o.no_repeat_ngram_size
+        if n > 0 and len(seq) >= n:                 # a token that would repeat an n-gram of the sequence
+            tail = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
+            banned = [seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i:i + n - 1]) == tail]
+            logits[banned] = -np.inf
         if not seq and self.opts.suppress_blank:
             logits[[220, sp.eot]] = -np.inf
         logits[self.suppress] = -np.inf

@@ -13,8 +13,7 @@ changing its import::
 ``vad_filter=True`` runs Silero VAD on ggml (:mod:`.vad`; the model file is faster-whisper's:
 ``pip install --no-deps faster-whisper==1.2.1``); ``multilingual=True`` detects each window's
 language. A parameter pyggml does not implement raises ValueError when given a value that
-would change the result (``repetition_penalty``, ``no_repeat_ngram_size``,
-``hallucination_silence_threshold``, ``chunk_length`` other than 30,
+would change the result (``hallucination_silence_threshold``, ``chunk_length`` other than 30,
 ``language_detection_segments`` above 1); nothing is ignored silently.
 """
 from __future__ import annotations
@@ -182,9 +181,7 @@ class WhisperModel:
         on the first window here, before returning. Raises ValueError for bad values and for
         those of unimplemented features (see the module), FileNotFoundError and
         :class:`~.audio.AudioError` for audio it cannot read."""
-        unsupported = {"repetition_penalty != 1": repetition_penalty != 1,
-                       "no_repeat_ngram_size": no_repeat_ngram_size != 0,
-                       "hallucination_silence_threshold": hallucination_silence_threshold is not None,
+        unsupported = {"hallucination_silence_threshold": hallucination_silence_threshold is not None,
                        "chunk_length other than 30": chunk_length not in (None, 30),
                        "language_detection_segments > 1": language_detection_segments != 1}
         refused = [k for k, v in unsupported.items() if v]
@@ -197,7 +194,8 @@ class WhisperModel:
         except TypeError as e:
             raise ValueError(f"vad_parameters: {e}") from None
         temps = [float(temperature)] if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
-        DecodeOptions(beam_size=beam_size, best_of=best_of, task=task, patience=patience)   # checks them
+        DecodeOptions(beam_size=beam_size, best_of=best_of, task=task, patience=patience,   # checks them
+                      repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
         if not temps or any(t < 0 for t in temps):
             raise ValueError("temperature: one or more values >= 0")
         if language is not None and language not in self.supported_languages:

@@ -76,8 +76,8 @@ class Segment:
 class TranscriptionOptions:
     """What :func:`generate_segments` decodes with (faster-whisper's ``TranscriptionOptions``;
     ``multilingual``: each window's language detected, on a multilingual model;
-    ``repetition_penalty``, ``no_repeat_ngram_size`` and ``hallucination_silence_threshold``
-    only at the values that change nothing: :class:`~.faster.WhisperModel` refuses others)."""
+    ``hallucination_silence_threshold`` only None: :class:`~.faster.WhisperModel` refuses
+    others)."""
 
     beam_size: int = 5
     best_of: int = 5
@@ -323,7 +323,9 @@ def generate_segments(net: WhisperNet, tok: WhisperTokenizer, samples: np.ndarra
                                       sample_len=opts.max_new_tokens, suppress_blank=opts.suppress_blank,
                                       previous=tuple(all_tokens[reset_since:]), hotwords=hotwords,
                                       prefix=prefix if seek == 0 else (), suppress_tokens=suppress,
-                                      patience=opts.patience, length_penalty=opts.length_penalty)
+                                      patience=opts.patience, length_penalty=opts.length_penalty,
+                                      repetition_penalty=opts.repetition_penalty,
+                                      no_repeat_ngram_size=opts.no_repeat_ngram_size)
                 res = decode_window(net, tok, dopts)
                 results.append(res)
                 stats["n_tokens"] += len(res.tokens) + 1
