@@ -65,6 +65,8 @@ RUNS: list[tuple[str, str, dict[str, Any]]] = [
     ("long_length_penalty", "long", {"beam_size": 5, "length_penalty": 0.6}),
     ("long_repetition_penalty", "long", {"beam_size": 5, "repetition_penalty": 1.5}),
     ("long_no_repeat_ngram", "long", {"beam_size": 5, "no_repeat_ngram_size": 2}),
+    ("long_hallucination", "long", {"beam_size": 1, "word_timestamps": True, "hallucination_silence_threshold": 0.5,
+                                    "condition_on_previous_text": False}),
     ("long_vad_words", "long", {"beam_size": 5, "vad_filter": True, "word_timestamps": True,
                                 "vad_parameters": {"min_silence_duration_ms": 500}}),
 ]

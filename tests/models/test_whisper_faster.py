@@ -149,7 +149,7 @@ def test_transcribe_returns_a_lazy_generator_and_faster_whispers_fields(model, a
 @pytest.mark.parametrize("bad, error", [
     (dict(vad_filter=True, vad_parameters=3), "vad_parameters"), (dict(patience=0), "patience"),
     (dict(repetition_penalty=0), "repetition_penalty"), (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size"),
-    (dict(hallucination_silence_threshold=2.0), "hallucination"), (dict(chunk_length=10), "chunk_length"),
+    (dict(chunk_length=10), "chunk_length"),
     (dict(language="de"), "language 'de'"), (dict(temperature=[]), "temperature"), (dict(beam_size=0), "beam_size"),
     (dict(task="summarize"), "task"), (dict(max_new_tokens=0), "max_new_tokens"),
 ])
@@ -174,7 +174,8 @@ def test_models_by_name_folder_or_file_and_bad_ones(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- words
-@pytest.mark.parametrize("name", ["jfk_words", "numbers_words", "weather_words", "long_words", "long_vad_words"])
+@pytest.mark.parametrize("name", ["jfk_words", "numbers_words", "weather_words", "long_words", "long_vad_words",
+                                  "long_hallucination"])
 def test_word_timestamps_agree_with_faster_whisper(model, audio, name):
     """Median start and end within 0.1 s of faster-whisper's words (the issue's goal), nearly
     every word found in both, probabilities alike, words inside their segments; with the VAD,
@@ -229,6 +230,29 @@ def test_log_progress_shows_a_bar_of_audio_seconds(model, audio, capsys):
     assert list(segments)
     err = capsys.readouterr().err
     assert "11.0/11.0" in err, err
+
+
+def test_hallucination_silence_threshold_rules():
+    """faster-whisper's rule on made-up windows: words that are improbable or squeezed into no
+    time make a segment anomalous; a window opening on one after more silence than the
+    threshold is decoded again after the silence; one with silence on both sides ends the
+    window; plausible words change nothing."""
+    from pyggml.models.whisper.transcribe import Segment, Word, _anomalous, _hallucinations
+
+    def seg(start: float, end: float, p: float, n: int = 4) -> Segment:
+        step = (end - start) / n
+        return Segment(0, 0, start, end, "x", words=[Word(start + i * step, start + (i + 1) * step, " w", p)
+                                                     for i in range(n)])
+
+    good, bad = seg(3.0, 5.0, 0.9), seg(3.0, 5.0, 0.05)
+    assert not _anomalous(good) and _anomalous(bad) and _anomalous(seg(3.0, 3.2, 0.9))
+    assert _hallucinations([good], 2.0, 0.0, 0, 3000, 0.0, 6000) is None
+    # opens on an anomaly after 3 s of silence: again from the silence's end (frame 300)
+    assert _hallucinations([bad], 2.0, 0.0, 0, 3000, 0.0, 6000) == (300, True)
+    # speech, then an anomaly alone in the middle of silence: the window ends before it
+    window = [seg(0.5, 2.0, 0.9), seg(10.0, 11.0, 0.05), seg(20.0, 22.0, 0.9)]
+    assert _hallucinations(window, 2.0, 0.0, 0, 3000, 0.0, 6000) == (1000, False)
+    assert len(window) == 1
 
 
 def test_clip_timestamps(model, audio):

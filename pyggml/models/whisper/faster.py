@@ -13,8 +13,8 @@ changing its import::
 ``vad_filter=True`` runs Silero VAD on ggml (:mod:`.vad`; the model file is faster-whisper's:
 ``pip install --no-deps faster-whisper==1.2.1``); ``multilingual=True`` detects each window's
 language. A parameter pyggml does not implement raises ValueError when given a value that
-would change the result (``hallucination_silence_threshold``, ``chunk_length`` other than 30,
-``language_detection_segments`` above 1); nothing is ignored silently.
+would change the result (``chunk_length`` other than 30, ``language_detection_segments`` above
+1); nothing is ignored silently.
 """
 from __future__ import annotations
 
@@ -181,8 +181,7 @@ class WhisperModel:
         on the first window here, before returning. Raises ValueError for bad values and for
         those of unimplemented features (see the module), FileNotFoundError and
         :class:`~.audio.AudioError` for audio it cannot read."""
-        unsupported = {"hallucination_silence_threshold": hallucination_silence_threshold is not None,
-                       "chunk_length other than 30": chunk_length not in (None, 30),
+        unsupported = {"chunk_length other than 30": chunk_length not in (None, 30),
                        "language_detection_segments > 1": language_detection_segments != 1}
         refused = [k for k, v in unsupported.items() if v]
         if refused:

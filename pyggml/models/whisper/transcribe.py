@@ -76,8 +76,8 @@ class Segment:
 class TranscriptionOptions:
     """What :func:`generate_segments` decodes with (faster-whisper's ``TranscriptionOptions``;
     ``multilingual``: each window's language detected, on a multilingual model;
-    ``hallucination_silence_threshold`` only None: :class:`~.faster.WhisperModel` refuses
-    others)."""
+    ``hallucination_silence_threshold`` with ``word_timestamps``: silence before anomalous
+    words skipped, as faster-whisper does)."""
 
     beam_size: int = 5
     best_of: int = 5
@@ -264,6 +264,61 @@ def encode_first_window(net: WhisperNet, samples: np.ndarray, mel: np.ndarray, s
     return True
 
 
+def _end_of(segments: list[Segment]) -> float | None:
+    """The end of the last word of ``segments``, else of the last segment (None for none)."""
+    for seg in reversed(segments):
+        if seg.words:
+            return seg.words[-1].end
+    return segments[-1].end if segments else None
+
+
+_PUNCTUATION = PREPEND_PUNCTUATIONS + APPEND_PUNCTUATIONS
+
+
+def _anomalous(seg: Segment | None) -> bool:
+    """faster-whisper's ``is_segment_anomaly``: the first 8 words (punctuation aside) improbable
+    (< 0.15), very short (< 0.133 s) or very long (> 2 s)."""
+    if seg is None or not seg.words:
+        return False
+    score = 0.0
+    words = [w for w in seg.words if w.word not in _PUNCTUATION][:8]
+    for w in words:
+        d = w.end - w.start
+        score += (1.0 if w.probability < 0.15 else 0.0) + (0.133 - d) * 15 * (d < 0.133) + (d - 2.0) * (d > 2.0)
+    return score >= 3 or score + 0.01 >= len(words)
+
+
+def _hallucinations(segments: list[Segment], threshold: float, offset: float, seek: int, size: int,
+                    last_speech: float, n_frames: int) -> tuple[int, bool] | None:
+    """faster-whisper's ``hallucination_silence_threshold``: a window that opens on an anomalous
+    segment after more than ``threshold`` s of silence is decoded again from after the silence
+    (returns (seek, True)); an anomalous segment with silence (or anomalies) on both sides
+    ends the window there (``segments`` cut in place; returns (seek, False)); else None."""
+    fps = _FRAMES_PER_SECOND
+    words = [s for s in segments if s.words]
+    first = words[0] if words else None
+    if first is not None and _anomalous(first) and first.start - offset > threshold:
+        return seek + round((first.start - offset) * fps), True
+    last_end = last_speech
+    window_end = (seek + FRAMES) / fps
+    for i, seg in enumerate(segments):
+        if not seg.words:
+            continue
+        if _anomalous(seg):
+            nxt = next((s for s in segments[i + 1:] if s.words), None)
+            next_start = nxt.words[0].start if nxt is not None and nxt.words else offset + size / fps
+            before = seg.start - last_end > threshold or seg.start < threshold or seg.start - offset < 2.0
+            after = next_start - seg.end > threshold or _anomalous(nxt) or window_end - seg.end < 2.0
+            if before and after:
+                new_seek = round(max(offset + 1, seg.start) * fps)
+                if n_frames / fps - seg.end < threshold:
+                    new_seek = n_frames
+                del segments[i:]
+                return new_seek, False
+        last_end = seg.end
+    return None
+
+
 def generate_segments(net: WhisperNet, tok: WhisperTokenizer, samples: np.ndarray, mel: np.ndarray,
                       opts: TranscriptionOptions, language: str = "en", task: str = "transcribe",
                       stats: dict[str, float] | None = None, *, encoded: int | None = None) -> Iterator[Segment]:
@@ -355,11 +410,21 @@ def generate_segments(net: WhisperNet, tok: WhisperTokenizer, samples: np.ndarra
             for s in segments:                         # a timestamp past the end of the audio
                 s.end = min(s.end, n_frames * HOP / SAMPLE_RATE)
             if opts.word_timestamps:
-                last_speech = _add_words(net, tok, sot, segments, size, opts, language, last_speech)
-                if not single_end and segments and segments[-1].words:
-                    last_word_end = segments[-1].words[-1].end
-                    if last_word_end > offset:
-                        seek = round(last_word_end * _FRAMES_PER_SECOND)
+                _add_words(net, tok, sot, segments, size, opts, language, last_speech)
+                end = _end_of(segments)
+                if not single_end and end is not None and end > offset:
+                    seek = round(end * _FRAMES_PER_SECOND)
+                if opts.hallucination_silence_threshold is not None:
+                    cut = _hallucinations(segments, opts.hallucination_silence_threshold, offset, previous_seek,
+                                          size, last_speech, n_frames)
+                    if cut is not None:
+                        seek, skip = cut
+                        if skip:                       # the window opens on a hallucination after silence
+                            stats["decode_ms"] += 1e3 * (time.perf_counter() - t2)
+                            continue
+                end = _end_of(segments)
+                if end is not None:
+                    last_speech = end
             stats["decode_ms"] += 1e3 * (time.perf_counter() - t2)
             for s in segments:
                 s.text = tok.decode(s.tokens)
