@@ -4,6 +4,8 @@ that splits between it and the CPU with the expected values, and a module script
 backend for ggml's loader. Shared by test_py_backends.py and test_module.py."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,17 @@ class ArithDevice(PyDevice):
 
     def offload_op(self, op):
         return True
+
+
+@contextlib.contextmanager
+def registered(name, *devices):
+    """A PyRegistry of ``devices`` registered with ggml while the block runs."""
+    reg = PyRegistry(name, list(devices))
+    register(reg)
+    try:
+        yield reg
+    finally:
+        unregister(reg)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pyggml
-from arith import ArithBackend, ArithDevice, HostBufferType, arith, arith_expected, arith_graph  # noqa: F401 - arith: a fixture
+from arith import ArithBackend, ArithDevice, HostBufferType, arith, arith_expected, arith_graph, registered  # noqa: F401 - arith: a fixture
 from pyggml import ClosedError, Context, CPUBackend, GGMLType, Scheduler
 from pyggml.backends.device import device_by_name
 from pyggml.enums import DeviceType
@@ -66,9 +66,7 @@ def test_exception_in_graph_compute_is_reraised_not_success(arith):
 
 def test_own_buffer_type_and_compute_from_another_thread():
     dev = ArithDevice("ARITH_OWN", own_buffers=True)
-    reg = PyRegistry("ARITH_OWN", [dev])
-    register(reg)
-    try:
+    with registered("ARITH_OWN", dev):
         x = np.arange(8, dtype=np.float32).reshape(2, 4)
         be = device_by_name("ARITH_OWN").init()
         buft = be.default_buffer_type
@@ -98,8 +96,6 @@ def test_own_buffer_type_and_compute_from_another_thread():
             assert not errors
             np.testing.assert_array_equal(out.numpy(), (x + x) * x)
         be.close()
-    finally:
-        unregister(reg)
 
 
 class OwnBuffersNumpyDevice(NumpyDevice):
@@ -124,9 +120,7 @@ class OwnBuffersNumpyDevice(NumpyDevice):
 def copying():
     """(the NUMPY_COPY backend, a CPU backend, weights(array) -> a tensor in a buffer of the
     device marked "weights", so that the nodes reading it run there)."""
-    reg = PyRegistry("NUMPY_COPY", [OwnBuffersNumpyDevice()])
-    register(reg)
-    try:
+    with registered("NUMPY_COPY", OwnBuffersNumpyDevice()):
         with device_by_name("NUMPY_COPY").init() as be, CPUBackend(1) as cpu, \
                 Context.for_tensors(4) as wctx:
             bufs = []
@@ -141,8 +135,6 @@ def copying():
             yield be, cpu, weights
             for b in bufs:
                 b.close()
-    finally:
-        unregister(reg)
 
 
 def test_inputs_read_only_through_a_splits_copies_can_be_set_after_alloc_graph(copying):
@@ -259,9 +251,7 @@ def test_python_events():
             event.log.append("free")
 
     dev = EvDevice("EVENTS")
-    reg = PyRegistry("EVENTS", [dev])
-    register(reg)
-    try:
+    with registered("EVENTS", dev):
         d = device_by_name("EVENTS")
         assert d.props.events
         with d.init() as be:
@@ -271,8 +261,6 @@ def test_python_events():
             ev.synchronize()
             ev.close()
         assert dev.events[0].log == ["record", "wait", "sync", "free"]
-    finally:
-        unregister(reg)
 
 
 def test_trace_backend_example_runs():
@@ -305,9 +293,7 @@ class OptimizingDevice(ArithDevice):
 
 def test_graph_optimize_slot_gets_the_params_of_the_ggml_it_was_built_with():
     dev = OptimizingDevice("OPTIM")
-    reg = PyRegistry("OPTIM", [dev])
-    register(reg)
-    try:
+    with registered("OPTIM", dev):
         x = np.arange(8, dtype=np.float32).reshape(2, 4)
         y = x + 1
         with device_by_name("OPTIM").init() as be, CPUBackend() as cpu, \
@@ -320,8 +306,6 @@ def test_graph_optimize_slot_gets_the_params_of_the_ggml_it_was_built_with():
             sched.compute(graph)
             np.testing.assert_allclose(out.numpy(), arith_expected(x, y), rtol=1e-6)
             sched.close()
-    finally:
-        unregister(reg)
     expected = "GraphOptimizeParams" if slot_arity("ggml_backend_i", "graph_optimize") == 3 else "NoneType"
     assert dev.optimized and {kind for _, kind in dev.optimized} == {expected}
 
@@ -348,9 +332,7 @@ def test_graphs_sharing_a_scheduler_whose_backend_reorders_nodes():
     node itself, a crash in Vulkan's supports_op), and the first graph computes right when
     it is placed again."""
     dev = ReorderingDevice("REORDER")
-    reg = PyRegistry("REORDER", [dev])
-    register(reg)
-    try:
+    with registered("REORDER", dev):
         x = np.arange(8, dtype=np.float32).reshape(2, 4)
         y = x + 3
         with device_by_name("REORDER").init() as be, CPUBackend() as cpu, \
@@ -375,8 +357,6 @@ def test_graphs_sharing_a_scheduler_whose_backend_reorders_nodes():
             assert [n.name for n in g1.nodes] == order
             assert [[s.name for s in n.src if s is not None] for n in g1.nodes] == srcs
             sched.close()
-    finally:
-        unregister(reg)
     assert dev.optimized
 
 
@@ -474,9 +454,7 @@ class SyncFailDevice(ArithDevice):
 
 def test_a_python_devices_failures_surface_from_the_call_not_later():
     dev = RaisingSupportsDevice("RAISING")
-    reg = PyRegistry("RAISING", [dev])
-    register(reg)
-    try:
+    with registered("RAISING", dev):
         with device_by_name("RAISING").init() as be, CPUBackend() as cpu, \
                 Context.for_tensors(16, graph_size=32) as ctx:
             sched = Scheduler([be, cpu])
@@ -488,8 +466,6 @@ def test_a_python_devices_failures_surface_from_the_call_not_later():
                 a.set(np.ones((3, 3), np.float32))
             sched.close()
             del x
-    finally:
-        unregister(reg)
     dev2 = SyncFailDevice("SYNCFAIL")
     reg2 = PyRegistry("SYNCFAIL", [dev2])
     register(reg2)

@@ -19,7 +19,7 @@ from .hparams import HParams
 from .model import WhisperNet
 from .tokenizer import WhisperTokenizer
 
-__all__ = ["Word", "alignment_heads", "find_alignment", "merge_punctuations", "dtw", "median_filter",
+__all__ = ["WordTiming", "alignment_heads", "find_alignment", "merge_punctuations", "dtw", "median_filter",
            "PREPEND_PUNCTUATIONS", "APPEND_PUNCTUATIONS", "TOKENS_PER_SECOND"]
 
 #: encoder frames per second (20 ms each)
@@ -59,9 +59,11 @@ def alignment_heads(hp: HParams) -> tuple[tuple[int, int], ...]:
 
 
 @dataclass
-class Word:
-    """A word: ``start`` and ``end`` in seconds, its text (with its leading space), the
-    probability of its tokens (their mean), and its token ids."""
+class WordTiming:
+    """A word as the alignment times it (openai-whisper's ``WordTiming``): ``start`` and ``end``
+    in seconds from the window's start, its text (with its leading space), the probability of
+    its tokens (their mean), and its token ids. Segments carry them as
+    :class:`~.transcribe.Word`."""
 
     start: float
     end: float
@@ -160,7 +162,7 @@ def split_words(tok: WhisperTokenizer, tokens: Sequence[int], language: str | No
 
 
 def find_alignment(net: WhisperNet, tok: WhisperTokenizer, sot_sequence: Sequence[int], text_tokens: Sequence[int],
-                   n_frames: int, language: str | None = None) -> list[Word]:
+                   n_frames: int, language: str | None = None) -> list[WordTiming]:
     """The words of ``text_tokens`` (one window's text tokens, no timestamps) in the window
     :meth:`WhisperNet.encode <pyggml.models.whisper.model.WhisperNet.encode>` left in ``net``,
     ``n_frames`` mel frames of it audio (10 ms each): start and end in seconds from the
@@ -188,11 +190,11 @@ def find_alignment(net: WhisperNet, tok: WhisperTokenizer, sot_sequence: Sequenc
     jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
     jump_times = time_idx[jumps] / TOKENS_PER_SECOND
     token_probs = probs[n_sot:n_sot + len(text_tokens)]
-    return [Word(float(jump_times[i]), float(jump_times[j]), word, float(np.mean(token_probs[i:j])), toks)
+    return [WordTiming(float(jump_times[i]), float(jump_times[j]), word, float(np.mean(token_probs[i:j])), toks)
             for word, toks, i, j in zip(words, word_tokens, bounds[:-1], bounds[1:])]
 
 
-def merge_punctuations(words: list[Word], prepended: str = PREPEND_PUNCTUATIONS,
+def merge_punctuations(words: list[WordTiming], prepended: str = PREPEND_PUNCTUATIONS,
                        appended: str = APPEND_PUNCTUATIONS) -> None:
     """Join punctuation to its word, in place: an opening mark (``prepended``, after a space)
     to the word after it, a closing one (``appended``) to the word before; the mark's entry

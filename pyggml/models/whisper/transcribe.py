@@ -180,11 +180,11 @@ def _split(tok: WhisperTokenizer, tokens: list[int], offset: float, seek: int, s
 
 
 def _add_words(net: WhisperNet, tok: WhisperTokenizer, sot: list[int], segments: list[Segment], size: int,
-               opts: TranscriptionOptions, language: str | None, last_speech: float) -> float:
-    """Give ``segments`` (one window's) their words (faster-whisper's ``add_word_timestamps``:
-    :func:`~.timing.find_alignment`, punctuation merged, words at sentence ends and after
-    pauses kept to twice the median word length, segment edges moved to their words).
-    Returns the end of the last word."""
+               opts: TranscriptionOptions, language: str | None, last_speech: float) -> None:
+    """Give ``segments`` (one window's) their words, in place (faster-whisper's
+    ``add_word_timestamps``: :func:`~.timing.find_alignment`, punctuation merged, words at
+    sentence ends and after pauses kept to twice the median word length, segment edges moved
+    to their words); ``last_speech``: where speech last ended before the window, in seconds."""
     per_segment = [[t for t in s.tokens if t < tok.sp.eot] for s in segments]
     text = [t for part in per_segment for t in part]
     words = find_alignment(net, tok, sot, text, size, language)
@@ -232,7 +232,6 @@ def _add_words(net: WhisperNet, tok: WhisperTokenizer, sot: list[int], segments:
                 seg.end = last.end
             last_speech = seg.end
         seg.words = mine
-    return last_speech
 
 
 def audio_mel(samples: np.ndarray, mel_filters: np.ndarray) -> np.ndarray:
