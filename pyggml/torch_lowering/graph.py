@@ -165,6 +165,11 @@ class LoweredGraph:
         self._out_strides: dict[Any, list[tuple[int, ...]]] = {}
         #: placeholder positions that take a Python int (a symbolic size of a dynamic graph)
         self._ints = {i for i, n in enumerate(self.placeholders) if not isinstance(val(n), torch.Tensor)}
+        # what a call reads of its arguments, worked out once: (position, is a size) of each
+        # argument of the key, and (position, input name) of each tensor argument fed as input
+        weight_set = set(self._weights)
+        self._key_args = [(i, i in self._ints) for i in range(len(self.placeholders)) if i not in weight_set]
+        self._feed_args = [(i, f"in{i}") for i, _ in self._key_args if i not in self._ints]
         #: keys (input shapes and sizes) whose lowering failed -> why: those calls run in torch
         self._in_torch: dict[Any, str] = {}
         #: output position -> the placeholder position whose memory that output was written in
@@ -343,13 +348,11 @@ class LoweredGraph:
         return outputs
 
     def __call__(self, *args: Any) -> list[torch.Tensor]:
-        key = tuple(int(args[i]) if i in self._ints else tuple(int(d) for d in args[i].shape)
-                    for i in range(len(args)) if i not in self._weights)
+        key = tuple(int(args[i]) if size else tuple(args[i].shape) for i, size in self._key_args)
         if key in self._in_torch:
             return self._in_torch_run(args)
         self._place_weights(args)
-        feed: dict[str, Any] = {f"in{i}": _array(a) for i, a in enumerate(args)
-                                if i not in self._w and i not in self._ints}
+        feed: dict[str, Any] = {name: _array(args[i]) for i, name in self._feed_args}
         # an output written in a weight's own memory is that torch tensor: nothing to read back
         same = {j: args[i] for j, i in self._in_place.items() if i in self._aliased}
         try:
@@ -418,11 +421,12 @@ def _array(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bool:
         return np.asarray(t.to(torch.float32).contiguous().numpy())
     if t.dtype in INDEX_DTYPES:
-        if t.dtype == torch.int64 and t.numel():
-            lo, hi = int(t.min()), int(t.max())
+        a = t.numpy()   # NumPy's min and max cost a fraction of torch's on the few indices of a step
+        if t.dtype == torch.int64 and a.size:
+            lo, hi = int(a.min()), int(a.max())
             if lo < _I32.min or hi > _I32.max:
                 bad = lo if lo < _I32.min else hi
                 raise ValueError(f"an int64 input of shape {list(t.shape)} holds {bad}, outside the int32 "
                                  "range of ggml's indices: as an index it is out of range")
-        return np.asarray(t.to(torch.int32).contiguous().numpy())
+        return a.astype(np.int32, copy=False)
     return np.asarray(t.contiguous().numpy())
