@@ -69,8 +69,9 @@ def _sdpa_check(node: fx.Node) -> str | None:
     kw = _named(node, args_of(node)[3:], kw_of(node))
     if kw.get("dropout_p", 0.0):
         return "dropout"
-    if kw.get("enable_gqa"):
-        return "grouped-query attention"
+    # grouped-query attention: q head h reads k and v head h // (q heads / k heads), as torch's CPU
+    # kernel (which takes fewer k heads) and enable_gqa do; so do ggml's kernels, by broadcasting
+    gqa = bool(kw.get("enable_gqa")) or node.target == aten._scaled_dot_product_flash_attention_for_cpu.default
     mask = kw.get("attn_mask")
     if mask is not None:
         m = val(mask)
@@ -78,8 +79,10 @@ def _sdpa_check(node: fx.Node) -> str | None:
             return f"a {m.dtype} mask"
         if m.dim() > 4 or tuple(m.shape[-2:]) != (q.shape[-2], k.shape[-2]) and m.shape[-2] != 1:
             return "a mask of another shape"
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3]:
-        return "heads or batches that differ"
+    if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
+        return "batches, or k and v heads or lengths, that differ"
+    if q.shape[1] != k.shape[1] and not (gqa and k.shape[1] and q.shape[1] % k.shape[1] == 0):
+        return "q and k heads that differ" + ("" if gqa else " (without enable_gqa)")
     if node.target != aten.scaled_dot_product_attention.default and any(
             u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
         return "its log-sum-exp is used (only the attention output is lowered)"

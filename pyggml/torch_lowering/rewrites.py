@@ -1,21 +1,35 @@
 """Rewrites of an ATen graph before it is partitioned, so that more of it reaches ggml, and
 better: ``nn.Linear``'s products read their weight as stored (:func:`linear_products`), and
 grouped-query attention's 5-dim repeat of heads becomes one op (:func:`repeated_heads`), and
-so does RMS normalisation written out (:func:`rms_norms`). :func:`rewrite` applies them, after
-torch's common subexpression elimination. :func:`mark_in_place` says which ``index_put`` nodes may write
+so does RMS normalisation written out (:func:`rms_norms`), and the rotary embedding
+(:func:`rotary_embeddings`, matched with torch's ``subgraph_rewriter``). :func:`rewrite` applies
+them, after torch's common subexpression elimination. :func:`mark_in_place` says which ``index_put`` nodes may write
 into their input's own memory (a static KV cache updated with ``index_copy_``)."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.dialect.common.cse_pass import CSEPass
+from torch.fx.subgraph_rewriter import replace_pattern_with_filters
 
+from . import custom_ops  # noqa: F401  (registers torch.ops.pyggml.rope)
 from .layout import val
 from .table import args_of, kw_of
 
-__all__ = ["rewrite", "linear_products", "repeated_heads", "rms_norms", "mark_in_place", "IN_PLACE"]
+__all__ = [
+    "IN_PLACE",
+    "empty_concatenations",
+    "linear_products",
+    "mark_in_place",
+    "repeated_heads",
+    "rewrite",
+    "rms_norms",
+    "rotary_embeddings",
+]
 
 #: ``node.meta`` key set by :func:`mark_in_place`
 IN_PLACE = "pyggml_in_place"
@@ -29,6 +43,8 @@ def rewrite(gm: fx.GraphModule) -> fx.GraphModule:
     gm = result.graph_module if result is not None else gm
     repeated_heads(gm)
     rms_norms(gm)
+    rotary_embeddings(gm)
+    empty_concatenations(gm)
     linear_products(gm)
     gm.graph.eliminate_dead_code()
     gm.recompile()
@@ -137,6 +153,126 @@ def rms_norms(gm: fx.GraphModule) -> None:
                 continue
             _replace(gm, node, aten.rms_norm.default, (x, [int(val(x).shape[-1])], None, add[1]))
             break
+
+
+def empty_concatenations(gm: fx.GraphModule) -> None:
+    """In ``gm``, the inputs of ``cat`` that hold nothing (a dynamic KV cache's empty start:
+    ``cat([empty, k], -2)``) dropped: ggml holds no empty tensor, so they kept the ``cat`` in
+    torch."""
+    for node in gm.graph.nodes:
+        a = _call(node, torch.ops.aten.cat.default)
+        if a is None or not isinstance(a[0], (list, tuple)):
+            continue
+        kept = [x for x in a[0] if not (isinstance(x, fx.Node) and isinstance(v := val(x), torch.Tensor)
+                                        and v.dim() > 0 and statically_known_true(v.numel() == 0))]
+        if kept and len(kept) < len(a[0]):
+            node.args = (kept, *a[1:])
+
+
+def _call(n: Any, *targets: Any) -> list[Any] | None:
+    """``n``'s arguments if it is a call of one of ``targets``, else None."""
+    return args_of(n) if isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets else None
+
+
+def _rope_tables(x: fx.Node, c: Any, s: Any) -> tuple[fx.Node, Any, float] | None:
+    """(positions, inv_freq, scale) when ``c`` and ``s`` are the cos and sin tables of the
+    rotary embedding of ``x`` (B, H, T, D) as transformers makes them:
+    ``unsqueeze(cos(e) * scale, 1)`` and ``unsqueeze(sin(e) * scale, 1)``, ``e = cat([f, f], -1)``,
+    ``f = positions.float() * inv_freq`` with integer positions of shape (1, T, 1) and
+    float32 ``inv_freq`` of shape (D / 2,); else None."""
+    aten = torch.ops.aten
+    xv = val(x)
+    if not isinstance(xv, torch.Tensor) or xv.dim() != 4 or xv.dtype != torch.float32:
+        return None
+    D = xv.shape[-1]
+    if not isinstance(D, int) or D % 2:
+        return None
+    found = []
+    for table, fn in ((c, aten.cos.default), (s, aten.sin.default)):
+        u = _call(table, aten.unsqueeze.default)
+        if u is None or u[1] != 1:
+            return None
+        t, scale = u[0], 1.0
+        m = _call(t, aten.mul.Tensor)
+        if m is not None and isinstance(m[1], (int, float)) and not isinstance(m[1], bool):
+            t, scale = m[0], float(m[1])
+        e = _call(t, fn)
+        if e is None:
+            return None
+        found.append((e[0], scale))
+    (e_c, scale), (e_s, scale_s) = found
+    cat = _call(e_c, aten.cat.default)
+    if e_c is not e_s or scale != scale_s or cat is None or len(cat[0]) != 2 or cat[0][0] is not cat[0][1] \
+            or (len(cat) > 1 and cat[1] not in (-1, 2)):
+        return None
+    f = _call(cat[0][0], aten.mul.Tensor)
+    if f is None or len(f) != 2:
+        return None
+    for p, inv in ((f[0], f[1]), (f[1], f[0])):
+        cast = _call(p, aten._to_copy.default)
+        if cast is None or set(kw_of(p)) != {"dtype"} or kw_of(p)["dtype"] != torch.float32:
+            continue
+        pos, iv = val(cast[0]), val(inv)
+        if not (isinstance(pos, torch.Tensor) and isinstance(iv, torch.Tensor)) or pos.is_floating_point() \
+                or pos.dtype == torch.bool or pos.dim() != 3 or iv.dtype != torch.float32 or iv.dim() != 1:
+            continue
+        if statically_known_true(pos.shape[0] == 1) and statically_known_true(pos.shape[2] == 1) \
+                and statically_known_true(pos.shape[1] == xv.shape[2]) and statically_known_true(iv.shape[0] * 2 == D):
+            return cast[0], inv, scale
+    return None
+
+
+def rotary_embeddings(gm: fx.GraphModule) -> None:
+    """In ``gm``, each rotary embedding written as transformers' ``apply_rotary_pos_emb`` does,
+    ``x * cos + cat([-x2, x1], -1) * sin`` (``x1``, ``x2`` the halves of ``x``'s last dim),
+    whose tables come from the frequency formula (:func:`_rope_tables`), written as
+    ``torch.ops.pyggml.rope(x, positions, inv_freq, scale)``: one ``ggml_rope_ext`` instead of
+    seven ggml ops per query and key. Matched with ``torch.fx.subgraph_rewriter``, a pattern for
+    each split point of the graph's slices; the tables' nodes, read by nothing else, are
+    dropped by :func:`rewrite`'s dead-code elimination."""
+    splits = sorted({(a[1], a[2]) for n in gm.graph.nodes
+                     if (a := _call(n, torch.ops.aten.slice.Tensor)) is not None and len(a) == 4
+                     and isinstance(a[1], int) and isinstance(a[2], int) and a[2] > 0 and a[3] == sys.maxsize})
+    for dim, h in splits:
+        for cat_dim in sorted({-1, dim}):
+            tables: dict[fx.Node, tuple[fx.Node, Any, float]] = {}
+            for r in replace_pattern_with_filters(gm, _rotate_half_pattern(dim, h, cat_dim), _rope_replacement,
+                                                  [_proven_tables(dim, h, tables)]):
+                new, old = r.replacements[-1], r.nodes_map[r.anchor]
+                positions, inv, scale = tables[old]
+                new.args = (new.args[0], positions, inv, scale)
+                new.meta = dict(old.meta)
+
+
+def _rotate_half_pattern(dim: int, h: int, cat_dim: int) -> Any:
+    """``x * c + cat([-x[h:], x[:h]], cat_dim) * s`` along ``dim``, in ATen ops (a pattern)."""
+    aten = torch.ops.aten
+
+    def pattern(x: Any, c: Any, s: Any) -> Any:
+        first = aten.slice.Tensor(x, dim, 0, h)
+        second = aten.slice.Tensor(x, dim, h, sys.maxsize)
+        rotated = aten.cat.default([aten.neg.default(second), first], cat_dim)
+        return aten.add.Tensor(aten.mul.Tensor(x, c), aten.mul.Tensor(rotated, s))
+    return pattern
+
+
+def _rope_replacement(x: Any, c: Any, s: Any) -> Any:
+    return torch.ops.pyggml.rope.default(x, c, s, 1.0)   # the arguments are set after the match
+
+
+def _proven_tables(dim: int, h: int, tables: dict[fx.Node, tuple[fx.Node, Any, float]]) -> Any:
+    """A match filter: the split is ``x``'s last dim in halves and ``c``, ``s`` the tables of
+    :func:`_rope_tables`, which it records in ``tables`` by the match's last node."""
+    def proven(match: Any, graph: fx.Graph, pattern_graph: fx.Graph) -> bool:
+        x, c, s = (match.nodes_map[p] for p in pattern_graph.nodes if p.op == "placeholder")
+        xv = val(x)
+        if not isinstance(xv, torch.Tensor) or dim % xv.dim() != xv.dim() - 1 or xv.shape[-1] != 2 * h:
+            return False
+        found = _rope_tables(x, c, s)
+        if found is not None:
+            tables[match.nodes_map[match.anchors[0]]] = found
+        return found is not None
+    return proven
 
 
 def mark_in_place(gm: fx.GraphModule, mutated: dict[int, int]) -> None:

@@ -165,6 +165,8 @@ SAMPLES: dict[Any, list[tuple[Callable[..., Any], tuple[T, ...], float]]] = {
     aten.layer_norm.default: [S(lambda x, w, b: aten.layer_norm.default(x, [8], w, b), T(3, 8), T(8), T(8)),
                               S(lambda x: aten.layer_norm.default(x, [8]), T(3, 8))],
     aten.rms_norm.default: [S(lambda x, w: aten.rms_norm.default(x, [8], w, 1e-6), T(3, 8), T(8))],
+    torch.ops.pyggml.rope.default: [S(lambda x, p, f: torch.ops.pyggml.rope.default(x, p, f, 0.8),
+                                      T(2, 3, 5, 8), T(1, 5, 1, index=300), T(4, lo=1e-3, hi=1.0), tol=1e-4)],
     operator.getitem: [S(lambda x: aten.native_layer_norm.default(x, [4], None, None, 1e-5)[0], T(2, 4))],
     # ----------------------------------------------------------------- indexing, attention
     aten.embedding.default: [S(lambda w, i: aten.embedding.default(w, i), T(10, 4), T(2, 3, index=10))],

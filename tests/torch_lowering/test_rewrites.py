@@ -1,0 +1,155 @@
+"""The rewrites of pyggml.torch_lowering.rewrites made with torch's subgraph rewriter, against
+eager torch: the rotary embedding as transformers writes it becomes torch.ops.pyggml.rope (one
+ggml_rope_ext), only where its tables come from positions x inv_freq; grouped-query attention
+with fewer K/V heads and a dynamic KV cache's empty start stay on ggml."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.nn import functional as F
+
+from pyggml.torch_lowering import (
+    custom_ops,
+    explain,
+)
+
+
+def _compiled(model, dynamic=False):
+    torch._dynamo.reset()
+    return torch.compile(model, backend="pyggml", dynamic=dynamic)
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class Rotary(torch.nn.Module):
+    """transformers' rotary embedding (LlamaRotaryEmbedding + apply_rotary_pos_emb) on q and k
+    of shape (1, H, T, D) at positions start..start+T-1; ``inv_freq`` a buffer, as there.
+    ``partial``: only the first half of each head turned (Phi-3's partial_rotary_factor)."""
+
+    def __init__(self, D=16, base=10000.0, scale=1.0, partial=False, inv_freq=None):
+        super().__init__()
+        rd = D // 2 if partial else D
+        if inv_freq is None:
+            inv_freq = 1.0 / base ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd)
+        self.register_buffer("inv_freq", inv_freq)
+        self.scale, self.rd = scale, rd
+
+    def forward(self, q, k, start):
+        T = q.shape[2]
+        pos = torch.arange(T).unsqueeze(0) + start                  # (1, T) int64
+        freqs = pos[:, :, None].float() * self.inv_freq              # (1, T, rd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = (emb.cos() * self.scale).unsqueeze(1), (emb.sin() * self.scale).unsqueeze(1)
+        rd = self.rd
+        outs = []
+        for x in (q, k):
+            rot, rest = x[..., :rd], x[..., rd:]
+            turned = rot * cos + _rotate_half(rot) * sin
+            outs.append(torch.cat((turned, rest), -1) if rest.shape[-1] else turned)
+        return outs[0] @ outs[1].transpose(-1, -2)
+
+
+@pytest.mark.parametrize("kw", [{}, {"scale": 0.75, "base": 500.0}, {"partial": True},
+                                {"inv_freq": torch.tensor([1.0, 0.3, 0.05, 0.01, 1e-3, 2e-4, 5e-5, 1e-5])}])
+def test_a_rotary_embedding_becomes_one_rope_op(kw):
+    """Default, scaled, partial and arbitrary (llama-3-like) frequencies: two pyggml.rope nodes,
+    no cos or sin left, the result within 1e-4 of eager at positions up to 300."""
+    torch.manual_seed(0)
+    model = Rotary(**kw).eval()
+    q, k = torch.randn(1, 4, 6, 16), torch.randn(1, 4, 6, 16)
+    start = torch.tensor(294)
+    e = explain(model, q, k, start)
+    assert e.ggml.get("pyggml.rope.default") == 2, e
+    assert not any(name.startswith(("aten.cos", "aten.sin")) for name in list(e.ggml) + list(e.torch)), e
+    with torch.no_grad():
+        got, want = _compiled(model)(q, k, start), model(q, k, start)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_rotary_embedding_across_shapes():
+    """Under dynamic shapes (symbolic T) the rewrite holds and every length matches eager."""
+    torch.manual_seed(1)
+    model = Rotary().eval()
+    f = _compiled(model, dynamic=True)
+    for T in (3, 5, 9):
+        q, k = torch.randn(1, 2, T, 16), torch.randn(1, 2, T, 16)
+        with torch.no_grad():
+            np.testing.assert_allclose(f(q, k, torch.tensor(7)).numpy(), model(q, k, torch.tensor(7)).numpy(),
+                                       rtol=1e-4, atol=1e-4)
+
+
+class GivenTables(torch.nn.Module):
+    """The rotate-half form with cos and sin given as inputs: nothing proves them to be a
+    rotation's, so nothing is rewritten."""
+
+    def forward(self, x, cos, sin):
+        return x * cos + _rotate_half(x) * sin
+
+
+def test_tables_not_made_from_positions_are_left_alone():
+    torch.manual_seed(2)
+    x, cos, sin = torch.randn(1, 2, 5, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8)
+    e = explain(GivenTables(), x, cos, sin)
+    assert "pyggml.rope.default" not in e.ggml and not e.torch, e
+    with torch.no_grad():
+        np.testing.assert_allclose(_compiled(GivenTables())(x, cos, sin).numpy(),
+                                   GivenTables()(x, cos, sin).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_rope_op_computes_in_torch_what_the_pattern_does():
+    """torch.ops.pyggml.rope's torch implementation (a graph part left in torch runs it) equals
+    the ATen ops it replaces."""
+    torch.manual_seed(3)
+    model = Rotary(scale=0.5)
+    q = torch.randn(1, 3, 4, 16)
+    pos = (torch.arange(4) + 11)[None, :, None]
+    freqs = pos.float() * model.inv_freq
+    emb = torch.cat((freqs, freqs), -1)
+    ref = q * (emb.cos() * 0.5).unsqueeze(1) + _rotate_half(q) * (emb.sin() * 0.5).unsqueeze(1)
+    torch.testing.assert_close(custom_ops.rope(q, pos, model.inv_freq, 0.5), ref, rtol=0, atol=0)
+
+
+class GQA(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, q, k, v):
+        if self.kind == "causal":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+@pytest.mark.parametrize("kind", ["plain", "causal"])
+def test_attention_with_fewer_kv_heads_runs_on_ggml(kind):
+    """enable_gqa: q head h reads k/v head h // 3, as ggml's kernels broadcast them."""
+    torch.manual_seed(4)
+    q, k, v = torch.randn(2, 6, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    e = explain(GQA(kind), q, k, v)
+    assert not e.torch, e
+    with torch.no_grad():
+        np.testing.assert_allclose(_compiled(GQA(kind))(q, k, v).numpy(), GQA(kind)(q, k, v).numpy(),
+                                   rtol=2e-3, atol=2e-3)
+
+
+class GrowingCache(torch.nn.Module):
+    """A dynamic cache's first step: the keys so far are an empty tensor, concatenated with the
+    new ones."""
+
+    def forward(self, k):
+        past = torch.zeros(1, 2, 0, 8)
+        return torch.cat([past, k], -2) * 2.0
+
+
+def test_an_empty_tensor_in_a_concatenation_is_dropped():
+    k = torch.randn(1, 2, 3, 8)
+    e = explain(GrowingCache(), k)
+    assert not e.torch, e
+    with torch.no_grad():
+        np.testing.assert_allclose(_compiled(GrowingCache())(k).numpy(), GrowingCache()(k).numpy())
