@@ -21,8 +21,12 @@ def render() -> str:
     for low in TABLE.values():
         family = low.lower.__module__.rsplit(".", 1)[-1].removeprefix("ops_")
         by_module.setdefault(family, []).append(low)
+    n_aten = sum(low.name.startswith("aten.") for low in TABLE.values())
+    others = sorted("operator.getitem" if low.name.startswith("<built-in") else low.name
+                    for low in TABLE.values() if not low.name.startswith("aten."))
     lines = ["ATen overloads lowered to ggml", "==============================", "",
-             f"The {len(TABLE)} overloads :mod:`pyggml.torch_lowering` lowers, by family, with the ggml ops",
+             (f"The {n_aten} ATen overloads (and {', '.join(f'``{o}``' for o in others)}) "
+              ":mod:`pyggml.torch_lowering` lowers, by family, with the ggml ops"),
              "each becomes (written by ``scripts/torch_lowering_table.py`` from the lowering table; each",
              "is tested against eager torch in ``tests/torch_lowering/test_aten_lowerings.py``). Tensors are float32;",
              "index tensors (int64 or int32) are given to ggml as I32. Anything else stays in torch.", ""]

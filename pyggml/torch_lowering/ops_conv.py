@@ -125,3 +125,17 @@ def _upsample_check(node: fx.Node) -> str | None:
 def _upsample(b: Builder, node: fx.Node, x: Val, *rest: Any) -> Tensor:
     shape = shape_of(node)
     return b.ctx.interpolate(b.contig(x.t), [shape[3], shape[2], shape[1], shape[0]], 0)
+
+
+def _upsample1d_check(node: fx.Node) -> str | None:
+    x, out = val(args_of(node)[0]), val(node)
+    if x.dim() != 3 or out.shape[2] % x.shape[2]:
+        return "other than an integer factor of a 3-dim tensor"
+    return None
+
+
+@register(aten.upsample_nearest1d.vec, aten.upsample_nearest1d.default,
+          notes="ggml_interpolate, nearest (an integer factor)", check=_upsample1d_check)
+def _upsample1d(b: Builder, node: fx.Node, x: Val, *rest: Any) -> Tensor:
+    shape = shape_of(node)
+    return b.ctx.interpolate(b.contig(x.t), [shape[2], shape[1], shape[0], 1], 0)

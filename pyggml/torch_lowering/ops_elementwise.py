@@ -450,3 +450,45 @@ def _log_sigmoid(b: Builder, node: fx.Node, x: Val) -> Any:
           check=lambda node: None if val(args_of(node)[1]).dim() == 0 else "a value of more than 0 dims")
 def _fill_tensor(b: Builder, node: fx.Node, x: Val, value: Val) -> Tensor:
     return b.expand(value, shape_of(node))
+
+
+# ---------------------------------------------------------------------- shrinkage and steps
+def _lambd(node: fx.Node) -> float:
+    a = args_of(node)
+    return float(a[1] if len(a) > 1 else kw_of(node).get("lambd", 0.5))
+
+
+def _lambd_check(node: fx.Node) -> str | None:
+    return None if _lambd(node) >= 0 else "a negative lambd (torch refuses it)"
+
+
+@register(aten.softshrink.default, notes="x - ggml_clamp(x, -lambd, lambd)", check=_lambd_check)
+def _softshrink(b: Builder, node: fx.Node, x: Val, lambd: float = 0.5) -> Tensor:
+    t, low = b.contig(x.t), _lambd(node)
+    return b.ctx.sub(t, b.ctx.clamp(t, -low, low))
+
+
+@register(aten.hardshrink.default, notes="x · ggml_step(|x| - lambd)", check=_lambd_check)
+def _hardshrink(b: Builder, node: fx.Node, x: Val, lambd: float = 0.5) -> Tensor:
+    t = b.contig(x.t)
+    return b.ctx.mul(t, b.ctx.step(b.ctx.sub(b.ctx.abs(t), b.constant(_lambd(node)))))
+
+
+@register(aten.threshold.default, notes="x · s + value · (1 - s), s = ggml_step(x - threshold)", check=_num_ok(1))
+def _threshold(b: Builder, node: fx.Node, x: Val, threshold: float, value: float) -> Tensor:
+    t, ctx = b.contig(x.t), b.ctx
+    s = ctx.step(ctx.sub(t, b.constant(float(threshold))))
+    return ctx.add(ctx.mul(t, s), ctx.add(ctx.scale(s, -float(value)), b.constant(float(value))))
+
+
+@register(aten.heaviside.default, notes="ggml_step(x) + (1 - ggml_step(x) - ggml_step(-x)) · values")
+def _heaviside(b: Builder, node: fx.Node, x: Val, values: Val) -> Tensor:
+    ctx, shape = b.ctx, shape_of(node)
+    t = b.contig(b.expand(x, shape))
+    up, down = ctx.step(t), ctx.step(ctx.neg(t))
+    zero = ctx.sub(ctx.sub(ctx.repeat(b.constant(1.0), t), up), down)          # 1 where x == 0
+    return ctx.add(up, ctx.mul(zero, b.contig(b.expand(values, shape))))
+
+
+register(aten.clamp_min.Tensor, notes="a + ggml_relu(b - a) (maximum)")(_maximum)
+register(aten.clamp_max.Tensor, notes="a - ggml_relu(a - b) (minimum)")(_minimum)

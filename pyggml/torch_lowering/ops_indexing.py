@@ -189,3 +189,36 @@ def _index_put_check(node: fx.Node) -> str | None:
 def _index_put(b: Builder, node: fx.Node, x: Val, indices: list[Any], values: Val, *rest: Any) -> Tensor:
     dst = x.t if node.meta.get(IN_PLACE) else b.ctx.cont(x.t)
     return b.ctx.set_rows(dst, b.contig(values.t), indices[-1].t)
+
+
+def _gather_check(node: fx.Node) -> str | None:
+    a = args_of(node)
+    x, idx = val(a[0]), val(a[2])
+    if len(a) > 3 and a[3] or kw_of(node).get("sparse_grad"):
+        return "sparse_grad"
+    if x.dim() > 3 or x.dim() < 1 or idx.dim() != x.dim():
+        return "other than 1 to 3 dims, or an index of another count of dims"
+    d = a[1] % x.dim()
+    if any(idx.shape[i] != x.shape[i] for i in range(x.dim()) if i != d):
+        return "an index smaller than the input along another dim than the gathered one"
+    return None
+
+
+@register(aten.gather.default, notes="ggml_get_rows of each element as a row, batched over the other dims "
+          "(the dim swapped to the last first)", check=_gather_check, index_args=(2,))
+def _gather(b: Builder, node: fx.Node, x: Val, dim: int, idx: Val, *rest: Any) -> Tensor:
+    n = x.ndim
+    ctx = b.ctx
+    last = (dim % n) == n - 1
+    xt, it = x.t, idx.t
+    if not last:   # the gathered dim to ne[0] (torch's last) for both
+        axes = [0, 1, 2, 3]
+        ax = n - 1 - dim % n
+        axes[0], axes[ax] = ax, 0
+        xt, it = ctx.permute(xt, *axes), ctx.permute(it, *axes)
+    xs, ks = b.contig(xt), b.contig(it)
+    C, K = xs.ne[0], ks.ne[0]
+    rows = ctx.reshape(xs, 1, C, xs.ne[1], xs.ne[2])                   # each element a row
+    out = ctx.get_rows(rows, ctx.reshape(ks, K, ks.ne[1], ks.ne[2]))   # ne [1, K, R, S]
+    out = ctx.reshape(out, K, ks.ne[1], ks.ne[2], 1)
+    return out if last else ctx.permute(out, *axes)

@@ -263,3 +263,57 @@ def _vector_norm(b: Builder, node: fx.Node, x: Val, order: float = 2, dims: Any 
         ([dims % n] if isinstance(dims, int) else [d % n for d in dims])
     sq = Val(b.ctx.sqr(b.contig(x.t)), x.shape)
     return b.reshape(b.ctx.sqrt(_reduce_to(b, sq, dl, mean=False)), shape_of(node))
+
+
+# ---------------------------------------------------------------------- largest and smallest
+def _extreme(b: Builder, x: Val, dims: Any, smallest: bool) -> Tensor:
+    """The largest (or smallest) of x over torch dims ``dims`` (all when empty or None), kept as
+    size 1, contiguous: one ``ggml_pool_1d`` max over whole rows per dim (the smallest: of -x,
+    negated back)."""
+    n = x.ndim
+    dl = list(range(n)) if dims is None or dims == [] else ([dims] if isinstance(dims, int) else list(dims))
+    t, shape = (b.ctx.neg(b.contig(x.t)) if smallest else x.t), list(x.shape)
+    for d in sorted({d % n for d in dl}):
+        front, axes = _to_front(b, Val(t, tuple(shape)), d)
+        r = b.ctx.pool_1d(front, "max", front.ne[0], front.ne[0])
+        t = b.ctx.cont(b.ctx.permute(r, *axes)) if axes != [0, 1, 2, 3] else r
+        shape[d] = 1
+    t = b.contig(t)
+    return b.ctx.neg(t) if smallest else t
+
+
+def _extreme_check(node: fx.Node) -> str | None:
+    x = val(args_of(node)[0])
+    return None if x.dim() > 0 else "a 0-dim tensor"
+
+
+@register(aten.amax.default, aten.amin.default, notes="ggml_pool_1d max over each reduced dim (amin: of -x)",
+          check=_extreme_check)
+def _amax(b: Builder, node: fx.Node, x: Val, dims: Any = (), keepdim: bool = False) -> Tensor:
+    return b.reshape(_extreme(b, x, list(dims), node.target == aten.amin.default), shape_of(node))
+
+
+@register(aten.max.default, aten.min.default, notes="ggml_pool_1d max over every dim (min: of -x)",
+          check=_extreme_check)
+def _max_all(b: Builder, node: fx.Node, x: Val) -> Tensor:
+    return b.reshape(_extreme(b, x, None, node.target == aten.min.default), shape_of(node))
+
+
+@register(aten.aminmax.default, notes="ggml_pool_1d max of -x and of x", check=_extreme_check)
+def _aminmax(b: Builder, node: fx.Node, x: Val, *, dim: int | None = None, keepdim: bool = False) -> Any:
+    shape = tuple(int(d) for d in val(node)[0].shape)
+    return (b.reshape(_extreme(b, x, dim, True), shape), b.reshape(_extreme(b, x, dim, False), shape))
+
+
+def _max_dim_check(node: fx.Node) -> str | None:
+    why = _extreme_check(node)
+    if why is None and any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+        return "its indices are used (only the values are lowered)"
+    return why
+
+
+@register(aten.max.dim, aten.min.dim, notes="ggml_pool_1d max over the dim (min: of -x); the values only",
+          check=_max_dim_check)
+def _max_dim(b: Builder, node: fx.Node, x: Val, dim: int, keepdim: bool = False) -> Any:
+    shape = tuple(int(d) for d in val(node)[0].shape)
+    return (b.reshape(_extreme(b, x, dim, node.target == aten.min.dim), shape), None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import fx
 
@@ -363,3 +364,43 @@ def _select_scatter(b: Builder, node: fx.Node, x: Val, src: Val, dim: int, index
     i = index + n if index < 0 else index
     shape = tuple(x.shape[:d]) + (1,) + tuple(x.shape[d + 1:])
     return _write_along(b, x, b.reshape(b.contig(src.t), shape), d, int(i))
+
+
+def _swap_to_rows(b: Builder, t: Tensor, ax: int) -> tuple[Tensor, list[int]]:
+    """``t`` with ggml axis ``ax`` swapped with axis 1 (the rows ``ggml_get_rows`` picks),
+    contiguous, and the permutation that swaps them back."""
+    axes = [0, 1, 2, 3]
+    axes[1], axes[ax] = ax, 1
+    return (b.contig(t) if ax == 1 else b.ctx.cont(b.ctx.permute(t, *axes))), axes
+
+
+@register(aten.flip.default, notes="ggml_get_rows of reversed row numbers (each dim swapped to ne[1] first)")
+def _flip(b: Builder, node: fx.Node, x: Val, dims: Sequence[int]) -> Tensor:
+    n = x.ndim
+    t = x.t
+    for d in sorted({int(d) % n for d in dims}):
+        rows, axes = _swap_to_rows(b, t, axis_of(d, n))
+        ne = rows.ne
+        order = np.broadcast_to(np.arange(ne[1] - 1, -1, -1, dtype=np.int32), (ne[3], ne[2], ne[1]))
+        t = b.ctx.get_rows(rows, b.constant(np.ascontiguousarray(order), np.int32))
+        if axes != [0, 1, 2, 3]:
+            t = b.ctx.permute(t, *axes)
+    return b.contig(t)
+
+
+def _reflect2d_check(node: fx.Node) -> str | None:
+    pad = list(args_of(node)[1])
+    x = val(args_of(node)[0])
+    if len(pad) != 4 or min(pad) < 0 or x.dim() < 2:
+        return "other than four non-negative pads of a tensor of 2+ dims"
+    return None if max(pad[:2]) < x.shape[-1] and max(pad[2:]) < x.shape[-2] else \
+        "a pad as long as the dim (torch refuses it)"
+
+
+@register(aten.reflection_pad2d.default, notes="ggml_pad_reflect_1d along the last dim, then along the one before "
+          "(permuted to ne[0])", check=_reflect2d_check)
+def _reflection_pad2d(b: Builder, node: fx.Node, x: Val, pad: Sequence[int]) -> Tensor:
+    ctx = b.ctx
+    w = ctx.pad_reflect_1d(b.contig(x.t), int(pad[0]), int(pad[1]))
+    h = ctx.pad_reflect_1d(ctx.cont(ctx.permute(w, 1, 0, 2, 3)), int(pad[2]), int(pad[3]))
+    return ctx.cont(ctx.permute(h, 1, 0, 2, 3))

@@ -301,6 +301,33 @@ SAMPLES: dict[Any, list[tuple[Callable[..., Any], tuple[T, ...], float]]] = {
                                         S(lambda x: aten._adaptive_avg_pool2d.default(x, [2, 3]), T(1, 2, 4, 6))],
     aten.upsample_nearest2d.vec: [S(lambda x: aten.upsample_nearest2d.vec(x, [6, 4], None), T(1, 2, 3, 2))],
     aten.upsample_nearest2d.default: [S(lambda x: aten.upsample_nearest2d.default(x, [4, 6]), T(1, 2, 2, 3))],
+    # ----------------------------------------------------------------- shrinkage, steps, extremes
+    aten.softshrink.default: [S(lambda x: aten.softshrink.default(x, 0.5), T(4, 6))],
+    aten.hardshrink.default: [S(lambda x: aten.hardshrink.default(x, 0.3), T(4, 6))],
+    aten.threshold.default: [S(lambda x: aten.threshold.default(x, 0.1, -2.0), T(4, 6))],
+    aten.heaviside.default: [S(lambda x, v: aten.heaviside.default(aten.trunc.default(x), v),
+                               T(3, 5, lo=-3.0, hi=3.0), T(5))],
+    aten.clamp_min.Tensor: [S(lambda x, y: aten.clamp_min.Tensor(x, y), T(3, 4), T(4))],
+    aten.clamp_max.Tensor: [S(lambda x, y: aten.clamp_max.Tensor(x, y), T(3, 4), T(3, 1))],
+    aten.amax.default: [S(lambda x: aten.amax.default(x, [1]), T(3, 4, 5)),
+                        S(lambda x: aten.amax.default(x, [0, 2], True), T(3, 4, 5, perm=(2, 0, 1)))],
+    aten.amin.default: [S(lambda x: aten.amin.default(x, [-1]), T(2, 6)),
+                        S(lambda x: aten.amin.default(x), T(2, 3, 4))],
+    aten.max.default: [S(lambda x: aten.max.default(x), T(3, 4))],
+    aten.min.default: [S(lambda x: aten.min.default(x), T(3, 4, 2))],
+    aten.max.dim: [S(lambda x: aten.max.dim(x, 1)[0], T(3, 4, 2))],
+    aten.min.dim: [S(lambda x: aten.min.dim(x, 0, True)[0], T(3, 4))],
+    aten.aminmax.default: [S(lambda x: aten.aminmax.default(x, dim=1)[1], T(3, 4)),
+                           S(lambda x: aten.aminmax.default(x)[0], T(2, 5))],
+    aten.flip.default: [S(lambda x: aten.flip.default(x, [0, 2]), T(2, 3, 4)),
+                        S(lambda x: aten.flip.default(x, [-1]), T(5, 3)),
+                        S(lambda x: aten.flip.default(x, [1]), T(2, 3, 4, 2))],
+    aten.gather.default: [S(lambda x, i: aten.gather.default(x, 1, i), T(3, 5), T(3, 4, index=5)),
+                          S(lambda x, i: aten.gather.default(x, 0, i), T(4, 3), T(6, 3, index=4)),
+                          S(lambda x, i: aten.gather.default(x, 1, i), T(2, 5, 3), T(2, 2, 3, index=5))],
+    aten.reflection_pad2d.default: [S(lambda x: aten.reflection_pad2d.default(x, [1, 2, 2, 1]), T(1, 2, 4, 5))],
+    aten.upsample_nearest1d.vec: [S(lambda x: aten.upsample_nearest1d.vec(x, [6], None), T(1, 2, 3))],
+    aten.upsample_nearest1d.default: [S(lambda x: aten.upsample_nearest1d.default(x, [9]), T(2, 2, 3))],
     # ----------------------------------------------------------------- constants
     aten.arange.default: [S(lambda x: aten.add.Tensor(x, aten.arange.default(5, dtype=torch.float32)), T(2, 5))],
     aten.arange.start: [S(lambda x: aten.add.Tensor(x, aten.arange.start(2, 7, dtype=torch.float32)), T(5))],
@@ -421,7 +448,7 @@ def test_a_row_index_out_of_range_is_a_value_error(cpu):
         lowered.close()
 
 
-@pytest.mark.parametrize("op", ["embedding", "index", "index_put"])
+@pytest.mark.parametrize("op", ["embedding", "index", "index_put", "gather"])
 def test_an_int64_index_beyond_int32_is_a_value_error(cpu, op):
     """ggml's indices are int32: an int64 index past int32's range used to be truncated into a
     valid one (1 << 40 became 0, and nn.Embedding(10, 8) returned row 0; eager torch raises
@@ -431,9 +458,12 @@ def test_an_int64_index_beyond_int32_is_a_value_error(cpu, op):
     ok, bad = torch.tensor([[1, 2, 9]]), torch.tensor([[1, 2, 1 << 40]])
     fn = {"embedding": lambda w, i: aten.embedding.default(w, i),
           "index": lambda w, i: aten.index.Tensor(w, [i]),
-          "index_put": lambda w, i: aten.index_put.default(w, [i], torch.ones(3, 4))}[op]
+          "index_put": lambda w, i: aten.index_put.default(w, [i], torch.ones(3, 4)),
+          "gather": lambda w, i: aten.gather.default(w, 0, i)}[op]
     if op == "index_put":   # rows of one dimension
         ok, bad = ok[0], bad[0]
+    if op == "gather":      # an index per element: (3, 4)
+        ok, bad = ok.T.expand(3, 4).contiguous(), bad.T.expand(3, 4).contiguous()
     gm = make_fx(fn)(table, ok)
     lowered = LoweredGraph(gm, set(), backend=cpu)
     try:
@@ -442,5 +472,22 @@ def test_an_int64_index_beyond_int32_is_a_value_error(cpu, op):
             with pytest.raises(ValueError, match="outside the int32 range"):
                 lowered(table, idx)
         torch.testing.assert_close(lowered(table, ok)[0], fn(table, ok))   # nothing left broken
+    finally:
+        lowered.close()
+
+
+def test_a_gather_index_past_the_dim_is_a_value_error(cpu):
+    """An index of gather past its dim (or negative) is refused before ggml reads there, as
+    eager torch refuses it; the graph computes right afterwards."""
+    x = torch.arange(12.0).reshape(3, 4)
+    fn = lambda w, i: aten.gather.default(w, 1, i)  # noqa: E731
+    ok = torch.tensor([[3, 0], [1, 1], [2, 0]])
+    gm = make_fx(fn)(x, ok)
+    lowered = LoweredGraph(gm, set(), backend=cpu)
+    try:
+        for bad in (torch.tensor([[4, 0], [1, 1], [2, 0]]), torch.tensor([[0, 0], [-1, 1], [2, 0]])):
+            with pytest.raises(ValueError, match="row index"):
+                lowered(x, bad)
+        torch.testing.assert_close(lowered(x, ok)[0], fn(x, ok))
     finally:
         lowered.close()
