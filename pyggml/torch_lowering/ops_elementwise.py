@@ -468,7 +468,7 @@ def _softshrink(b: Builder, node: fx.Node, x: Val, lambd: float = 0.5) -> Tensor
     return b.ctx.sub(t, b.ctx.clamp(t, -low, low))
 
 
-@register(aten.hardshrink.default, notes="x · ggml_step(|x| - lambd)", check=_lambd_check)
+@register(aten.hardshrink.default, notes="x · ggml_step(ggml_abs(x) - lambd)", check=_lambd_check)
 def _hardshrink(b: Builder, node: fx.Node, x: Val, lambd: float = 0.5) -> Tensor:
     t = b.contig(x.t)
     return b.ctx.mul(t, b.ctx.step(b.ctx.sub(b.ctx.abs(t), b.constant(_lambd(node)))))
