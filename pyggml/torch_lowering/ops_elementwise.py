@@ -134,10 +134,14 @@ def _gelu_check(node: fx.Node) -> str | None:
     return None if kw_of(node).get("approximate", "none") in ("none", "tanh") else "an unknown approximation"
 
 
-@register(aten.gelu.default, notes="ggml_gelu_erf (approximate='none'), ggml_gelu ('tanh')", check=_gelu_check)
+@register(aten.gelu.default, notes="ggml_gelu_erf (approximate='none'); 'tanh': x/2·(1 + ggml_tanh(√(2/π)·(x + "
+          "0.044715·x³))) in float32 ops (ggml_gelu's CPU kernel reads an F16 table: 1e-3 off)", check=_gelu_check)
 def _gelu(b: Builder, node: fx.Node, x: Val, approximate: str = "none") -> Tensor:
-    t = b.contig(x.t)
-    return b.ctx.gelu_erf(t) if approximate == "none" else b.ctx.gelu(t)
+    t, ctx = b.contig(x.t), b.ctx
+    if approximate == "none":
+        return ctx.gelu_erf(t)
+    inner = ctx.scale(ctx.add(t, ctx.scale(ctx.mul(ctx.sqr(t), t), 0.044715)), math.sqrt(2.0 / math.pi))
+    return ctx.mul(ctx.scale(t, 0.5), ctx.add(ctx.tanh(inner), b.constant(1.0)))
 
 
 def _elu_check(node: fx.Node) -> str | None:

@@ -64,6 +64,23 @@ ZOO: dict[str, Callable[[], tuple[Any, dict[str, torch.Tensor]]]] = {
 }
 
 
+#: the decoder-only architectures of :data:`ZOO` with a language-model head: name -> a function
+#: making the model (the same sizes), for generation with transformers' static cache
+CAUSAL: dict[str, Callable[[], Any]] = {
+    "GPT-2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=64)),
+    "GPT-NeoX": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**SMALL)),
+    "Llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**SMALL, num_key_value_heads=2)),
+    "Mistral": lambda: T.MistralForCausalLM(T.MistralConfig(**SMALL, num_key_value_heads=2)),
+    "Qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**SMALL, num_key_value_heads=2)),
+    "Qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8)),
+    "Gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**SMALL, num_key_value_heads=2, head_dim=8)),
+    "Phi-3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**SMALL, num_key_value_heads=2, pad_token_id=0, bos_token_id=1,
+                                                    eos_token_id=2)),
+    "OPT": lambda: T.OPTForCausalLM(T.OPTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+                                                vocab_size=100, max_position_embeddings=64, word_embed_proj_dim=32)),
+}
+
+
 def coverage(name: str) -> dict[str, Any]:
     """Compile ``ZOO[name]`` with ``torch.compile(backend="pyggml", dynamic=False)`` (float32
     weights, exact attention) and run it beside eager: ``nodes`` (ATen nodes of the compiled
