@@ -162,6 +162,9 @@ class LoweredGraph:
         self._alias_ok = isinstance(backend, CPUBackend)
         self._home = home
         self._out_shapes: dict[Any, list[tuple[int, ...]]] = {}
+        #: the torch dtype of each output: an integer one is I32 in ggml, returned as traced
+        self._out_dtypes = [val(o).dtype if isinstance(o, fx.Node) and isinstance(val(o), torch.Tensor) else None
+                            for o in self.outputs]
         self._out_strides: dict[Any, list[tuple[int, ...]]] = {}
         #: placeholder positions that take a Python int (a symbolic size of a dynamic graph)
         self._ints = {i for i, n in enumerate(self.placeholders) if not isinstance(val(n), torch.Tensor)}
@@ -365,8 +368,14 @@ class LoweredGraph:
                           f"shapes {list(key)}: {e}", stacklevel=2)
             return self._in_torch_run(args)
         strides = self._out_strides[key]
-        return [same[j] if j in same else _strided(torch.from_numpy(out[f"out{j}"]).reshape(shape), strides[j])
+        return [same[j] if j in same else _strided(self._as_traced(j, torch.from_numpy(out[f"out{j}"])).reshape(shape),
+                                                   strides[j])
                 for j, shape in enumerate(self._out_shapes[key])]
+
+    def _as_traced(self, j: int, t: torch.Tensor) -> torch.Tensor:
+        """Output ``j`` in the dtype torch traced (an integer output comes back from ggml as int32)."""
+        dtype = self._out_dtypes[j]
+        return t if dtype is None or t.dtype == dtype else t.to(dtype)
 
     def _in_torch_run(self, args: Sequence[Any]) -> list[torch.Tensor]:
         """The graph computed by torch (its FX module), for inputs whose shapes ggml does not take."""

@@ -205,7 +205,7 @@ def _gather_check(node: fx.Node) -> str | None:
 
 
 @register(aten.gather.default, notes="ggml_get_rows of each element as a row, batched over the other dims "
-          "(the dim swapped to the last first)", check=_gather_check, index_args=(2,))
+          "(the dim swapped to the last first)", check=_gather_check, index_args=(2,), int_results=True)
 def _gather(b: Builder, node: fx.Node, x: Val, dim: int, idx: Val, *rest: Any) -> Tensor:
     n = x.ndim
     ctx = b.ctx

@@ -25,7 +25,7 @@ def _reshape(b: Builder, node: fx.Node, x: Val, *rest: Any) -> Tensor:
 
 register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
          aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
-         aten.unflatten.int,
+         aten.unflatten.int, int_results=True,
          notes="ggml_reshape (after ggml_cont where the source is not contiguous)")(_reshape)
 
 
@@ -44,9 +44,9 @@ def _copy_check(node: fx.Node) -> str | None:
     return None
 
 
-register(aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
+register(aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default, int_results=True,
          notes="the same tensor (ggml keeps values, not identities)")(_same)
-register(aten.clone.default, aten._to_copy.default, aten.contiguous.default,
+register(aten.clone.default, aten._to_copy.default, aten.contiguous.default, int_results=True,
          notes="the same tensor: ggml_cont where a contiguous copy is needed", check=_copy_check)(_same)
 
 
@@ -70,12 +70,12 @@ def _permute_val(b: Builder, x: Val, perm: Sequence[int]) -> Tensor:
     return out
 
 
-@register(aten.permute.default, notes="ggml_permute (a view)")
+@register(aten.permute.default, notes="ggml_permute (a view)", int_results=True)
 def _permute(b: Builder, node: fx.Node, x: Val, perm: Sequence[int]) -> Tensor:
     return _permute_val(b, x, perm)
 
 
-@register(aten.transpose.int, notes="ggml_permute (a view)")
+@register(aten.transpose.int, notes="ggml_permute (a view)", int_results=True)
 def _transpose(b: Builder, node: fx.Node, x: Val, d0: int, d1: int) -> Tensor:
     perm = list(range(x.ndim))
     if x.ndim:
@@ -84,12 +84,12 @@ def _transpose(b: Builder, node: fx.Node, x: Val, d0: int, d1: int) -> Tensor:
     return _permute_val(b, x, perm)
 
 
-@register(aten.t.default, notes="ggml_transpose (a view)")
+@register(aten.t.default, notes="ggml_transpose (a view)", int_results=True)
 def _t(b: Builder, node: fx.Node, x: Val) -> Tensor:
     return _permute_val(b, x, [1, 0]) if x.ndim == 2 else x.t
 
 
-@register(aten.expand.default, notes="ggml_repeat")
+@register(aten.expand.default, notes="ggml_repeat", int_results=True)
 def _expand(b: Builder, node: fx.Node, x: Val, sizes: Sequence[int], implicit: bool = False) -> Tensor:
     return b.expand(x, shape_of(node))
 
@@ -103,7 +103,7 @@ def _slice_check(node: fx.Node) -> str | None:
     return None
 
 
-@register(aten.slice.Tensor, notes="ggml_view with an offset and strides", check=_slice_check)
+@register(aten.slice.Tensor, notes="ggml_view with an offset and strides", check=_slice_check, int_results=True)
 def _slice(b: Builder, node: fx.Node, x: Val, dim: int = 0, start: Any = None, end: Any = None,
            step: int = 1) -> Tensor:
     n = x.ndim
@@ -119,12 +119,12 @@ def _slice(b: Builder, node: fx.Node, x: Val, dim: int = 0, start: Any = None, e
     return b.ctx.view(x.t, out_ne[:n] or [1], nb[1:n], offset)
 
 
-@register(aten.select.int, notes="ggml_view (and ggml_cont + ggml_reshape for the last dim)")
+@register(aten.select.int, notes="ggml_view (and ggml_cont + ggml_reshape for the last dim)", int_results=True)
 def _select(b: Builder, node: fx.Node, x: Val, dim: int, index: int) -> Tensor:
     return _select_val(b, x, dim, index % x.shape[dim], shape_of(node))
 
 
-@register(aten.cat.default, notes="ggml_concat, pairwise")
+@register(aten.cat.default, notes="ggml_concat, pairwise", int_results=True)
 def _cat(b: Builder, node: fx.Node, xs: Sequence[Val], dim: int = 0) -> Tensor:
     xs = [x for x in xs if 0 not in x.shape]
     n = len(shape_of(node))

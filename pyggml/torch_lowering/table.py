@@ -51,30 +51,33 @@ class Lowering(NamedTuple):
     """How an ATen overload becomes ggml ops: ``name`` (``aten.add.Tensor``), ``lower``,
     ``notes`` (the ggml ops it makes, for the docs' table), ``check`` (extra conditions on the
     node), ``index_args`` (argument positions holding index tensors: I32 in ggml), ``mask_args``
-    (positions or keyword names where a bool tensor is taken too: F32 0/1 in ggml)."""
+    (positions or keyword names where a bool tensor is taken too: F32 0/1 in ggml),
+    ``int_results`` (the lowering moves values without computing on them, so it takes integer
+    tensors too: I32 in ggml, e.g. the views and copies of position ids)."""
     name: str
     lower: Callable[..., Any]
     notes: str
     check: Callable[[fx.Node], "str | None"] | None = None
     index_args: tuple[int, ...] = ()
     mask_args: tuple[int | str, ...] = ()
+    int_results: bool = False
 
 
 TABLE: dict[Any, Lowering] = {}
 
 
 def register(*targets: Any, notes: str, check: Callable[[fx.Node], "str | None"] | None = None,
-             index_args: tuple[int, ...] = (),
-             mask_args: tuple[int | str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+             index_args: tuple[int, ...] = (), mask_args: tuple[int | str, ...] = (),
+             int_results: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: ``fn`` lowers each of ``targets`` (ATen overloads)."""
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         for target in targets:
-            TABLE[target] = Lowering(str(target), fn, notes, check, index_args, mask_args)
+            TABLE[target] = Lowering(str(target), fn, notes, check, index_args, mask_args, int_results)
         return fn
     return deco
 
 
-def _tensor_ok(v: Any, index: bool, mask: bool = False) -> str | None:
+def _tensor_ok(v: Any, index: bool, mask: bool = False, ints: bool = False) -> str | None:
     if isinstance(v, (int, torch.SymInt)):
         return None   # a size (of a graph with dynamic shapes): an int when the graph is lowered
     if not isinstance(v, torch.Tensor):
@@ -85,9 +88,24 @@ def _tensor_ok(v: Any, index: bool, mask: bool = False) -> str | None:
         return "an empty tensor"
     if index:
         return None if v.dtype in INDEX_DTYPES else f"index dtype {v.dtype}"
+    if ints and v.dtype in INDEX_DTYPES:
+        return None
     if mask and v.dtype == torch.bool:
         return None
     return None if v.dtype in DTYPES else f"dtype {v.dtype}"
+
+
+def _ints_from_torch(node: fx.Node) -> str | None:
+    """Why an integer argument of ``node`` (a lowering that moves integers) keeps it in torch:
+    one computed by a node that stays in torch, whose values may not fit I32 (T5's position
+    buckets pass through int64's minimum); a graph input holding such values is refused when
+    called (ValueError)."""
+    for x in node.all_input_nodes:
+        v = val(x)
+        if x.op == "call_function" and isinstance(v, torch.Tensor) and v.dtype in INDEX_DTYPES \
+                and why_not(x) is not None:
+            return "an integer input computed in torch (int64 values that I32 may not hold)"
+    return None
 
 
 def why_not(node: fx.Node) -> str | None:
@@ -100,21 +118,26 @@ def why_not(node: fx.Node) -> str | None:
             return f"{node.target} has no lowering"
         out = val(node)
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        first = _tensor_ok(outs[0], False)
+        ints = lowering.int_results
+        first = _tensor_ok(outs[0], False, ints=ints)
         if first is not None:
             return f"its result: {first}"
         for i, a in enumerate(node.args):
             items = a if isinstance(a, (list, tuple)) else (a,)
             for x in items:
                 if isinstance(x, fx.Node) and not isinstance(val(x), (tuple, list)):  # a tuple: checked where made
-                    why = _tensor_ok(val(x), i in lowering.index_args, i in lowering.mask_args)
+                    why = _tensor_ok(val(x), i in lowering.index_args, i in lowering.mask_args, ints)
                     if why is not None:
                         return f"argument {i}: {why}"
         for k, x in node.kwargs.items():
             if isinstance(x, fx.Node):
-                why = _tensor_ok(val(x), False, k in lowering.mask_args)
+                why = _tensor_ok(val(x), False, k in lowering.mask_args, ints)
                 if why is not None:
                     return f"argument {k}: {why}"
+        if ints:
+            why = _ints_from_torch(node)
+            if why is not None:
+                return why
         return lowering.check(node) if lowering.check is not None else None
     except Exception as e:  # noqa: BLE001 - a check never raises: it says no
         return f"its check failed ({type(e).__name__}: {e})"

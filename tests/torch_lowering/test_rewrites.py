@@ -153,3 +153,52 @@ def test_an_empty_tensor_in_a_concatenation_is_dropped():
     assert not e.torch, e
     with torch.no_grad():
         np.testing.assert_allclose(_compiled(GrowingCache())(k).numpy(), GrowingCache()(k).numpy())
+
+
+class PositionIds(torch.nn.Module):
+    """BERT's position and token-type ids: int64 buffers sliced and expanded, an arange, all
+    read as embedding indices; and an int64 view returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Embedding(16, 8)
+        self.register_buffer("position_ids", torch.arange(16).expand((1, -1)))
+        self.register_buffer("token_type_ids", torch.zeros(1, 16, dtype=torch.long))
+
+    def forward(self, x):
+        T = x.shape[1]
+        ids = self.position_ids[:, :T].expand(x.shape[0], T)
+        types = self.token_type_ids[:, :T].expand(x.shape[0], T)
+        steps = torch.arange(T).unsqueeze(0)
+        return x + self.pos(ids) + self.pos(types) + self.pos(steps), ids.reshape(-1)
+
+
+def test_integer_views_and_constants_run_on_ggml():
+    """Slices, expands and views of int64 buffers and an int64 arange are I32 in ggml: nothing
+    stays in torch, and an int64 result comes back int64."""
+    torch.manual_seed(5)
+    model = PositionIds().eval()
+    x = torch.randn(2, 5, 8)
+    e = explain(model, x)
+    assert not e.torch, e
+    with torch.no_grad():
+        got, want = _compiled(model)(x), model(x)
+    np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-6, atol=1e-6)
+    assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
+
+
+class IntsFromTorch(torch.nn.Module):
+    """Integers computed in torch (int64 arithmetic ggml does not take) and then only moved:
+    the move stays in torch too, as their values need not fit I32."""
+
+    def forward(self, ids, table):
+        big = ids * (1 << 40) // (1 << 40)        # int64 arithmetic: torch
+        return table[big.reshape(-1)]
+
+
+def test_integers_computed_in_torch_are_not_moved_in_ggml():
+    ids, table = torch.tensor([[1, 3], [0, 2]]), torch.randn(4, 3)
+    e = explain(IntsFromTorch(), ids, table)
+    assert any("computed in torch" in why for why in e.torch.values()), e
+    with torch.no_grad():
+        torch.testing.assert_close(_compiled(IntsFromTorch())(ids, table), IntsFromTorch()(ids, table))
