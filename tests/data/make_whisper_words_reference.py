@@ -70,6 +70,12 @@ RUNS: list[tuple[str, str, dict[str, Any]]] = [
     ("long_vad_words", "long", {"beam_size": 5, "vad_filter": True, "word_timestamps": True,
                                 "vad_parameters": {"min_silence_duration_ms": 500}}),
 ]
+#: runs of faster-whisper's BatchedInferencePipeline (its defaults: VAD, no timestamps, beam 5)
+BATCHED_RUNS: list[tuple[str, str, dict[str, Any]]] = [
+    ("long_batched", "long", {"batch_size": 4}),
+    ("long_batched_greedy_timestamps", "long", {"batch_size": 4, "beam_size": 1, "without_timestamps": False}),
+    ("long_batched_words", "long", {"batch_size": 4, "word_timestamps": True}),
+]
 #: Silero VAD (faster-whisper's, on onnxruntime): probabilities and speech chunks of these inputs
 VAD_INPUTS = ["jfk", "long"]
 VAD_OPTIONS: list[dict[str, Any]] = [{}, {"min_silence_duration_ms": 500}, {"min_silence_duration_ms": 500,
@@ -121,8 +127,10 @@ def main() -> None:
     inputs["long"] = long_audio(inputs["jfk"], inputs["numbers"], inputs["weather"])
 
     runs = []
-    for name, input_name, kwargs in RUNS:
-        segments, info = model.transcribe(inputs[input_name], **kwargs)
+    batched = faster_whisper.BatchedInferencePipeline(model)
+    for name, input_name, kwargs in RUNS + BATCHED_RUNS:
+        pipeline = batched if "batch_size" in kwargs else model
+        segments, info = pipeline.transcribe(inputs[input_name], **kwargs)
         segments = list(segments)
         runs.append({"name": name, "input": input_name, "kwargs": kwargs, "language": info.language,
                      "language_probability": info.language_probability, "duration": info.duration,

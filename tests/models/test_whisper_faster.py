@@ -418,3 +418,80 @@ def test_whisper_class_words_prompt_and_command_line_outputs(audio, tmp_path, ca
     assert tsv[0] == "start\tend\ttext" and tsv[1].split("\t")[0] == str(round(1000 * out["segments"][0]["start"]))
     txt = (tmp_path / "jfk.txt").read_text(encoding="utf-8").splitlines()
     assert txt == [s["text"].strip() for s in out["segments"]]
+
+
+# --------------------------------------------------------------------------- the batched pipeline
+def _words_of(text: str) -> list[str]:
+    return [w.strip(".,!?").lower() for w in text.split()]
+
+
+@pytest.mark.parametrize("name", ["long_batched", "long_batched_greedy_timestamps", "long_batched_words"])
+def test_batched_pipeline_as_faster_whisper(model, audio, name):
+    """BatchedInferencePipeline on the long input (VAD, chunks of up to 30 s, both chunks of a
+    batch decoded together) against faster-whisper's: as many segments, at the same times;
+    greedy with timestamps gives its tokens exactly; with beam 5, the first chunk's tokens
+    exactly, and where faster-whisper's second chunk stops after its first sentence (a near
+    tie of the end of text), every one of its words is in ours; words within 0.05 s (median)."""
+    from pyggml.models.whisper import BatchedInferencePipeline
+
+    ref = RUNS[name]
+    segments, info = BatchedInferencePipeline(model).transcribe(audio[ref["input"]], **ref["kwargs"])
+    assert info.duration_after_vad < info.duration
+    ours = list(segments)
+    want = ref["segments"]
+    assert len(ours) == len(want)
+    assert [s.id for s in ours] == list(range(1, len(ours) + 1))
+    for s, r in zip(ours, want):
+        assert abs(s.start - r["start"]) <= 0.02, (s, r)
+        if "word_timestamps" not in ref["kwargs"]:
+            assert abs(s.end - r["end"]) <= 0.02, (s, r)
+        theirs, mine = _words_of(r["text"]), _words_of(s.text)
+        blocks = difflib.SequenceMatcher(None, theirs, mine, autojunk=False).get_matching_blocks()
+        assert sum(b.size for b in blocks) == len(theirs), (s.text, r["text"])
+    assert ours[0].tokens == want[0]["tokens"]
+    if ref["kwargs"].get("beam_size") == 1:
+        assert [s.tokens for s in ours] == [r["tokens"] for r in want]
+    if ref["kwargs"].get("word_timestamps"):
+        pairs = _matched_words([w.__dict__ for s in ours for w in s.words or []],
+                               [w for r in want for w in r["words"] or []])
+        assert len(pairs) >= sum(len(r["words"] or []) for r in want) - 1
+        assert np.median([abs(a["start"] - b["start"]) for a, b in pairs]) <= 0.05
+
+
+def test_windows_decoded_together_as_alone(model, audio):
+    """decode_windows (every window's beams in one decoder graph per step, each window reading
+    its own slot) gives each window the tokens decode_window gives it alone, greedy and beam 5."""
+    from pyggml.models.whisper.decode import DecodeOptions, decode_window, decode_windows
+    from pyggml.models.whisper.transcribe import _window, audio_mel
+
+    net, tok = model.net, model.tok
+    mel = audio_mel(audio["long"], model.file.mel_filters)
+    windows = [_window(mel, 0), _window(mel, 1500), _window(mel, 3000)]
+    for beam in (1, 5):
+        opts = DecodeOptions(beam_size=beam, language="en")
+        alone = []
+        for w in windows:
+            net.encode(w)
+            alone.append(decode_window(net, tok, opts).tokens)
+        net.set_slots(len(windows))
+        for slot, w in enumerate(windows):
+            net.encode(w, slot)
+        together = [r.tokens for r in decode_windows(net, tok, [opts] * len(windows))]
+        assert together == alone
+    with pytest.raises(ValueError, match="slots"):
+        net.encode(windows[0], slot=len(windows))
+    with pytest.raises(ValueError, match="temperature 0"):
+        decode_windows(net, tok, [DecodeOptions(temperature=0.5)])
+
+
+@pytest.mark.parametrize("bad, error", [
+    (dict(temperature=0.4), "first temperature"), (dict(prefix="And so"), "prefix"),
+    (dict(multilingual=True), "multilingual"), (dict(chunk_length=40), "chunk_length"),
+    (dict(batch_size=0), "batch_size"), (dict(vad_parameters=3), "vad_parameters"),
+    (dict(vad_filter=False), "No clip timestamps"),
+])
+def test_batched_pipeline_refuses_what_it_does_not_implement(model, audio, bad, error):
+    from pyggml.models.whisper import BatchedInferencePipeline
+
+    with pytest.raises((ValueError, RuntimeError), match=error):
+        BatchedInferencePipeline(model).transcribe(audio["long"], **bad)

@@ -28,7 +28,8 @@ Modules, one concept each:
 * :mod:`.timing`     -- word timestamps: alignment heads, dynamic time warping, words
 * :mod:`.vad`        -- Silero VAD on ggml: speech probabilities, speech chunks
 * :mod:`.transcribe` -- audio of any length to segments; :class:`Whisper`: to a :class:`Transcription`
-* :mod:`.faster`     -- faster-whisper's API: :class:`WhisperModel`, ``transcribe`` -> (segments, info)
+* :mod:`.faster`     -- faster-whisper's API: :class:`WhisperModel`, ``transcribe`` -> (segments, info),
+  :class:`BatchedInferencePipeline`
 * :mod:`.output`     -- SRT, WebVTT and JSON
 * :mod:`.__main__`   -- the command line (``pyggml-whisper``, ``python -m pyggml.models.whisper``)
 
@@ -43,10 +44,10 @@ from .audio import AudioError, load_audio, log_mel
 from .convert import default_model, from_ct2, from_hf
 from .hparams import HParams
 from .loader import WhisperFile
-from .faster import TranscriptionInfo, VadOptions, WhisperModel
+from .faster import BatchedInferencePipeline, TranscriptionInfo, VadOptions, WhisperModel
 from .model import WhisperNet
 from .transcribe import Segment, Transcription, TranscriptionOptions, Whisper, Word
 
-__all__ = ["Whisper", "Transcription", "Segment", "Word", "WhisperModel", "TranscriptionInfo",
+__all__ = ["Whisper", "Transcription", "Segment", "Word", "WhisperModel", "BatchedInferencePipeline", "TranscriptionInfo",
            "TranscriptionOptions", "VadOptions", "WhisperFile", "WhisperNet", "HParams", "ModelError",
            "AudioError", "load_audio", "log_mel", "default_model", "from_ct2", "from_hf"]

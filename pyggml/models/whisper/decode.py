@@ -14,8 +14,8 @@ import numpy as np
 from .model import WhisperNet
 from .tokenizer import LANGUAGES, WhisperTokenizer
 
-__all__ = ["DecodeOptions", "WindowResult", "decode_window", "detect_language", "language_probs",
-           "compression_ratio", "prompt_tokens", "sot_sequence"]
+__all__ = ["DecodeOptions", "WindowResult", "decode_window", "decode_windows", "detect_language",
+           "language_probs", "compression_ratio", "prompt_tokens", "sot_sequence"]
 
 
 @dataclass(frozen=True)
@@ -336,3 +336,112 @@ def _beam(model: WhisperNet, filters: _Filters, n_prompt: int, first: np.ndarray
     if not finished:
         finished = [(seq, s) for seq, s, _l, _c in live]
     return max(finished, key=lambda fs: fs[1] / max(len(fs[0]), 1) ** length_penalty)
+
+
+def decode_windows(model: WhisperNet, tok: WhisperTokenizer, opts: Sequence[DecodeOptions]) -> list[WindowResult]:
+    """Decode the windows :meth:`~.model.WhisperNet.encode` left in slots 0 .. len(opts) - 1
+    together, window w with ``opts[w]``: every step of every window's beam search (or greedy
+    decoding: ``beam_size`` 1) is one decoder graph (:meth:`~.model.WhisperNet.decode_batch`
+    over the windows), each window's beams reading its own cells (slot w's) and cross K/V. Each
+    window's result is what :func:`decode_window` gives it alone, up to the float order of
+    the batched products. The prompts must be as long (the same options but the language);
+    temperature 0 only. Raises ValueError otherwise."""
+    W = len(opts)
+    if W == 0:
+        return []
+    if any(o.temperature != 0 for o in opts):
+        raise ValueError("windows are decoded together at temperature 0 only")
+    if len({o.beam_size for o in opts}) != 1:
+        raise ValueError("the windows decoded together need one beam_size")
+    sp, hp, C = tok.sp, model.hp, model.n_cells
+    prompts = [prompt_tokens(tok, o, hp.n_text_ctx) for o in opts]
+    n_p = len(prompts[0])
+    if any(len(p) != n_p for p in prompts):
+        raise ValueError("the windows decoded together need prompts of one length")
+    R = opts[0].beam_size
+    limits = [min(o.sample_len or hp.n_text_ctx // 2, hp.n_text_ctx - n_p - 1) for o in opts]
+    limit = max(limits)
+    if limit < 1:
+        raise ValueError(f"a prompt of {n_p} tokens leaves no room in the decoder's {hp.n_text_ctx} positions")
+    if n_p + R * limit + 1 > C:
+        raise ValueError(f"{R} beams over {limit} tokens need {n_p + R * limit + 1} KV cells a window; "
+                         f"the model has {C} (n_cells)")
+    filters = [_Filters(tok, o, hp.n_vocab) for o in opts]
+    at = prompts[0].index(sp.sot)
+    leads = [p[at + len(sot_sequence(tok, o.language, o.task)) + (not o.timestamps):] for p, o in zip(prompts, opts)]
+    base = [w * C for w in range(W)]
+    # the prompt, up to the start of transcript (its logits: no speech), then the rest
+    upto = [p[:at + 1] for p in prompts]
+    sot_logits = model.decode_batch(upto, [[b + i for i in range(at + 1)] for b in base], windows=W)
+    if n_p > at + 1:
+        first = model.decode_batch([p[at + 1:] for p in prompts], [[b + i for i in range(n_p)] for b in base],
+                                   windows=W)
+    else:
+        first = sot_logits
+    no_speech = [float(np.exp(_log_softmax(sot_logits[w].astype(np.float64))[sp.nosp])) for w in range(W)]
+    enough = [max(1, round(R * o.patience)) for o in opts]
+    live: list[list[tuple[list[int], float, np.ndarray, list[int]]]] = [
+        [(list(leads[w]), 0.0, first[w], [base[w] + i for i in range(n_p)])] for w in range(W)]
+    finished: list[list[tuple[list[int], float]]] = [[] for _ in range(W)]
+    done = [False] * W
+    next_cell = [b + n_p for b in base]
+    for step in range(limit):
+        rows_tok: list[list[int]] = []
+        rows_cells: list[list[int]] = []
+        chosen_of: list[list[tuple[list[int], float]]] = []
+        for w in range(W):
+            chosen: list[tuple[list[int], float, int]] = []
+            if not done[w] and step < limits[w]:
+                cands: dict[tuple[int, ...], tuple[float, int]] = {}
+                for b, (seq, score, logits, _cells) in enumerate(live[w]):
+                    lg = logits.astype(np.float64)
+                    filters[w].apply(lg, seq)
+                    lp = _log_softmax(lg)
+                    for t in _best(lp, R + 1):
+                        key = tuple(seq) + (int(t),)
+                        s = score + float(lp[t])
+                        if key not in cands or cands[key][0] < s:
+                            cands[key] = (s, b)
+                for rank, (key, (s, b)) in enumerate(sorted(cands.items(), key=lambda kv: -kv[1][0])):
+                    if key[-1] == sp.eot:
+                        if rank < R and len(finished[w]) < enough[w]:
+                            finished[w].append((list(key[:-1]), s))
+                    else:
+                        chosen.append((list(key), s, b))
+                    if len(chosen) >= R:
+                        break
+                if len(finished[w]) >= enough[w] or not chosen:
+                    done[w] = True
+                    chosen = []
+            elif not done[w]:
+                done[w] = True                         # its own limit reached
+            n = n_p + step + 1                         # cells of every row after this step's token
+            kept = []
+            for seq, s, b in chosen:
+                rows_tok.append(seq[-1:])
+                rows_cells.append(live[w][b][3] + [next_cell[w]])
+                next_cell[w] += 1
+                kept.append((seq, s))
+            scratch = base[w] + C - 1                  # rows of no beam: their token written there
+            for _ in range(R - len(chosen)):
+                rows_tok.append([sp.eot])
+                rows_cells.append([scratch] * n)
+            chosen_of.append(kept)
+        if all(done):
+            break
+        logits_all = model.decode_batch(rows_tok, rows_cells, windows=W)
+        for w in range(W):
+            if chosen_of[w]:   # (a window that stopped keeps its last beams)
+                live[w] = [(seq, s, logits_all[w * R + j], rows_cells[w * R + j])
+                           for j, (seq, s) in enumerate(chosen_of[w])]
+    results = []
+    for w in range(W):
+        fin = finished[w] or [(seq, s) for seq, s, _l, _c in live[w]]
+        if not fin:
+            fin = [(list(leads[w]), 0.0)]
+        tokens, sum_lp = max(fin, key=lambda fs: fs[1] / max(len(fs[0]), 1) ** opts[w].length_penalty)
+        text = tok.decode(tokens)
+        n_sampled = len(tokens) - len(leads[w])
+        results.append(WindowResult(tokens, sum_lp, sum_lp / (n_sampled + 1), no_speech[w], 0.0,
+                                    compression_ratio(text.strip()), text))
+    return results

@@ -19,6 +19,7 @@ would change the result (``chunk_length`` other than 30, ``language_detection_se
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,17 +31,17 @@ from pyggml import devices
 
 from .audio import HOP, SAMPLE_RATE, load_audio
 from .convert import cache_dir, default_model, from_ct2, from_hf
-from .decode import DecodeOptions, language_probs
+from .decode import DecodeOptions, compression_ratio, language_probs
 from .loader import WhisperFile
 from .model import WhisperNet
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, WhisperTokenizer
 from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, audio_mel, encode_first_window,
                          generate_segments, progress, restore_times, speech_only)
-from .vad import VadOptions, shared_vad
+from .vad import TimeMap, VadOptions, shared_vad
 
-__all__ = ["WhisperModel", "TranscriptionInfo", "TranscriptionOptions", "VadOptions", "Segment", "Word",
-           "COMPUTE_TYPES", "resolve_model"]
+__all__ = ["WhisperModel", "BatchedInferencePipeline", "TranscriptionInfo", "TranscriptionOptions", "VadOptions",
+           "Segment", "Word", "COMPUTE_TYPES", "resolve_model"]
 
 #: faster-whisper's compute types -> the weight type of the converted model file
 COMPUTE_TYPES = {"default": "f16", "auto": "f16", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
@@ -254,3 +255,198 @@ class WhisperModel:
                 raise ValueError("audio samples must be one channel (a 1-D array)")
             return samples
         return load_audio(audio)
+
+
+def _groups(samples: np.ndarray, chunks: list[dict[str, int]], max_duration: float) -> list[tuple[np.ndarray, float, float]]:
+    """faster-whisper's ``collect_chunks(..., max_duration)``: the speech ``chunks`` of
+    ``samples`` joined in order into groups of at most ``max_duration`` seconds, each (its
+    samples, its offset and duration in seconds, both in the speech's joined time)."""
+    out: list[tuple[np.ndarray, float, float]] = []
+    parts: list[np.ndarray] = []
+    current = total = 0
+    for c in chunks:
+        n = c["end"] - c["start"]
+        if parts and current + n > max_duration * SAMPLE_RATE:
+            out.append((np.concatenate(parts), total / SAMPLE_RATE, current / SAMPLE_RATE))
+            total += current
+            parts, current = [], 0
+        parts.append(samples[c["start"]:c["end"]])
+        current += n
+    if parts:
+        out.append((np.concatenate(parts), total / SAMPLE_RATE, current / SAMPLE_RATE))
+    return out
+
+
+class BatchedInferencePipeline:
+    """faster-whisper's ``BatchedInferencePipeline`` on ggml: ``BatchedInferencePipeline(model)
+    .transcribe(audio, batch_size=8, ...)``. The audio is cut where Silero VAD finds speech
+    (``vad_filter``, the default) or at ``clip_timestamps`` (``[{"start": s, "end": s}, ...]``
+    in seconds), the pieces joined into chunks of at most ``chunk_length`` (30) seconds, and
+    ``batch_size`` chunks decoded together: each step of all their beam searches is one decoder
+    graph (:func:`~.decode.decode_windows`). As faster-whisper's pipeline does, each chunk is
+    decoded on its own (no previous text), at the first temperature only, without timestamps
+    by default (one segment per chunk). Raises ValueError for values it does not implement:
+    a first temperature above 0, ``prefix``, ``multilingual``, ``language_detection_segments``
+    above 1, ``chunk_length`` above 30."""
+
+    def __init__(self, model: WhisperModel):
+        self.model = model
+
+    def transcribe(  # noqa: PLR0913 - faster-whisper's parameters, one for one
+            self, audio: str | os.PathLike[str] | BinaryIO | np.ndarray, language: str | None = None,
+            task: str = "transcribe", log_progress: bool = False, beam_size: int = 5, best_of: int = 5,
+            patience: float = 1, length_penalty: float = 1, repetition_penalty: float = 1,
+            no_repeat_ngram_size: int = 0, temperature: float | list[float] | tuple[float, ...] = TEMPERATURES,
+            compression_ratio_threshold: float | None = 2.4, log_prob_threshold: float | None = -1.0,
+            no_speech_threshold: float | None = 0.6, condition_on_previous_text: bool = True,
+            prompt_reset_on_temperature: float = 0.5, initial_prompt: str | Iterable[int] | None = None,
+            prefix: str | None = None, suppress_blank: bool = True, suppress_tokens: list[int] | None = [-1],  # noqa: B006
+            without_timestamps: bool = True, max_initial_timestamp: float = 1.0, word_timestamps: bool = False,
+            prepend_punctuations: str = PREPEND_PUNCTUATIONS, append_punctuations: str = APPEND_PUNCTUATIONS,
+            multilingual: bool = False, vad_filter: bool = True,
+            vad_parameters: dict[str, Any] | VadOptions | None = None, max_new_tokens: int | None = None,
+            chunk_length: int | None = None, clip_timestamps: list[dict[str, float]] | None = None,
+            hallucination_silence_threshold: float | None = None, batch_size: int = 8,
+            hotwords: str | None = None, language_detection_threshold: float | None = 0.5,
+            language_detection_segments: int = 1) -> tuple[Iterator[Segment], TranscriptionInfo]:
+        """Transcribe ``audio`` as faster-whisper's ``BatchedInferencePipeline.transcribe``
+        does, with its parameters and defaults: (a generator of :class:`~.transcribe.Segment`,
+        decoded a batch at a time as it is iterated; :class:`TranscriptionInfo`). Times are the
+        original audio's. Raises ValueError (see the class), RuntimeError for audio longer than
+        ``chunk_length`` with neither VAD nor clips (as faster-whisper), FileNotFoundError and
+        :class:`~.audio.AudioError` for audio it cannot read."""
+        m = self.model
+        temps = [float(temperature)] if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
+        chunk_length = chunk_length or 30
+        unsupported = {"a first temperature above 0": bool(temps) and temps[0] != 0,
+                       "prefix": prefix is not None, "multilingual": multilingual,
+                       "language_detection_segments > 1": language_detection_segments != 1,
+                       "chunk_length above 30": chunk_length > 30}
+        refused = [k for k, v in unsupported.items() if v]
+        if refused:
+            raise ValueError(f"not implemented in pyggml's BatchedInferencePipeline: {', '.join(refused)}")
+        if not temps or batch_size < 1 or chunk_length < 1:
+            raise ValueError("give a temperature, batch_size >= 1 and chunk_length >= 1")
+        if language is not None and language not in m.supported_languages:
+            raise ValueError(f"language {language!r} is not one of the model's: {m.supported_languages}")
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if isinstance(vad_parameters, dict):
+            try:
+                vad = VadOptions(**{**vad_parameters, "max_speech_duration_s": chunk_length})
+            except TypeError as e:
+                raise ValueError(f"vad_parameters: {e}") from None
+        elif vad_parameters is None:
+            vad = VadOptions(max_speech_duration_s=chunk_length, min_silence_duration_ms=160)
+        elif isinstance(vad_parameters, VadOptions):
+            vad = vad_parameters
+        else:
+            raise ValueError("vad_parameters must be a dict or VadOptions")
+        DecodeOptions(beam_size=beam_size, best_of=best_of, task=task, patience=patience,   # checks them
+                      repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+        samples = m._samples(audio)
+        duration = samples.size / SAMPLE_RATE
+        restore = False
+        if clip_timestamps:
+            try:
+                chunks = [{"start": int(c["start"] * SAMPLE_RATE), "end": int(c["end"] * SAMPLE_RATE)}
+                          for c in clip_timestamps]
+            except (TypeError, KeyError) as e:
+                raise ValueError(f"clip_timestamps: a list of {{'start': s, 'end': s}} ({e!r})") from None
+            groups = [(samples[c["start"]:c["end"]], c["start"] / SAMPLE_RATE, (c["end"] - c["start"]) / SAMPLE_RATE)
+                      for c in chunks]
+        else:
+            if vad_filter:
+                from .vad import speech_timestamps
+                chunks = speech_timestamps(shared_vad().probs(samples), samples.size, vad)
+                restore = True
+            elif duration < chunk_length:
+                chunks = [{"start": 0, "end": samples.size}]
+            else:
+                raise RuntimeError("No clip timestamps found. Set 'vad_filter' to True or provide 'clip_timestamps'.")
+            groups = _groups(samples, chunks, chunk_length)
+        after_vad = sum(c["end"] - c["start"] for c in chunks) / SAMPLE_RATE
+        groups = [g for g in groups if g[0].size] if after_vad else []
+        tok = m.tok
+        probability = 1.0
+        probs: list[tuple[str, float]] | None = None
+        if language is None:
+            if m.is_multilingual and groups:
+                m.net.encode(self._features(groups[0][0]))
+                probs = language_probs(m.net, tok)
+                language, probability = probs[0]
+            else:
+                language = "en"
+        previous: tuple[int, ...] = ()
+        if initial_prompt is not None:
+            previous = tuple(tok.encode(" " + initial_prompt.strip()) if isinstance(initial_prompt, str)
+                             else [int(t) for t in initial_prompt])
+        from .transcribe import _suppress
+        opts = TranscriptionOptions(
+            beam_size=beam_size, best_of=best_of, patience=patience, length_penalty=length_penalty,
+            repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+            log_prob_threshold=log_prob_threshold, no_speech_threshold=no_speech_threshold,
+            compression_ratio_threshold=compression_ratio_threshold, condition_on_previous_text=False,
+            prompt_reset_on_temperature=0.5, temperatures=temps[:1], initial_prompt=initial_prompt,
+            prefix=None, suppress_blank=suppress_blank,
+            suppress_tokens=list(suppress_tokens) if suppress_tokens is not None else None,
+            without_timestamps=without_timestamps, max_initial_timestamp=0.0, word_timestamps=word_timestamps,
+            prepend_punctuations=prepend_punctuations, append_punctuations=append_punctuations,
+            multilingual=False, max_new_tokens=max_new_tokens, clip_timestamps="0",
+            hallucination_silence_threshold=None, hotwords=hotwords)
+        decode = DecodeOptions(
+            beam_size=beam_size, timestamps=not without_timestamps, language=language, task=task,
+            max_initial_timestamp=0.0, sample_len=max_new_tokens, suppress_blank=suppress_blank,
+            suppress_tokens=_suppress(tok, suppress_tokens), previous=previous,
+            hotwords=tuple(tok.encode(" " + hotwords.strip())) if hotwords else (), patience=patience,
+            length_penalty=length_penalty, repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size)
+        info = TranscriptionInfo(language, probability, duration, after_vad, probs, opts, vad)
+        segments: Iterator[Segment] = self._segments(groups, decode, opts, batch_size)
+        if restore and chunks:
+            segments = restore_times(segments, TimeMap(chunks))
+        if log_progress:
+            segments = progress(segments, after_vad)
+        return segments, info
+
+    def _features(self, piece: np.ndarray) -> np.ndarray:
+        """A chunk's log-mel as faster-whisper's pipeline makes it: the chunk's own (160
+        samples of padding, its last frame dropped), padded with zeros to a 30-s window."""
+        from .audio import FRAMES, log_mel
+        mel = log_mel(piece, self.model.file.mel_filters, pad=HOP)[:, :-1][:, :FRAMES]
+        return np.ascontiguousarray(np.pad(mel, ((0, 0), (0, FRAMES - mel.shape[1]))))
+
+    def _segments(self, groups: list[tuple[np.ndarray, float, float]], decode: DecodeOptions,
+                  opts: TranscriptionOptions, batch_size: int) -> Iterator[Segment]:
+        from .decode import decode_windows, sot_sequence
+        from .transcribe import _add_words, _split
+        m = self.model
+        net, tok = m.net, m.tok
+        if not groups:
+            return
+        net.set_slots(min(batch_size, len(groups)))
+        n_id = 0
+        last_speech = 0.0
+        sot = sot_sequence(tok, decode.language, decode.task)
+        for start in range(0, len(groups), batch_size):
+            batch = groups[start:start + batch_size]
+            for slot, (piece, _o, _d) in enumerate(batch):
+                net.encode(self._features(piece), slot)
+            results = decode_windows(net, tok, [decode] * len(batch))
+            for slot, ((_p, offset, duration), res) in enumerate(zip(batch, results)):
+                size = math.ceil(duration) * (SAMPLE_RATE // HOP)
+                seek = int(offset * (SAMPLE_RATE // HOP))
+                parts, _next, _single = _split(tok, res.tokens, offset, seek, size, duration)
+                for seg in parts:
+                    seg.text = tok.decode([t for t in seg.tokens if t < tok.sp.eot])
+                    seg.avg_logprob, seg.no_speech_prob = res.avg_logprob, res.no_speech_prob
+                    seg.compression_ratio = compression_ratio(seg.text)
+                    seg.temperature = opts.temperatures[0]
+                    seg.start, seg.end = round(seg.start, 3), round(seg.end, 3)
+                if opts.word_timestamps and parts:
+                    _add_words(net, tok, sot, parts, size, opts, decode.language, last_speech, slot)
+                    last_speech = parts[-1].end
+                for seg in parts:
+                    n_id += 1
+                    seg.id = n_id
+                    yield seg

@@ -55,16 +55,22 @@ class WhisperNet:
     (least recently used ones are freed). ``repack``: on the CPU backend, each matrix that only
     products read goes where llama.cpp's rule puts it (:meth:`pyggml.Device.weight_buffer_type`:
     ``CPU_REPACK`` for Q4_0 on x86, ``AMX`` for Q8_0 on Intel CPUs with AMX);
-    :attr:`weight_buffers` says where the weights went. Raises
-    :class:`pyggml.BackendNotAvailableError` for an unknown device."""
+    :attr:`weight_buffers` says where the weights went. ``n_slots``: windows whose cross K/V
+    and KV cells the model holds at once (:meth:`set_slots`), decoded together by
+    :meth:`decode_batch`. Raises :class:`pyggml.BackendNotAvailableError` for an unknown
+    device."""
 
     def __init__(self, f: WhisperFile, *, backend: str = "cpu", n_threads: int | None = None,
                  flash_attn: bool = True, max_graphs: int = 16, n_cells: int | None = None,
-                 repack: bool = True):
+                 repack: bool = True, n_slots: int = 1):
         self.hp = hp = f.hparams
         self.eot = Specials.of(hp).eot
         self.n_cells = n_cells or 3 * hp.n_text_ctx
         self.flash_attn = flash_attn
+        if n_slots < 1:
+            raise ValueError(f"n_slots must be >= 1, not {n_slots}")
+        self.n_slots = n_slots
+        self._state_ctx: Context | None = None
         self._stack = contextlib.ExitStack()
         try:
             bs = self._stack.enter_context(BackendSet([backend], n_threads))
@@ -79,27 +85,60 @@ class WhisperNet:
             #: buffer type name -> the number of weights in it
             self.weight_buffers = {name: n for name, (n, _) in weights.buffers.items()}
             self._init_state()
+            self._stack.callback(self._close_state)   # after the graphs that read it, before the backends
             n = 64 * hp.n_audio_layer + 16 * hp.n_text_layer + 64     # the encoder's, the largest
             self.graphs = self._stack.enter_context(GraphCache(
                 self._build, backends=self.backends, graph_size=n, n_tensors=n, max_graphs=max_graphs + 1))
-            self.graphs.reserve(_ENCODER)
+            self.graphs.reserve(_ENCODER + (0,))
         except BaseException:
             self.close()
             raise
 
     def _init_state(self) -> None:
-        """The self-attention KV cache (F16 [D, N] per layer, K and V) and the cross K (F16
-        [D, A]) and V (F16 [A, D], transposed for ``mul_mat``; [D, A] with flash attention)."""
+        """For each of the S slots (:attr:`n_slots`), the self-attention KV cache (F16 [D, N]
+        per layer, K and V: slot s has cells s x N ... (s + 1) x N - 1) and the cross K (F16
+        [D, A]) and V (F16 [A, D], transposed for ``mul_mat``; [D, A] with flash attention),
+        the slots one after the other ([D, N x S], [D, A x S] or [A, D x S]). Replaces the
+        state only once the new one is allocated."""
         hp = self.hp
-        D, C, A, L = hp.n_text_state, self.n_cells, hp.n_audio_ctx, hp.n_text_layer
-        ctx = self._stack.enter_context(Context.for_tensors(4 * L))
-        f16 = GGMLType.F16
-        self.kv_k = [ctx.new_tensor(f16, [D, C], name=f"kv_k_{i}") for i in range(L)]
-        self.kv_v = [ctx.new_tensor(f16, [D, C], name=f"kv_v_{i}") for i in range(L)]
-        self.cross_k = [ctx.new_tensor(f16, [D, A], name=f"cross_k_{i}") for i in range(L)]
-        self.cross_v = [ctx.new_tensor(f16, [D, A] if self.flash_attn else [A, D], name=f"cross_v_{i}")
-                        for i in range(L)]
-        ctx.alloc_tensors(self.home).clear(0)
+        D, C, A, L, S = hp.n_text_state, self.n_cells, hp.n_audio_ctx, hp.n_text_layer, self.n_slots
+        ctx = Context.for_tensors(4 * L)
+        try:
+            f16 = GGMLType.F16
+            kv_k = [ctx.new_tensor(f16, [D, C * S], name=f"kv_k_{i}") for i in range(L)]
+            kv_v = [ctx.new_tensor(f16, [D, C * S], name=f"kv_v_{i}") for i in range(L)]
+            cross_k = [ctx.new_tensor(f16, [D, A * S], name=f"cross_k_{i}") for i in range(L)]
+            cross_v = [ctx.new_tensor(f16, [D, A * S] if self.flash_attn else [A, D * S], name=f"cross_v_{i}")
+                       for i in range(L)]
+            ctx.alloc_tensors(self.home).clear(0)
+        except BaseException:
+            ctx.close()
+            raise
+        self._close_state()
+        self.kv_k, self.kv_v, self.cross_k, self.cross_v = kv_k, kv_v, cross_k, cross_v
+        self._state_ctx = ctx
+
+    def _close_state(self) -> None:
+        if self._state_ctx is not None:
+            self._state_ctx.close()
+            self._state_ctx = None
+
+    def set_slots(self, n_slots: int) -> None:
+        """Hold ``n_slots`` windows at once: the cache and the cross K/V made again (empty),
+        the graphs that read the old ones dropped. Raises ValueError for n_slots < 1,
+        MemoryError if the backend cannot hold them (the old ones are kept then)."""
+        if n_slots < 1:
+            raise ValueError(f"n_slots must be >= 1, not {n_slots}")
+        if n_slots == self.n_slots:
+            return
+        old = self.n_slots
+        self.graphs.clear()
+        self.n_slots = n_slots
+        try:
+            self._init_state()
+        except BaseException:
+            self.n_slots = old
+            raise
 
     def close(self) -> None:
         """Free the graphs, the caches, the weights and the backends (idempotent)."""
@@ -112,13 +151,14 @@ class WhisperNet:
         self.close()
 
     def _build(self, g: GraphParts, kind: str, *shape: Any) -> dict[str, Tensor]:
-        """The encoder graph (key ``("encoder",)``), the decoder graph of key ``("decoder", T,
-        K, B)`` or the alignment graph of key ``("align", T, K, heads)`` (:meth:`align`)."""
+        """The encoder graph of key ``("encoder", slot)``, the decoder graph of key
+        ``("decoder", T, K, B, W, slot)`` or the alignment graph of key ``("align", T, K,
+        heads, slot)`` (:meth:`align`)."""
         if kind == "encoder":
-            self._build_encoder(g)
+            self._build_encoder(g, *shape)
         elif kind == "align":
-            T, K, heads = shape
-            self._build_decoder(g, T, K, 1, heads)
+            T, K, heads, slot = shape
+            self._build_decoder(g, T, K, 1, 1, slot, heads)
         else:
             self._build_decoder(g, *shape)
         return {}
@@ -155,7 +195,19 @@ class WhisperNet:
         return self._linear(ctx, h, p + ".mlp.2") + x
 
     # ------------------------------------------------------------------ encoder
-    def _build_encoder(self, g: GraphParts) -> None:
+    def _cross(self, ctx: Context, i: int, slot: int, n: int = 1) -> tuple[Tensor, Tensor]:
+        """Layer i's cross K and V of slots ``slot`` .. ``slot + n - 1``: K ne [D, A, n], V ne
+        [D, A, n] (flash attention) or [A, D, n] (views)."""
+        hp = self.hp
+        D, A = hp.n_text_state, hp.n_audio_ctx
+        k, v = self.cross_k[i], self.cross_v[i]
+        es = k.nb[0]
+        ck = ctx.view(k, [D, A, n], nb=[D * es, D * A * es], offset=slot * D * A * es)
+        cv = ctx.view(v, [D, A, n] if self.flash_attn else [A, D, n], nb=[v.ne[0] * es, D * A * es],
+                      offset=slot * D * A * es)
+        return ck, cv
+
+    def _build_encoder(self, g: GraphParts, slot: int) -> None:
         hp, w, ctx = self.hp, self.w, g.ctx
         S, A, H = hp.n_audio_state, hp.n_audio_ctx, hp.n_audio_head
         mel = g.input(GGMLType.F32, [FRAMES, hp.n_mels], "mel")                                    # [F, M]
@@ -176,23 +228,31 @@ class WhisperNet:
             p = f"decoder.blocks.{i}.cross_attn"
             k = ctx.mul_mat(w[p + ".key.weight"], x)                                                 # [D, A]
             v = self._linear(ctx, x, p + ".value")
-            g.graph.build_forward(ctx.cpy(k, self.cross_k[i]))
-            g.graph.build_forward(ctx.cpy(v if self.flash_attn else ctx.transpose(v), self.cross_v[i]))
+            ck, cv = self._cross(ctx, i, slot)
+            g.graph.build_forward(ctx.cpy(k, ctx.reshape(ck, *ck.ne[:2])))
+            g.graph.build_forward(ctx.cpy(v if self.flash_attn else ctx.transpose(v), ctx.reshape(cv, *cv.ne[:2])))
 
-    def encode(self, mel: np.ndarray) -> None:
+    def encode(self, mel: np.ndarray, slot: int = 0) -> None:
         """Encode one window: ``mel`` float32, NumPy shape (n_mels, 3000); the cross K/V of every
-        decoder layer are left in the model for :meth:`decode`. Raises ValueError for another
-        shape."""
+        decoder layer are left in the model, in slot ``slot``, for :meth:`decode`. Raises
+        ValueError for another shape or a slot out of range."""
         if mel.shape != (self.hp.n_mels, FRAMES):
             raise ValueError(f"mel must have NumPy shape ({self.hp.n_mels}, {FRAMES}), not {mel.shape}")
-        self.graphs.get(_ENCODER).arrays["mel"][...] = mel
-        self.graphs.compute(_ENCODER, [])
+        self._check_slots(slot, 1)
+        key = _ENCODER + (slot,)
+        self.graphs.get(key).arrays["mel"][...] = mel
+        self.graphs.compute(key, [])
+
+    def _check_slots(self, slot: int, n: int) -> None:
+        if not (0 <= slot and slot + n <= self.n_slots):
+            raise ValueError(f"slots {slot}..{slot + n - 1} are not among the model's {self.n_slots} (n_slots)")
 
     # ------------------------------------------------------------------ decoder
-    def _build_decoder(self, g: GraphParts, T: int, K: int, B: int,
+    def _build_decoder(self, g: GraphParts, T: int, K: int, B: int, W: int = 1, slot: int = 0,
                        heads: tuple[tuple[int, int], ...] | None = None) -> None:
-        """The decoder graph of B sequences of T new tokens each (T = 1 when B > 1), attending
-        to K cache cells each: the logits of each sequence's last token, F32 [V, B]. With
+        """The decoder graph of B sequences of T new tokens each, attending to K cache cells
+        each: the logits of each sequence's last token, F32 [V, B]. The sequences are W
+        windows' (B / W each, in order), window w's cross-attention reading slot ``slot + w``. With
         ``heads`` (B = 1; :meth:`align`), instead: the scaled cross-attention scores of those
         (layer, head) pairs, F32 [A, T] each (``qk{n}``), and each token's probability of the
         token after it among the text tokens, F32 [1, T] (``probs``, at the rows of input
@@ -218,12 +278,14 @@ class WhisperNet:
             v = ctx.reshape(ctx.get_rows(self.kv_v[i], cells), Dh, H, K, B)
             x = self._linear(ctx, self._attend(ctx, q, k, v, mask, H, False), p + ".attn.out") + x
             cur = self._ln(ctx, x, p + ".cross_attn_ln")                                        # every token
-            q = ctx.reshape(self._linear(ctx, cur, p + ".cross_attn.query"), Dh, H, TB)         # of every sequence
-            ck = ctx.view(self.cross_k[i], [Dh, H, A], nb=[Dh * es, D * es])
+            # every token of every sequence, each window's against its own slot: [Dh, H, T*B/W, W]
+            q = ctx.reshape(self._linear(ctx, cur, p + ".cross_attn.query"), Dh, H, TB // W, W)
+            at = slot * D * A * es
+            ck = ctx.view(self.cross_k[i], [Dh, H, A, W], nb=[Dh * es, D * es, D * A * es], offset=at)
             if self.flash_attn:
-                cv = ctx.view(self.cross_v[i], [Dh, H, A], nb=[Dh * es, D * es])
-            else:                                                                              # [A, Dh, H]
-                cv = ctx.view(self.cross_v[i], [A, Dh, H], nb=[A * es, A * Dh * es])
+                cv = ctx.view(self.cross_v[i], [Dh, H, A, W], nb=[Dh * es, D * es, D * A * es], offset=at)
+            else:                                                                              # [A, Dh, H, W]
+                cv = ctx.view(self.cross_v[i], [A, Dh, H, W], nb=[A * es, A * Dh * es, A * D * es], offset=at)
             o = self._attend(ctx, q, ck, cv, None, H, not self.flash_attn)
             x = self._linear(ctx, o, p + ".cross_attn.out") + x
             x = self._mlp(ctx, x, p)
@@ -241,8 +303,8 @@ class WhisperNet:
             pick = g.input(GGMLType.I32, [T], "pick")
             g.output(ctx.get_rows(ctx.reshape(text, 1, eot * T), pick), "probs")                 # [1, T]
             return
-        if T > 1:                                                        # the last token's logits only
-            x = ctx.view(x, [D, 1], offset=(T - 1) * x.nb[1])
+        if T > 1:                                                 # each sequence's last token's logits only
+            x = ctx.cont(ctx.view(x, [D, B], nb=[T * x.nb[1]], offset=(T - 1) * x.nb[1]))
         x = self._ln(ctx, x, "decoder.ln")
         g.output(ctx.mul_mat(w["decoder.token_embedding.weight"], x), "logits")                 # [V, B]
 
@@ -255,27 +317,34 @@ class WhisperNet:
         logits: np.ndarray = self.decode_batch([tokens], [cells])[0]
         return logits
 
-    def decode_batch(self, tokens: Sequence[Sequence[int]], cells: Sequence[Sequence[int]]) -> np.ndarray:
-        """:meth:`decode` of several sequences at once, in one graph (a beam search's beams):
-        ``tokens[b]`` after sequence b's history, ``cells[b]`` its cells as there. The sequences
-        must all be as long, and with more than one, each gets one new token. Returns float32
-        logits, NumPy shape (len(tokens), n_vocab) (a new array)."""
+    def decode_batch(self, tokens: Sequence[Sequence[int]], cells: Sequence[Sequence[int]], *,
+                     windows: int = 1, slot: int = 0) -> np.ndarray:
+        """:meth:`decode` of several sequences at once, in one graph (a beam search's beams, or
+        the beams of several windows): ``tokens[b]`` after sequence b's history, ``cells[b]``
+        its cells as there. The sequences must all be as long and get as many tokens. They are
+        ``windows`` windows' in order, as many each: window w's read the cross K/V of slot
+        ``slot + w`` (:meth:`encode`). Returns float32 logits, NumPy shape (len(tokens),
+        n_vocab) (a new array). Raises ValueError as :meth:`decode`, for sequences that do not
+        divide into the windows and for slots out of range."""
         hp = self.hp
         B = len(tokens)
         if B == 0 or len(cells) != B:
             raise ValueError("give the tokens and the cells of one or more sequences")
+        if windows < 1 or B % windows:
+            raise ValueError(f"{B} sequences do not divide into {windows} windows")
+        self._check_slots(slot, windows)
         T, n = len(tokens[0]), len(cells[0])
-        if any(len(t) != T for t in tokens) or any(len(c) != n for c in cells) or (B > 1 and T != 1):
-            raise ValueError("the sequences of a batch must be as long, and get one token each")
+        if any(len(t) != T for t in tokens) or any(len(c) != n for c in cells):
+            raise ValueError("the sequences of a batch must be as long, and get as many tokens")
         p0 = n - T
         if T == 0 or p0 < 0 or n > hp.n_text_ctx:
             raise ValueError(f"{T} tokens after {p0} do not fit the decoder's {hp.n_text_ctx} positions")
         tok = self._ids(tokens)
         cel = np.asarray(cells, dtype=np.int64)
-        if cel.min() < 0 or cel.max() >= self.n_cells:
-            raise ValueError(f"cells must be in 0..{self.n_cells - 1}")
+        if cel.min() < 0 or cel.max() >= self.n_cells * self.n_slots:
+            raise ValueError(f"cells must be in 0..{self.n_cells * self.n_slots - 1}")
         K = min(hp.n_text_ctx, -(-n // KV_PAD) * KV_PAD)
-        key = ("decoder", T, K, B)
+        key = ("decoder", T, K, B, windows, slot)
         a = self.graphs.get(key).arrays
         self._fill(a, tok, cel, p0, K)
         self.graphs.compute(key, [])
@@ -304,8 +373,9 @@ class WhisperNet:
         read[:, n:] = cel[:, :1]                    # padding: masked
         a["mask"].reshape(B, T, K)[:] = np.where(np.arange(K)[None, None, :] <= positions[None, :, None], 0.0, -np.inf)
 
-    def align(self, tokens: Sequence[int], heads: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        """What word timestamps need of the window :meth:`encode` left in the model, for the
+    def align(self, tokens: Sequence[int], heads: Sequence[tuple[int, int]],
+              slot: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """What word timestamps need of the window :meth:`encode` left in slot ``slot``, for the
         sequence ``tokens`` (start of transcript, text tokens, end of text; at cells 0..T-1,
         which it overwrites): the scaled cross-attention scores (q.k / sqrt(Dh), before the
         softmax) of the (layer, head) pairs ``heads``, float32 NumPy shape (len(heads), T,
@@ -320,11 +390,12 @@ class WhisperNet:
             raise ValueError(f"heads must be (layer, head) pairs in ({hp.n_text_layer}, {hp.n_text_head})")
         if T == 0 or T > hp.n_text_ctx:
             raise ValueError(f"{T} tokens do not fit the decoder's {hp.n_text_ctx} positions")
+        self._check_slots(slot, 1)
         tok = self._ids(tokens)
         K = min(hp.n_text_ctx, -(-T // KV_PAD) * KV_PAD)
-        key = ("align", T, K, hs)
+        key = ("align", T, K, hs, slot)
         a = self.graphs.get(key).arrays
-        self._fill(a, tok, np.arange(T)[None], 0, K)
+        self._fill(a, tok, np.arange(T)[None] + slot * self.n_cells, 0, K)
         nxt = np.append(tok[1:], self.eot)
         text = nxt < self.eot
         a["pick"][:] = np.where(text, nxt, 0) + np.arange(T) * self.eot

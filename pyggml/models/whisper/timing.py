@@ -162,9 +162,10 @@ def split_words(tok: WhisperTokenizer, tokens: Sequence[int], language: str | No
 
 
 def find_alignment(net: WhisperNet, tok: WhisperTokenizer, sot_sequence: Sequence[int], text_tokens: Sequence[int],
-                   n_frames: int, language: str | None = None) -> list[WordTiming]:
+                   n_frames: int, language: str | None = None, slot: int = 0) -> list[WordTiming]:
     """The words of ``text_tokens`` (one window's text tokens, no timestamps) in the window
-    :meth:`WhisperNet.encode <pyggml.models.whisper.model.WhisperNet.encode>` left in ``net``,
+    :meth:`WhisperNet.encode <pyggml.models.whisper.model.WhisperNet.encode>` left in ``net``
+    (in slot ``slot``),
     ``n_frames`` mel frames of it audio (10 ms each): start and end in seconds from the
     window's start. ``sot_sequence``: the start of transcript with language and task, as the
     window was decoded. Empty for no tokens."""
@@ -173,7 +174,7 @@ def find_alignment(net: WhisperNet, tok: WhisperTokenizer, sot_sequence: Sequenc
     sp = tok.sp
     heads = alignment_heads(net.hp)
     tokens = [*sot_sequence, sp.notimestamps, *text_tokens, sp.eot]
-    qk, probs = net.align(tokens, heads)
+    qk, probs = net.align(tokens, heads, slot)
     n_sot = len(sot_sequence)
     frames = max(1, n_frames // 2)
     w = qk[:, :, :frames].astype(np.float64)

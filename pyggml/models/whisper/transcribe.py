@@ -180,14 +180,14 @@ def _split(tok: WhisperTokenizer, tokens: list[int], offset: float, seek: int, s
 
 
 def _add_words(net: WhisperNet, tok: WhisperTokenizer, sot: list[int], segments: list[Segment], size: int,
-               opts: TranscriptionOptions, language: str | None, last_speech: float) -> None:
+               opts: TranscriptionOptions, language: str | None, last_speech: float, slot: int = 0) -> None:
     """Give ``segments`` (one window's) their words, in place (faster-whisper's
     ``add_word_timestamps``: :func:`~.timing.find_alignment`, punctuation merged, words at
     sentence ends and after pauses kept to twice the median word length, segment edges moved
     to their words); ``last_speech``: where speech last ended before the window, in seconds."""
     per_segment = [[t for t in s.tokens if t < tok.sp.eot] for s in segments]
     text = [t for part in per_segment for t in part]
-    words = find_alignment(net, tok, sot, text, size, language)
+    words = find_alignment(net, tok, sot, text, size, language, slot)
     durations = np.array([w.end - w.start for w in words])
     durations = durations[durations.nonzero()]
     median = min(0.7, float(np.median(durations))) if durations.size else 0.0
