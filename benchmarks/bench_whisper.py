@@ -118,7 +118,7 @@ def long_rows(threads: int) -> None:
 
     import faster_whisper
 
-    from pyggml.models.whisper import WhisperModel
+    from pyggml.models.whisper import BatchedInferencePipeline, WhisperModel
     rng = np.random.default_rng(0)
     sources = {"jfk": load_audio(jfk()), "numbers": load_audio(ROOT / "tests/data/whisper/numbers.wav"),
                "weather": load_audio(ROOT / "tests/data/whisper/weather.wav")}
@@ -141,12 +141,18 @@ def long_rows(threads: int) -> None:
     fw = faster_whisper.WhisperModel(ct2, device="cpu", compute_type="float32", cpu_threads=threads)
     batched = faster_whisper.BatchedInferencePipeline(
         faster_whisper.WhisperModel(ct2, device="cpu", compute_type="int8", cpu_threads=threads))
+    batched_f32 = faster_whisper.BatchedInferencePipeline(fw)
+    ours_batched = BatchedInferencePipeline(WhisperModel("tiny.en", device="cpu", cpu_threads=threads))
     print(f"\nlong audio: {x.size / 16000:.1f} s; threads {threads}; best of 2 runs")
     rows = [("pyggml defaults (F16, beam 5)", lambda: ours.transcribe(x)),
             ("pyggml beam 5, vad_filter", lambda: ours.transcribe(x, vad_filter=True)),
             ("pyggml greedy", lambda: ours.transcribe(x, beam_size=1)),
+            ("pyggml BatchedInferencePipeline, batch 8", lambda: ours_batched.transcribe(x, batch_size=8)),
+            ("pyggml BatchedInferencePipeline greedy, batch 8",
+             lambda: ours_batched.transcribe(x, batch_size=8, beam_size=1)),
             ("faster-whisper float32 beam 5", lambda: fw.transcribe(x, beam_size=5)),
             ("faster-whisper float32 beam 5, vad_filter", lambda: fw.transcribe(x, beam_size=5, vad_filter=True)),
+            ("faster-whisper batched float32, batch 8", lambda: batched_f32.transcribe(x, batch_size=8)),
             ("faster-whisper batched int8, batch 8", lambda: batched.transcribe(x, batch_size=8))]
     for label, fn in rows:
         best, text = float("inf"), ""
@@ -155,8 +161,9 @@ def long_rows(threads: int) -> None:
             segments, _info = fn()  # type: ignore[no-untyped-call]
             text = "".join(seg.text for seg in segments)
             best = min(best, time.perf_counter() - t0)
-        print(f"{label:<44} {best:7.2f} s   WER {100 * wer(text):5.1f} %")
+        print(f"{label:<50} {best:7.2f} s   WER {100 * wer(text):5.1f} %")
     ours.close()
+    ours_batched.model.close()
 
 
 def main() -> int:

@@ -495,3 +495,22 @@ def test_batched_pipeline_refuses_what_it_does_not_implement(model, audio, bad, 
 
     with pytest.raises((ValueError, RuntimeError), match=error):
         BatchedInferencePipeline(model).transcribe(audio["long"], **bad)
+
+
+@pytest.mark.parametrize("vad", [True, False])
+def test_command_line_batch_size(audio, tmp_path, vad):
+    """pyggml-whisper --batch-size: the long input's windows (VAD chunks joined up to 30 s, or
+    its 30-s pieces) decoded together; the segments in time order within the audio, with
+    faster-whisper's greedy words; a bad size is refused."""
+    target = tmp_path / "long.wav"
+    soundfile.write(str(target), audio["long"], 16000, subtype="FLOAT")
+    dump = tmp_path / "out.json"
+    args = [str(target), "-t", str(THREADS), "--batch-size", "2", "--no-progress", "--dump", str(dump)]
+    assert whisper.main(args + (["--vad"] if vad else [])) == 0
+    out = json.loads(dump.read_text(encoding="utf-8"))
+    starts = [s["start"] for s in out["segments"]]
+    assert starts == sorted(starts) and out["segments"][-1]["end"] <= audio["long"].size / 16000 + 0.5
+    ref = " ".join(s["text"] for s in RUNS["long_batched_greedy_timestamps"]["segments"])
+    assert _similar(out["text"].lower(), ref.lower()) > 0.8, out["text"]
+    with pytest.raises(SystemExit):
+        whisper.main([str(target), "--batch-size", "0"])

@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vad", action="store_true",
                    help="transcribe only the speech Silero VAD finds (faster-whisper's vad_filter; its model file is "
                         "faster-whisper's: pip install --no-deps faster-whisper==1.2.1)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="decode N windows together (faster-whisper's batched pipeline: with --vad, its speech "
+                        "joined up to 30 s a window; each window on its own, no fallback, no previous text)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (shown on stderr when it is a terminal and tqdm is installed)")
     p.add_argument("--initial-prompt", metavar="TEXT", help="text the first window is prompted with (spellings, style)")
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("-t/--threads must be >= 1")
     if a.beam_size < 1:
         p.error("--beam-size must be >= 1")
+    if a.batch_size is not None and a.batch_size < 1:
+        p.error("--batch-size must be >= 1")
     if a.convert is not None:
         if a.out is None or a.audio:
             p.error("--convert needs --out and no audio files")
@@ -134,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                                  temperatures=(0.0,) if a.no_fallback else TEMPERATURES,
                                  word_timestamps=a.word_timestamps, initial_prompt=a.initial_prompt,
                                  hotwords=a.hotwords, condition_on_previous_text=a.condition_on_previous_text,
-                                 vad=a.vad, show_progress=bar)
+                                 vad=a.vad, show_progress=bar, batch_size=a.batch_size)
             except (AudioError, ModelError, OSError, ValueError, ImportError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1

@@ -19,7 +19,6 @@ would change the result (``chunk_length`` other than 30, ``language_detection_se
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +30,15 @@ from pyggml import devices
 
 from .audio import HOP, SAMPLE_RATE, load_audio
 from .convert import cache_dir, default_model, from_ct2, from_hf
-from .decode import DecodeOptions, compression_ratio, language_probs
+from .decode import DecodeOptions, language_probs
 from .loader import WhisperFile
 from .model import WhisperNet
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, WhisperTokenizer
-from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, audio_mel, encode_first_window,
-                         generate_segments, progress, restore_times, speech_only)
-from .vad import TimeMap, VadOptions, shared_vad
+from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, _suppress, audio_mel, batched_segments,
+                         chunk_features, encode_first_window, generate_segments, progress, restore_times,
+                         speech_only)
+from .vad import TimeMap, VadOptions, group_chunks, shared_vad, speech_timestamps
 
 __all__ = ["WhisperModel", "BatchedInferencePipeline", "TranscriptionInfo", "TranscriptionOptions", "VadOptions",
            "Segment", "Word", "COMPUTE_TYPES", "resolve_model"]
@@ -257,26 +257,6 @@ class WhisperModel:
         return load_audio(audio)
 
 
-def _groups(samples: np.ndarray, chunks: list[dict[str, int]], max_duration: float) -> list[tuple[np.ndarray, float, float]]:
-    """faster-whisper's ``collect_chunks(..., max_duration)``: the speech ``chunks`` of
-    ``samples`` joined in order into groups of at most ``max_duration`` seconds, each (its
-    samples, its offset and duration in seconds, both in the speech's joined time)."""
-    out: list[tuple[np.ndarray, float, float]] = []
-    parts: list[np.ndarray] = []
-    current = total = 0
-    for c in chunks:
-        n = c["end"] - c["start"]
-        if parts and current + n > max_duration * SAMPLE_RATE:
-            out.append((np.concatenate(parts), total / SAMPLE_RATE, current / SAMPLE_RATE))
-            total += current
-            parts, current = [], 0
-        parts.append(samples[c["start"]:c["end"]])
-        current += n
-    if parts:
-        out.append((np.concatenate(parts), total / SAMPLE_RATE, current / SAMPLE_RATE))
-    return out
-
-
 class BatchedInferencePipeline:
     """faster-whisper's ``BatchedInferencePipeline`` on ggml: ``BatchedInferencePipeline(model)
     .transcribe(audio, batch_size=8, ...)``. The audio is cut where Silero VAD finds speech
@@ -357,14 +337,13 @@ class BatchedInferencePipeline:
                       for c in chunks]
         else:
             if vad_filter:
-                from .vad import speech_timestamps
                 chunks = speech_timestamps(shared_vad().probs(samples), samples.size, vad)
                 restore = True
             elif duration < chunk_length:
                 chunks = [{"start": 0, "end": samples.size}]
             else:
                 raise RuntimeError("No clip timestamps found. Set 'vad_filter' to True or provide 'clip_timestamps'.")
-            groups = _groups(samples, chunks, chunk_length)
+            groups = group_chunks(samples, chunks, chunk_length)
         after_vad = sum(c["end"] - c["start"] for c in chunks) / SAMPLE_RATE
         groups = [g for g in groups if g[0].size] if after_vad else []
         tok = m.tok
@@ -372,7 +351,7 @@ class BatchedInferencePipeline:
         probs: list[tuple[str, float]] | None = None
         if language is None:
             if m.is_multilingual and groups:
-                m.net.encode(self._features(groups[0][0]))
+                m.net.encode(chunk_features(groups[0][0], m.file.mel_filters))
                 probs = language_probs(m.net, tok)
                 language, probability = probs[0]
             else:
@@ -381,7 +360,6 @@ class BatchedInferencePipeline:
         if initial_prompt is not None:
             previous = tuple(tok.encode(" " + initial_prompt.strip()) if isinstance(initial_prompt, str)
                              else [int(t) for t in initial_prompt])
-        from .transcribe import _suppress
         opts = TranscriptionOptions(
             beam_size=beam_size, best_of=best_of, patience=patience, length_penalty=length_penalty,
             repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
@@ -402,51 +380,10 @@ class BatchedInferencePipeline:
             length_penalty=length_penalty, repetition_penalty=repetition_penalty,
             no_repeat_ngram_size=no_repeat_ngram_size)
         info = TranscriptionInfo(language, probability, duration, after_vad, probs, opts, vad)
-        segments: Iterator[Segment] = self._segments(groups, decode, opts, batch_size)
+        segments: Iterator[Segment] = batched_segments(m.net, m.tok, m.file.mel_filters, groups, decode, opts,
+                                                       batch_size)
         if restore and chunks:
             segments = restore_times(segments, TimeMap(chunks))
         if log_progress:
             segments = progress(segments, after_vad)
         return segments, info
-
-    def _features(self, piece: np.ndarray) -> np.ndarray:
-        """A chunk's log-mel as faster-whisper's pipeline makes it: the chunk's own (160
-        samples of padding, its last frame dropped), padded with zeros to a 30-s window."""
-        from .audio import FRAMES, log_mel
-        mel = log_mel(piece, self.model.file.mel_filters, pad=HOP)[:, :-1][:, :FRAMES]
-        return np.ascontiguousarray(np.pad(mel, ((0, 0), (0, FRAMES - mel.shape[1]))))
-
-    def _segments(self, groups: list[tuple[np.ndarray, float, float]], decode: DecodeOptions,
-                  opts: TranscriptionOptions, batch_size: int) -> Iterator[Segment]:
-        from .decode import decode_windows, sot_sequence
-        from .transcribe import _add_words, _split
-        m = self.model
-        net, tok = m.net, m.tok
-        if not groups:
-            return
-        net.set_slots(min(batch_size, len(groups)))
-        n_id = 0
-        last_speech = 0.0
-        sot = sot_sequence(tok, decode.language, decode.task)
-        for start in range(0, len(groups), batch_size):
-            batch = groups[start:start + batch_size]
-            for slot, (piece, _o, _d) in enumerate(batch):
-                net.encode(self._features(piece), slot)
-            results = decode_windows(net, tok, [decode] * len(batch))
-            for slot, ((_p, offset, duration), res) in enumerate(zip(batch, results)):
-                size = math.ceil(duration) * (SAMPLE_RATE // HOP)
-                seek = int(offset * (SAMPLE_RATE // HOP))
-                parts, _next, _single = _split(tok, res.tokens, offset, seek, size, duration)
-                for seg in parts:
-                    seg.text = tok.decode([t for t in seg.tokens if t < tok.sp.eot])
-                    seg.avg_logprob, seg.no_speech_prob = res.avg_logprob, res.no_speech_prob
-                    seg.compression_ratio = compression_ratio(seg.text)
-                    seg.temperature = opts.temperatures[0]
-                    seg.start, seg.end = round(seg.start, 3), round(seg.end, 3)
-                if opts.word_timestamps and parts:
-                    _add_words(net, tok, sot, parts, size, opts, decode.language, last_speech, slot)
-                    last_speech = parts[-1].end
-                for seg in parts:
-                    n_id += 1
-                    seg.id = n_id
-                    yield seg

@@ -8,6 +8,7 @@ faster-whisper does.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,15 +18,17 @@ import numpy as np
 
 from .audio import CHUNK, FRAMES, HOP, SAMPLE_RATE, load_audio, log_mel
 from .convert import default_model
-from .decode import DecodeOptions, WindowResult, decode_window, detect_language, sot_sequence
+from .decode import (DecodeOptions, WindowResult, compression_ratio, decode_window, decode_windows, detect_language,
+                     sot_sequence)
 from .loader import WhisperFile
 from .model import WhisperNet
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, find_alignment, merge_punctuations
 from .tokenizer import WhisperTokenizer
-from .vad import SileroVAD, TimeMap, VadOptions, collect_chunks, shared_vad, speech_timestamps
+from .vad import SileroVAD, TimeMap, VadOptions, collect_chunks, group_chunks, shared_vad, speech_timestamps
 
 __all__ = ["Whisper", "Transcription", "Segment", "Word", "TranscriptionOptions", "generate_segments",
-           "encode_first_window", "audio_mel", "speech_only", "restore_times", "progress"]
+           "encode_first_window", "audio_mel", "speech_only", "restore_times", "progress", "batched_segments",
+           "chunk_features"]
 
 #: a window whose samples all stay below this (-80 dBFS) is silence, not decoded
 SILENCE = 1e-4
@@ -439,6 +442,64 @@ def generate_segments(net: WhisperNet, tok: WhisperTokenizer, samples: np.ndarra
                 reset_since = len(all_tokens)
 
 
+def chunk_features(piece: np.ndarray, mel_filters: np.ndarray) -> np.ndarray:
+    """A chunk's window as faster-whisper's batched pipeline makes it: the log-mel of the
+    chunk alone (160 samples of padding, its last frame dropped), padded with zeros to 30 s;
+    float32 NumPy shape (n_mels, 3000)."""
+    mel = log_mel(piece, mel_filters, pad=HOP)[:, :-1][:, :FRAMES]
+    return np.ascontiguousarray(np.pad(mel, ((0, 0), (0, FRAMES - mel.shape[1]))))
+
+
+def batched_segments(net: WhisperNet, tok: WhisperTokenizer, mel_filters: np.ndarray,
+                     chunks: Sequence[tuple[np.ndarray, float, float]], decode: DecodeOptions,
+                     opts: TranscriptionOptions, batch_size: int,
+                     stats: dict[str, float] | None = None) -> Iterator[Segment]:
+    """faster-whisper's batched transcription: each of ``chunks`` ((samples of at most 30 s,
+    offset and duration in seconds)) a window of its own (:func:`chunk_features`), decoded
+    with ``decode`` and no previous text, ``batch_size`` windows together
+    (:func:`~.decode.decode_windows`: one decoder graph per step for all of them); each window's
+    segments split at its timestamp pairs (one segment without timestamps), with words where
+    ``opts.word_timestamps``. Yields the segments in order, as each batch is decoded; ``net``
+    holds ``min(batch_size, len(chunks))`` slots afterwards. ``stats`` gains ``encode_ms``,
+    ``decode_ms`` and ``n_tokens``."""
+    stats = stats if stats is not None else {}
+    for k in ("encode_ms", "decode_ms", "n_tokens"):
+        stats.setdefault(k, 0.0)
+    if not chunks:
+        return
+    net.set_slots(min(batch_size, len(chunks)))
+    n_id = 0
+    last_speech = 0.0
+    sot = sot_sequence(tok, decode.language, decode.task)
+    for start in range(0, len(chunks), batch_size):
+        batch = chunks[start:start + batch_size]
+        t0 = time.perf_counter()
+        for slot, (piece, _o, _d) in enumerate(batch):
+            net.encode(chunk_features(piece, mel_filters), slot)
+        t1 = time.perf_counter()
+        results = decode_windows(net, tok, [decode] * len(batch))
+        stats["encode_ms"] += 1e3 * (t1 - t0)
+        stats["decode_ms"] += 1e3 * (time.perf_counter() - t1)
+        for slot, ((_p, offset, duration), res) in enumerate(zip(batch, results)):
+            stats["n_tokens"] += len(res.tokens) + 1
+            size = math.ceil(duration) * _FRAMES_PER_SECOND
+            seek = int(offset * _FRAMES_PER_SECOND)
+            parts, _next, _single = _split(tok, res.tokens, offset, seek, size, duration)
+            for seg in parts:
+                seg.text = tok.decode([t for t in seg.tokens if t < tok.sp.eot])
+                seg.avg_logprob, seg.no_speech_prob = res.avg_logprob, res.no_speech_prob
+                seg.compression_ratio = compression_ratio(seg.text)
+                seg.temperature = decode.temperature
+                seg.start, seg.end = round(seg.start, 3), round(seg.end, 3)
+            if opts.word_timestamps and parts:
+                _add_words(net, tok, sot, parts, size, opts, decode.language, last_speech, slot)
+                last_speech = parts[-1].end
+            for seg in parts:
+                n_id += 1
+                seg.id = n_id
+                yield seg
+
+
 def progress(segments: Iterable[Segment], duration: float) -> Iterator[Segment]:
     """``segments``, with a tqdm bar of the audio's seconds done on stderr (faster-whisper's
     ``log_progress``). Raises ImportError without tqdm (``pip install "pyggml[whisper]"``)
@@ -515,7 +576,8 @@ class Whisper:
                    logprob_threshold: float = -1.0, no_speech_threshold: float = 0.6,
                    word_timestamps: bool = False, initial_prompt: str | None = None,
                    condition_on_previous_text: bool = False, hotwords: str | None = None,
-                   vad: bool | VadOptions = False, show_progress: bool = False) -> Transcription:
+                   vad: bool | VadOptions = False, show_progress: bool = False,
+                   batch_size: int | None = None) -> Transcription:
         """Transcribe ``audio`` (a file path, or float32 samples at 16 kHz) with
         :func:`generate_segments`. ``beam_size`` 1 is greedy. A window is decoded again at the
         next temperature while its compression ratio is above ``compression_ratio_threshold``
@@ -526,7 +588,10 @@ class Whisper:
         ``hotwords``: text the first window (``hotwords``: every window) is prompted with;
         ``condition_on_previous_text``: each window prompted with the text before it; ``vad``:
         only the speech Silero VAD finds (True, or its :class:`~.vad.VadOptions`; the times are
-        the original audio's); ``show_progress``: a tqdm bar on stderr (:func:`progress`). Empty
+        the original audio's); ``show_progress``: a tqdm bar on stderr (:func:`progress`);
+        ``batch_size``: windows decoded together (:func:`batched_segments`, faster-whisper's
+        batched pipeline: VAD chunks joined up to 30 s with ``vad``, else the audio's 30-s
+        pieces; each window on its own, at the first temperature, no previous text). Empty
         or silent audio gives an empty transcript. Raises FileNotFoundError,
         :class:`~.audio.AudioError` for a file that is not audio, ValueError for bad options."""
         t0 = time.perf_counter()
@@ -544,6 +609,9 @@ class Whisper:
                                     without_timestamps=not timestamps, word_timestamps=word_timestamps)
         tmap = None
         stats: dict[str, float] = {}
+        if batch_size is not None:
+            return self._batched(samples, t0, opts, beam_size, timestamps, language, task, vad, batch_size,
+                                 show_progress)
         if vad is not False:
             t1 = time.perf_counter()
             samples, tmap = speech_only(shared_vad(), samples, vad if isinstance(vad, VadOptions) else None)
@@ -562,6 +630,49 @@ class Whisper:
         if show_progress:
             found = progress(found, samples.size / SAMPLE_RATE)
         segments = list(restore_times(found, tmap) if tmap is not None else found)
+        tokens = [t for s in segments for t in self.tok.text_tokens(s.tokens)]
+        timings = {"mel_ms": stats["mel_ms"], "encode_ms": stats["encode_ms"], "decode_ms": stats["decode_ms"],
+                   "total_ms": 1e3 * (time.perf_counter() - t0), "n_tokens": stats["n_tokens"]}
+        if "vad_ms" in stats:
+            timings["vad_ms"] = stats["vad_ms"]
+        return Transcription("".join(s.text for s in segments), tokens, segments, timings, language)
+
+    def _batched(self, samples: np.ndarray, t0: float, opts: TranscriptionOptions, beam_size: int, timestamps: bool,
+                 language: str | None, task: str, vad: bool | VadOptions, batch_size: int,
+                 show_progress: bool) -> Transcription:
+        """:meth:`transcribe` with ``batch_size`` (:func:`batched_segments`)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        stats: dict[str, float] = {"mel_ms": 0.0}      # each window's mel is made with its encoding
+        tmap = None
+        if vad is not False:
+            t1 = time.perf_counter()
+            vopts = vad if isinstance(vad, VadOptions) else VadOptions(max_speech_duration_s=30,
+                                                                        min_silence_duration_ms=160)
+            found = speech_timestamps(shared_vad().probs(samples), samples.size, vopts)
+            chunks = group_chunks(samples, found, 30)
+            tmap = TimeMap(found) if found else None
+            stats["vad_ms"] = 1e3 * (time.perf_counter() - t1)
+        else:
+            chunks = [(samples[i:i + CHUNK], i / SAMPLE_RATE, min(CHUNK, samples.size - i) / SAMPLE_RATE)
+                      for i in range(0, samples.size, CHUNK)]
+        chunks = [c for c in chunks if c[0].size and np.abs(c[0]).max() >= SILENCE]
+        if language is None:
+            if self.tok.sp.n_languages and chunks:
+                self.model.encode(chunk_features(chunks[0][0], self.file.mel_filters))
+                language = detect_language(self.model, self.tok)[0]
+            else:
+                language = "en"
+        decode = DecodeOptions(beam_size=beam_size, timestamps=timestamps, language=language, task=task,
+                               temperature=opts.temperatures[0], suppress_tokens=None,
+                               hotwords=tuple(self.tok.encode(" " + opts.hotwords.strip())) if opts.hotwords else (),
+                               previous=tuple(self.tok.encode(" " + opts.initial_prompt.strip()))
+                               if isinstance(opts.initial_prompt, str) else ())
+        found_segments: Iterable[Segment] = batched_segments(self.model, self.tok, self.file.mel_filters, chunks,
+                                                             decode, opts, batch_size, stats)
+        if show_progress:
+            found_segments = progress(found_segments, sum(c[2] for c in chunks))
+        segments = list(restore_times(found_segments, tmap) if tmap is not None else found_segments)
         tokens = [t for s in segments for t in self.tok.text_tokens(s.tokens)]
         timings = {"mel_ms": stats["mel_ms"], "encode_ms": stats["encode_ms"], "decode_ms": stats["decode_ms"],
                    "total_ms": 1e3 * (time.perf_counter() - t0), "n_tokens": stats["n_tokens"]}

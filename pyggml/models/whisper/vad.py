@@ -324,6 +324,28 @@ def collect_chunks(samples: np.ndarray, chunks: Sequence[dict[str, int]]) -> np.
     return np.concatenate([samples[c["start"]:c["end"]] for c in chunks]).astype(np.float32, copy=False)
 
 
+def group_chunks(samples: np.ndarray, chunks: Sequence[dict[str, int]],
+                 max_duration: float) -> list[tuple[np.ndarray, float, float]]:
+    """faster-whisper's ``collect_chunks(..., max_duration)``: the speech ``chunks`` of
+    ``samples`` joined in order into groups of at most ``max_duration`` seconds, each (its
+    samples, its offset and its duration in seconds, both in the time of the chunks joined:
+    :class:`TimeMap` maps them back)."""
+    out: list[tuple[np.ndarray, float, float]] = []
+    parts: list[np.ndarray] = []
+    current = total = 0
+    for c in chunks:
+        n = c["end"] - c["start"]
+        if parts and current + n > max_duration * SAMPLE_RATE:
+            out.append((np.concatenate(parts), total / SAMPLE_RATE, current / SAMPLE_RATE))
+            total += current
+            parts, current = [], 0
+        parts.append(samples[c["start"]:c["end"]])
+        current += n
+    if parts:
+        out.append((np.concatenate(parts), total / SAMPLE_RATE, current / SAMPLE_RATE))
+    return out
+
+
 class TimeMap:
     """Times in the audio of :func:`collect_chunks` back to times in the original audio
     (faster-whisper's ``SpeechTimestampsMap``): each chunk's silence before it added back."""
