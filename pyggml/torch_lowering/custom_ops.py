@@ -19,8 +19,7 @@ import torch
 __all__ = ["rope"]
 
 
-@torch.library.custom_op("pyggml::rope", mutates_args=())
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
+def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
     f = positions.to(torch.float32) * inv_freq
     e = torch.cat([f, f], -1)
     cos = (e.cos() * scale).unsqueeze(1)
@@ -29,6 +28,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale
     return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
 
 
-@rope.register_fake
 def _rope_fake(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+rope = torch.library.custom_op("pyggml::rope", mutates_args=())(_rope)
+rope.register_fake(_rope_fake)

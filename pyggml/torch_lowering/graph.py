@@ -430,7 +430,7 @@ def _array(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bool:
         return np.asarray(t.to(torch.float32).contiguous().numpy())
     if t.dtype in INDEX_DTYPES:
-        a = t.numpy()   # NumPy's min and max cost a fraction of torch's on the few indices of a step
+        a = np.asarray(t.numpy())   # NumPy's min and max cost a fraction of torch's on a step's few indices
         if t.dtype == torch.int64 and a.size:
             lo, hi = int(a.min()), int(a.max())
             if lo < _I32.min or hi > _I32.max:
