@@ -265,7 +265,10 @@ class BatchedInferencePipeline:
     ``batch_size`` chunks decoded together: each step of all their beam searches is one decoder
     graph (:func:`~.decode.decode_windows`). As faster-whisper's pipeline does, each chunk is
     decoded on its own (no previous text), at the first temperature only, without timestamps
-    by default (one segment per chunk). Raises ValueError for values it does not implement:
+    by default (one segment per chunk); like faster-whisper's pipeline it takes and does not use
+    ``best_of``, the fallback thresholds, ``condition_on_previous_text``,
+    ``prompt_reset_on_temperature``, ``max_initial_timestamp`` (0 there) and
+    ``hallucination_silence_threshold``. Raises ValueError for values it does not implement:
     a first temperature above 0, ``prefix``, ``multilingual``, ``language_detection_segments``
     above 1, ``chunk_length`` above 30."""
 
