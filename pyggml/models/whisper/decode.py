@@ -284,6 +284,35 @@ def _sample(model: WhisperNet, filters: _Filters, logits: np.ndarray, n_prompt: 
         logits = model.decode([nxt], range(n_prompt + len(seq) - len(lead)))
 
 
+def _beam_step(live: Sequence[tuple[list[int], float, np.ndarray, list[int]]], filters: _Filters, beam_size: int,
+               eot: int, finished: list[tuple[list[int], float]], enough: int) -> list[tuple[list[int], float, int]]:
+    """One step of :func:`_beam` for the ``live`` beams ((tokens, score, logits after them,
+    cells)): each extended by its ``beam_size + 1`` best tokens, the candidates ranked by
+    summed log-probability; one ending in end of text among the ``beam_size`` best goes to
+    ``finished`` (up to ``enough``); returns the ``beam_size`` best others as (tokens, score,
+    the live beam they extend)."""
+    cands: dict[tuple[int, ...], tuple[float, int]] = {}
+    for b, (seq, score, logits, _cells) in enumerate(live):
+        lg = logits.astype(np.float64)
+        filters.apply(lg, seq)
+        lp = _log_softmax(lg)
+        for t in _best(lp, beam_size + 1):
+            key = tuple(seq) + (int(t),)
+            s = score + float(lp[t])
+            if key not in cands or cands[key][0] < s:
+                cands[key] = (s, b)
+    chosen: list[tuple[list[int], float, int]] = []
+    for rank, (key, (s, b)) in enumerate(sorted(cands.items(), key=lambda kv: -kv[1][0])):
+        if key[-1] == eot:
+            if rank < beam_size and len(finished) < enough:
+                finished.append((list(key[:-1]), s))
+        else:
+            chosen.append((list(key), s, b))
+        if len(chosen) >= beam_size:
+            break
+    return chosen
+
+
 def _beam(model: WhisperNet, filters: _Filters, n_prompt: int, first: np.ndarray, limit: int,
           beam_size: int, eot: int, lead: Sequence[int] = (), patience: float = 1.0,
           length_penalty: float = 1.0) -> tuple[list[int], float]:
@@ -307,26 +336,7 @@ def _beam(model: WhisperNet, filters: _Filters, n_prompt: int, first: np.ndarray
     enough = max(1, round(beam_size * patience))
     next_cell = n_prompt
     for _ in range(limit):
-        cands: dict[tuple[int, ...], tuple[float, int]] = {}
-        for b, (seq, score, logits, _cells) in enumerate(live):
-            lg = logits.astype(np.float64)
-            filters.apply(lg, seq)
-            lp = _log_softmax(lg)
-            for t in _best(lp, beam_size + 1):
-                key = tuple(seq) + (int(t),)
-                s = score + float(lp[t])
-                if key not in cands or cands[key][0] < s:
-                    cands[key] = (s, b)
-        ranked = sorted(cands.items(), key=lambda kv: -kv[1][0])
-        chosen: list[tuple[list[int], float, int]] = []
-        for rank, (key, (s, b)) in enumerate(ranked):
-            if key[-1] == eot:
-                if rank < beam_size and len(finished) < enough:
-                    finished.append((list(key[:-1]), s))
-            else:
-                chosen.append((list(key), s, b))
-            if len(chosen) >= beam_size:
-                break
+        chosen = _beam_step(live, filters, beam_size, eot, finished, enough)
         if len(finished) >= enough or not chosen:
             break
         cells = [live[b][3] + [next_cell + j] for j, (_seq, _s, b) in enumerate(chosen)]
@@ -392,24 +402,7 @@ def decode_windows(model: WhisperNet, tok: WhisperTokenizer, opts: Sequence[Deco
         for w in range(W):
             chosen: list[tuple[list[int], float, int]] = []
             if not done[w] and step < limits[w]:
-                cands: dict[tuple[int, ...], tuple[float, int]] = {}
-                for b, (seq, score, logits, _cells) in enumerate(live[w]):
-                    lg = logits.astype(np.float64)
-                    filters[w].apply(lg, seq)
-                    lp = _log_softmax(lg)
-                    for t in _best(lp, R + 1):
-                        key = tuple(seq) + (int(t),)
-                        s = score + float(lp[t])
-                        if key not in cands or cands[key][0] < s:
-                            cands[key] = (s, b)
-                for rank, (key, (s, b)) in enumerate(sorted(cands.items(), key=lambda kv: -kv[1][0])):
-                    if key[-1] == sp.eot:
-                        if rank < R and len(finished[w]) < enough[w]:
-                            finished[w].append((list(key[:-1]), s))
-                    else:
-                        chosen.append((list(key), s, b))
-                    if len(chosen) >= R:
-                        break
+                chosen = _beam_step(live[w], filters[w], R, sp.eot, finished[w], enough[w])
                 if len(finished[w]) >= enough[w] or not chosen:
                     done[w] = True
                     chosen = []

@@ -629,6 +629,12 @@ class Whisper:
                                                      stats, encoded=encoded)
         if show_progress:
             found = progress(found, samples.size / SAMPLE_RATE)
+        return self._result(found, tmap, stats, t0, language)
+
+    def _result(self, found: Iterable[Segment], tmap: TimeMap | None, stats: dict[str, float], t0: float,
+                language: str) -> Transcription:
+        """The :class:`Transcription` of the segments ``found`` (times mapped back by ``tmap``),
+        with the timings of ``stats`` and the total since ``t0``."""
         segments = list(restore_times(found, tmap) if tmap is not None else found)
         tokens = [t for s in segments for t in self.tok.text_tokens(s.tokens)]
         timings = {"mel_ms": stats["mel_ms"], "encode_ms": stats["encode_ms"], "decode_ms": stats["decode_ms"],
@@ -672,10 +678,4 @@ class Whisper:
                                                              decode, opts, batch_size, stats)
         if show_progress:
             found_segments = progress(found_segments, sum(c[2] for c in chunks))
-        segments = list(restore_times(found_segments, tmap) if tmap is not None else found_segments)
-        tokens = [t for s in segments for t in self.tok.text_tokens(s.tokens)]
-        timings = {"mel_ms": stats["mel_ms"], "encode_ms": stats["encode_ms"], "decode_ms": stats["decode_ms"],
-                   "total_ms": 1e3 * (time.perf_counter() - t0), "n_tokens": stats["n_tokens"]}
-        if "vad_ms" in stats:
-            timings["vad_ms"] = stats["vad_ms"]
-        return Transcription("".join(s.text for s in segments), tokens, segments, timings, language)
+        return self._result(found_segments, tmap, stats, t0, language)
