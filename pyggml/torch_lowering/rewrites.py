@@ -131,10 +131,7 @@ def rms_norms(gm: fx.GraphModule) -> None:
     transformers' ``LlamaRMSNorm`` writes it, without its weight) written as
     ``rms_norm(x, [x.shape[-1]], None, eps)``: one ggml_rms_norm instead of seven ggml ops."""
     aten = torch.ops.aten
-
-    def call(n: Any, target: Any) -> list[Any] | None:
-        return args_of(n) if isinstance(n, fx.Node) and n.op == "call_function" and n.target == target else None
-
+    call = _call
     for node in list(gm.graph.nodes):
         a = call(node, aten.mul.Tensor)
         if a is None or len(a) != 2:

@@ -373,8 +373,8 @@ def decode_windows(model: WhisperNet, tok: WhisperTokenizer, opts: Sequence[Deco
     limit = max(limits)
     if limit < 1:
         raise ValueError(f"a prompt of {n_p} tokens leaves no room in the decoder's {hp.n_text_ctx} positions")
-    if n_p + R * limit + 1 > C:
-        raise ValueError(f"{R} beams over {limit} tokens need {n_p + R * limit + 1} KV cells a window; "
+    if n_p + R * limit + R > C:   # the last R cells of a window: its idle rows' scratch
+        raise ValueError(f"{R} beams over {limit} tokens need {n_p + R * limit + R} KV cells a window; "
                          f"the model has {C} (n_cells)")
     filters = [_Filters(tok, o, hp.n_vocab) for o in opts]
     at = prompts[0].index(sp.sot)
@@ -415,10 +415,9 @@ def decode_windows(model: WhisperNet, tok: WhisperTokenizer, opts: Sequence[Deco
                 rows_cells.append(live[w][b][3] + [next_cell[w]])
                 next_cell[w] += 1
                 kept.append((seq, s))
-            scratch = base[w] + C - 1                  # rows of no beam: their token written there
-            for _ in range(R - len(chosen)):
+            for j in range(len(chosen), R):           # rows of no beam: each writes a scratch cell of its own
                 rows_tok.append([sp.eot])
-                rows_cells.append([scratch] * n)
+                rows_cells.append([base[w] + C - R + j] * n)
             chosen_of.append(kept)
         if all(done):
             break
