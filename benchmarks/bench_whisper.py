@@ -154,6 +154,7 @@ def long_rows(threads: int) -> None:
             ("faster-whisper float32 beam 5, vad_filter", lambda: fw.transcribe(x, beam_size=5, vad_filter=True)),
             ("faster-whisper batched float32, batch 8", lambda: batched_f32.transcribe(x, batch_size=8)),
             ("faster-whisper batched int8, batch 8", lambda: batched.transcribe(x, batch_size=8))]
+    times = {}
     for label, fn in rows:
         best, text = float("inf"), ""
         for _ in range(2):
@@ -161,7 +162,19 @@ def long_rows(threads: int) -> None:
             segments, _info = fn()  # type: ignore[no-untyped-call]
             text = "".join(seg.text for seg in segments)
             best = min(best, time.perf_counter() - t0)
+        times[label] = best
         print(f"{label:<50} {best:7.2f} s   WER {100 * wer(text):5.1f} %")
+    # the VAD alone (probabilities and speech chunks), beside faster-whisper's, best of 3; its
+    # share of the vad_filter row's time
+    from faster_whisper.vad import get_speech_timestamps
+
+    from pyggml.models.whisper.vad import shared_vad, speech_timestamps
+    vad = {"pyggml Silero VAD (ggml)": lambda: speech_timestamps(shared_vad().probs(x), x.size),
+           "faster-whisper Silero VAD (onnxruntime, 1 thread)": lambda: get_speech_timestamps(x)}
+    for (label, fn), seconds in zip(vad.items(), zip(*paired_seconds(list(vad.values()), 3))):
+        best = min(seconds)
+        print(f"{label:<50} {best:7.2f} s   {100 * best / times['pyggml beam 5, vad_filter']:4.1f} % of "
+              f"pyggml's vad_filter row")
     ours.close()
     ours_batched.model.close()
 
