@@ -31,7 +31,7 @@ from .. import types
 from ..enums import GGMLType
 from .layout import DTYPES, INDEX_DTYPES, is_static, ne_of, shape_of, val
 from .rewrites import IN_PLACE
-from .table import TABLE, LoweringError, Val, why_not
+from .table import SMALL_INT, TABLE, LoweringError, Val, small_int_sources, why_not
 
 __all__ = ["Builder", "LoweredGraph"]
 
@@ -173,8 +173,14 @@ class LoweredGraph:
         weight_set = set(self._weights)
         self._key_args = [(i, i in self._ints) for i in range(len(self.placeholders)) if i not in weight_set]
         self._feed_args = [(i, f"in{i}") for i, _ in self._key_args if i not in self._ints]
+        #: (position, is a size) of the inputs whose integers ggml adds in float32: a call where
+        #: one holds more than SMALL_INT in magnitude runs in torch
+        self._small = sorted({(self.placeholders.index(p), self.placeholders.index(p) in self._ints)
+                              for n in gm.graph.nodes if n.op == "call_function" and _int_sum(n)
+                              for x in n.all_input_nodes for p in small_int_sources(x)[0]})
         #: keys (input shapes and sizes) whose lowering failed -> why: those calls run in torch
         self._in_torch: dict[Any, str] = {}
+        self._warned_small = False
         #: output position -> the placeholder position whose memory that output was written in
         self._in_place = {j: self.placeholders.index(o.args[0]) for j, o in enumerate(self.outputs)
                           if isinstance(o, fx.Node) and o.meta.get(IN_PLACE) and o.args[0] in self.placeholders}
@@ -354,6 +360,8 @@ class LoweredGraph:
         key = tuple(int(args[i]) if size else tuple(args[i].shape) for i, size in self._key_args)
         if key in self._in_torch:
             return self._in_torch_run(args)
+        if self._small and not self._small_enough(args):
+            return self._in_torch_run(args)
         self._place_weights(args)
         feed: dict[str, Any] = {name: _array(args[i]) for i, name in self._feed_args}
         # an output written in a weight's own memory is that torch tensor: nothing to read back
@@ -372,6 +380,21 @@ class LoweredGraph:
                                                    strides[j])
                 for j, shape in enumerate(self._out_shapes[key])]
 
+    def _small_enough(self, args: Sequence[Any]) -> bool:
+        """Whether the inputs whose integers ggml adds hold at most SMALL_INT in magnitude (else
+        a warning, once, and the call runs in torch)."""
+        for i, size in self._small:
+            x = args[i]
+            lo, hi = (int(x), int(x)) if size else (int(x.min()), int(x.max())) if x.numel() else (0, 0)
+            if max(-lo, hi) > SMALL_INT:
+                if not self._warned_small:
+                    self._warned_small = True
+                    warnings.warn(f"pyggml: an integer input holds {hi if hi > -lo else lo}, beyond the "
+                                  f"{SMALL_INT} up to which ggml's float32 sums of integers are exact: the "
+                                  "graph runs in torch for such inputs", stacklevel=3)
+                return False
+        return True
+
     def _as_traced(self, j: int, t: torch.Tensor) -> torch.Tensor:
         """Output ``j`` in the dtype torch traced (an integer output comes back from ggml as int32)."""
         dtype = self._out_dtypes[j]
@@ -381,6 +404,13 @@ class LoweredGraph:
         """The graph computed by torch (its FX module), for inputs whose shapes ggml does not take."""
         out = self.gm(*args)
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _int_sum(node: fx.Node) -> bool:
+    """Whether ``node`` is a lowered sum of integers (ggml computes it in float32)."""
+    lowering = TABLE.get(node.target)
+    return bool(lowering is not None and lowering.makes_values and isinstance(val(node), torch.Tensor)
+                and val(node).dtype in INDEX_DTYPES)
 
 
 def _strided(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:

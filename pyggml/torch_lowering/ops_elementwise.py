@@ -16,9 +16,9 @@ from torch import fx
 
 from ..core.tensor import Tensor
 from .graph import Builder
-from .layout import shape_of, tiles, val
+from .layout import INDEX_DTYPES, shape_of, tiles, val
 from .ops_shape import views_along
-from .table import CheckFn, Val, args_of, kw_of, register
+from .table import SMALL_INT, CheckFn, Val, args_of, kw_of, register, small_int_sources
 
 aten = torch.ops.aten
 _NUM = (int, float)
@@ -61,20 +61,55 @@ def _binary(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
 
 
 _BIN_NOTES = "ggml_{} (ggml_repeat first where the first operand is broadcast; a number: a constant or ggml_scale)"
+_INT_NOTES = ("; integers (views of inputs of at most 2^23, checked at each call, and such constants) in float32 "
+              "(ggml_cast), exact")
 
 
-@register(aten.add.Tensor, aten.add.Scalar, notes=_BIN_NOTES.format("add"), check=_num_ok(1))
+def _sum_check(node: fx.Node) -> str | None:
+    """add and sub: numbers as the second operand; integer results only of small integers
+    (:func:`~pyggml.torch_lowering.table.small_int_sources`), float ones only of floats."""
+    why = _num_ok(1)(node)
+    if why is not None:
+        return why
+    a = args_of(node)
+    operands = [x for x in a[:2] if isinstance(x, fx.Node)]
+    if val(node).dtype not in INDEX_DTYPES:
+        ints = [x for x in operands if val(x).dtype in INDEX_DTYPES]
+        return f"an integer operand ({ints[0]}) of a {val(node).dtype} result" if ints else None
+    alpha = kw_of(node).get("alpha", a[2] if len(a) > 2 else 1)
+    if alpha != 1:
+        return f"an integer sum with alpha {alpha}"
+    for x in a[:2]:
+        why = None
+        if isinstance(x, fx.Node):
+            why = small_int_sources(x)[1]
+        elif isinstance(x, float) or abs(x) > SMALL_INT:
+            why = f"the number {x!r}"
+        if why is not None:
+            return why
+    return None
+
+
+def _sum(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float, op: str) -> Tensor:
+    if val(node).dtype in INDEX_DTYPES:   # small integers: exact in float32
+        def f32(v: Any) -> Any:
+            return Val(b.ctx.cast(b.contig(v.t), "f32"), v.shape) if isinstance(v, Val) else v
+        return b.ctx.cast(_binary(b, node, f32(x), f32(y), op), "i32")
+    if alpha != 1:
+        y = y * alpha if isinstance(y, _NUM) else Val(b.ctx.scale(b.contig(y.t), float(alpha)), y.shape)
+    return _binary(b, node, x, y, op)
+
+
+@register(aten.add.Tensor, aten.add.Scalar, notes=_BIN_NOTES.format("add") + _INT_NOTES, check=_sum_check,
+          int_results=True, makes_values=True)
 def _add(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float = 1) -> Tensor:
-    if alpha != 1:
-        y = y * alpha if isinstance(y, _NUM) else Val(b.ctx.scale(b.contig(y.t), float(alpha)), y.shape)
-    return _binary(b, node, x, y, "add")
+    return _sum(b, node, x, y, alpha, "add")
 
 
-@register(aten.sub.Tensor, aten.sub.Scalar, notes=_BIN_NOTES.format("sub"), check=_num_ok(1))
+@register(aten.sub.Tensor, aten.sub.Scalar, notes=_BIN_NOTES.format("sub") + _INT_NOTES, check=_sum_check,
+          int_results=True, makes_values=True)
 def _sub(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float = 1) -> Tensor:
-    if alpha != 1:
-        y = y * alpha if isinstance(y, _NUM) else Val(b.ctx.scale(b.contig(y.t), float(alpha)), y.shape)
-    return _binary(b, node, x, y, "sub")
+    return _sum(b, node, x, y, alpha, "sub")
 
 
 @register(aten.rsub.Scalar, aten.rsub.Tensor, notes="ggml_sub with the operands swapped", check=_num_ok(1))
@@ -496,3 +531,37 @@ def _heaviside(b: Builder, node: fx.Node, x: Val, values: Val) -> Tensor:
 
 register(aten.clamp_min.Tensor, notes="a + ggml_relu(b - a) (maximum)")(_maximum)
 register(aten.clamp_max.Tensor, notes="a - ggml_relu(a - b) (minimum)")(_minimum)
+
+
+# ---------------------------------------------------------------------- where
+def _number_of(x: Any) -> float | None:
+    """The number a ``where`` branch holds: a Python number, or a ``scalar_tensor`` node's."""
+    if isinstance(x, _NUM) and not isinstance(x, bool):
+        return float(x)
+    if isinstance(x, fx.Node) and x.target == aten.scalar_tensor.default and isinstance(x.args[0], _NUM) \
+            and not isinstance(x.args[0], bool):
+        return float(x.args[0])
+    return None
+
+
+def _where_check(node: fx.Node) -> str | None:
+    cond, x, y = args_of(node)[:3]
+    if not isinstance(cond, fx.Node) or val(cond).dtype != torch.bool:
+        return "a condition that is not a bool tensor"
+    if _number_of(x) is None or _number_of(y) is None:
+        return "a tensor branch (ggml takes two numbers: scalar_tensor or Python numbers)"
+    if val(node).dtype != torch.float32:
+        return f"its result: dtype {val(node).dtype}"
+    if tuple(val(cond).shape) != shape_of(node):
+        return "a condition broadcast to the result"
+    return None
+
+
+@register(aten.where.self, notes="two numbers picked by a bool condition: ggml_get_rows of a 2-row table at the "
+          "condition cast to I32 (exact for any values, infinities too)", check=_where_check, mask_args=(0,))
+def _where(b: Builder, node: fx.Node, cond: Val, x: Any, y: Any) -> Tensor:
+    args = args_of(node)
+    table = b.constant([[_number_of(args[2])], [_number_of(args[1])]])   # row 0: False, row 1: True
+    ctx, n = b.ctx, math.prod(shape_of(node))
+    picks = ctx.cast(b.reshape(cond.t, [n]), "i32")                      # the bool as F32 0/1 -> I32
+    return b.reshape(ctx.get_rows(table, picks), shape_of(node))

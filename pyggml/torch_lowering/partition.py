@@ -46,16 +46,18 @@ def _reads_a_tensor(nodes: Collection[fx.Node]) -> bool:
 
 @dataclass
 class Explanation:
-    """Where each node of a graph goes: ``ggml`` (the ATen overloads lowered, with counts) and
-    ``torch`` (overload -> why not)."""
+    """Where each node of a graph goes: ``ggml`` (the ATen overloads lowered, with counts),
+    ``torch`` (overload -> why not, the first reason found) and ``torch_nodes`` (overload ->
+    the number of its nodes left in torch: an overload may have nodes on both sides)."""
     ggml: dict[str, int] = field(default_factory=dict)
     torch: dict[str, str] = field(default_factory=dict)
+    torch_nodes: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"ggml: {sum(self.ggml.values())} nodes"]
         lines += [f"  {k} x{v}" for k, v in sorted(self.ggml.items())]
-        lines.append(f"torch: {len(self.torch)} overloads")
-        lines += [f"  {k}: {v}" for k, v in sorted(self.torch.items())]
+        lines.append(f"torch: {sum(self.torch_nodes.values())} nodes")
+        lines += [f"  {k} x{self.torch_nodes.get(k, 0)}: {v}" for k, v in sorted(self.torch.items())]
         return "\n".join(lines)
 
 
@@ -71,4 +73,5 @@ def explain_graph(gm: fx.GraphModule, into: Explanation | None = None) -> Explan
             e.ggml[name] = e.ggml.get(name, 0) + 1
         else:
             e.torch.setdefault(name, why)
+            e.torch_nodes[name] = e.torch_nodes.get(name, 0) + 1
     return e

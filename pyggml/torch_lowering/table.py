@@ -52,8 +52,9 @@ class Lowering(NamedTuple):
     ``notes`` (the ggml ops it makes, for the docs' table), ``check`` (extra conditions on the
     node), ``index_args`` (argument positions holding index tensors: I32 in ggml), ``mask_args``
     (positions or keyword names where a bool tensor is taken too: F32 0/1 in ggml),
-    ``int_results`` (the lowering moves values without computing on them, so it takes integer
-    tensors too: I32 in ggml, e.g. the views and copies of position ids)."""
+    ``int_results`` (the lowering takes integer tensors too: I32 in ggml, e.g. the views and
+    copies of position ids), ``makes_values`` (with ``int_results``: it computes integers, not
+    only moves them or makes constants: a sum)."""
     name: str
     lower: Callable[..., Any]
     notes: str
@@ -61,6 +62,7 @@ class Lowering(NamedTuple):
     index_args: tuple[int, ...] = ()
     mask_args: tuple[int | str, ...] = ()
     int_results: bool = False
+    makes_values: bool = False
 
 
 TABLE: dict[Any, Lowering] = {}
@@ -68,11 +70,12 @@ TABLE: dict[Any, Lowering] = {}
 
 def register(*targets: Any, notes: str, check: Callable[[fx.Node], "str | None"] | None = None,
              index_args: tuple[int, ...] = (), mask_args: tuple[int | str, ...] = (),
-             int_results: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+             int_results: bool = False, makes_values: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: ``fn`` lowers each of ``targets`` (ATen overloads)."""
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         for target in targets:
-            TABLE[target] = Lowering(str(target), fn, notes, check, index_args, mask_args, int_results)
+            TABLE[target] = Lowering(str(target), fn, notes, check, index_args, mask_args, int_results,
+                                     makes_values)
         return fn
     return deco
 
@@ -106,6 +109,40 @@ def _ints_from_torch(node: fx.Node) -> str | None:
                 and why_not(x) is not None:
             return "an integer input computed in torch (int64 values that I32 may not hold)"
     return None
+
+
+#: integers of at most this magnitude add and subtract exactly in ggml's float32 (a sum or a
+#: difference of two of them stays within 2^24, where float32 holds every integer)
+SMALL_INT = 2**23
+
+
+def small_int_sources(node: fx.Node) -> tuple[list[fx.Node], str | None]:
+    """Where the values of integer tensor ``node`` come from, for an exact sum in float32: the
+    graph inputs (placeholders) they are moved from (through views, copies, ``cat``, ``gather``:
+    each call checks that those hold at most :data:`SMALL_INT` in magnitude), and constants
+    made from numbers of at most that magnitude (``arange``...). ``([], why)`` for values
+    computed (a sum of sums may leave float32's exact range) or larger constants."""
+    sources: list[fx.Node] = []
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            sources.append(n)
+            continue
+        lowering = TABLE.get(n.target) if n.op == "call_function" else None
+        if lowering is None or not lowering.int_results or lowering.makes_values:
+            return [], f"integers computed by {n.target} (a sum of them may leave float32's exact range)"
+        if not n.all_input_nodes:   # a constant: its numbers bound its values
+            nums = [a for a in list(n.args) + list(n.kwargs.values()) if isinstance(a, (int, float))
+                    and not isinstance(a, bool)]
+            if any(abs(a) > SMALL_INT for a in nums):
+                return [], f"an integer constant beyond {SMALL_INT}"
+            continue
+        todo += [x for x in n.all_input_nodes if isinstance(val(x), torch.Tensor) and val(x).dtype in INDEX_DTYPES]
+    return sources, None
 
 
 def why_not(node: fx.Node) -> str | None:

@@ -53,14 +53,18 @@ def S(fn: Callable[..., Any], *inputs: T, tol: float = 1e-5) -> tuple[Callable[.
 
 
 POS = dict(lo=0.1, hi=3.0)
+
 SAMPLES: dict[Any, list[tuple[Callable[..., Any], tuple[T, ...], float]]] = {
     aten.add.Tensor: [S(lambda x, y: aten.add.Tensor(x, y), T(2, 3), T(3)),
                       S(lambda x, y: aten.add.Tensor(x, y), T(3), T(4, 3)),          # the first broadcast
                       S(lambda x, y: aten.add.Tensor(x, y, alpha=2), T(4, 1, 3), T(5, 1)),
-                      S(lambda x: aten.add.Tensor(x, 2.5), T(2, 3, perm=(1, 0)))],
+                      S(lambda x: aten.add.Tensor(x, 2.5), T(2, 3, perm=(1, 0))),
+                      S(lambda i, j: aten.add.Tensor(i, j), T(2, 3, index=50), T(3, index=9)),   # int64
+                      S(lambda i: aten.add.Tensor(i, 1 << 22), T(4, index=1 << 23))],
     aten.add.Scalar: [S(lambda x: aten.add.Scalar(x, 1.5), T(3, 4))],
     aten.sub.Tensor: [S(lambda x, y: aten.sub.Tensor(x, y), T(2, 3), T(2, 1)),
-                      S(lambda x, y: aten.sub.Tensor(x, y, alpha=0.5), T(3), T(2, 3))],
+                      S(lambda x, y: aten.sub.Tensor(x, y, alpha=0.5), T(3), T(2, 3)),
+                      S(lambda i, j: aten.sub.Tensor(i, j), T(3, 4, index=1000), T(4, index=1000))],   # int64
     aten.sub.Scalar: [S(lambda x: aten.sub.Scalar(x, 0.25), T(5))],
     aten.rsub.Scalar: [S(lambda x: aten.rsub.Scalar(x, 1.0), T(2, 5))],
     aten.rsub.Tensor: [S(lambda x, y: aten.rsub.Tensor(x, y), T(2, 5), T(5))],
@@ -307,6 +311,11 @@ SAMPLES: dict[Any, list[tuple[Callable[..., Any], tuple[T, ...], float]]] = {
     aten.threshold.default: [S(lambda x: aten.threshold.default(x, 0.1, -2.0), T(4, 6))],
     aten.heaviside.default: [S(lambda x, v: aten.heaviside.default(aten.trunc.default(x), v),
                                T(3, 5, lo=-3.0, hi=3.0), T(5))],
+    aten.where.self: [   # a bool mask to an additive one (infinities exact), and two finite numbers
+        S(lambda m: aten.where.self(m, aten.scalar_tensor.default(0.0), aten.scalar_tensor.default(float("-inf"))),
+          T(2, 1, 3, 5, mask=True)),
+        S(lambda m: aten.where.self(m, aten.scalar_tensor.default(1.5), aten.scalar_tensor.default(-3.0)),
+          T(4, 6, mask=True))],
     aten.clamp_min.Tensor: [S(lambda x, y: aten.clamp_min.Tensor(x, y), T(3, 4), T(4))],
     aten.clamp_max.Tensor: [S(lambda x, y: aten.clamp_max.Tensor(x, y), T(3, 4), T(3, 1))],
     aten.amax.default: [S(lambda x: aten.amax.default(x, [1]), T(3, 4, 5)),
@@ -352,9 +361,11 @@ CASES = [pytest.param(target, i, id=f"{target}-{i}") for target, samples in SAMP
 
 def trace(fn: Callable[..., Any], inputs: list[Any], target: Any) -> Any:
     """``fn``'s calls as FX nodes, with the fake tensors of their results in ``meta["val"]``
-    (``make_fx`` for the calls FX's symbolic tracing computes at once: those of constants only)."""
+    (``make_fx`` for the calls FX's symbolic tracing computes at once: those of constants only,
+    which then are missing or constants of the module)."""
     gm = torch.fx.symbolic_trace(fn)
-    if target not in {n.target for n in gm.graph.nodes}:
+    computed = any(n.op == "get_attr" for n in gm.graph.nodes)
+    if computed or target not in {n.target for n in gm.graph.nodes}:
         return make_fx(fn)(*inputs)
     FakeTensorProp(gm).propagate(*inputs)
     return gm

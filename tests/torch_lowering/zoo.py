@@ -99,8 +99,7 @@ def coverage(name: str) -> dict[str, Any]:
     def counting(gm: Any, *args: Any, **kw: Any) -> Any:
         e = explain_graph(backend.rewrite(gm))
         stats["ggml"] += sum(e.ggml.values())
-        stats["nodes"] += sum(e.ggml.values()) + sum(
-            1 for n in gm.graph.nodes if n.op == "call_function" and str(n.target) in e.torch)
+        stats["nodes"] += sum(e.ggml.values()) + sum(e.torch_nodes.values())
         stats["torch"].update(e.torch)
         return lower(gm, *args, **kw)
 
