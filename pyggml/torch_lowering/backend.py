@@ -6,10 +6,12 @@ Options (``torch.compile(..., options={...})``): ``device`` (``"cpu"``, the defa
 device name such as ``"CUDA0"``, ``"Vulkan0"``, ``"RPC0"``: that device holds the weights and
 runs what it supports, the CPU the rest), ``threads`` (CPU threads; torch's
 ``torch.get_num_threads()`` by default), ``weights`` (the type of the weight matrices that only
-``nn.Linear``-style products and embeddings read: ``"f32"``, the default, ``"auto"``: ``"bf16"``
-on the CPU where ggml's CPU code has AVX512-BF16, else ``"f32"`` (BF16 products run about
-twice as fast as float32 ones there: all-MiniLM-L6-v2 through transformers at 1.6-1.7x eager
-torch, its embeddings at cosine >= 0.9999 to float32's; an LLM's logits move by some 0.05),
+``nn.Linear``-style products and embeddings read: ``"auto"``, the default: ``"bf16"`` on the
+CPU where ggml's CPU code has AVX512-BF16 (BF16 products run about twice as fast as float32
+ones there: all-MiniLM-L6-v2 through transformers at 1.6-1.7x eager torch, its token states at
+cosine >= 0.99997 to float32's, its embeddings >= 0.9999), except in a graph that writes into
+its inputs (a generation step updating a KV cache: an LLM's logits would move by some 0.05,
+and a near tie would change the text), else ``"f32"``; ``"f32"`` to keep float32 products;
 or ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``... converted by ggml when copied in; ggml's
 quantized products also quantize the activations), ``attention`` (``"flash"``, the default:
 scaled-dot-product attention as one ``ggml_flash_attn_ext`` node, whose CPU kernel for more
@@ -55,7 +57,7 @@ class Options:
     """The backend's options; ValueError for a bad one."""
     device: str = "cpu"
     threads: int | None = None
-    weights: str = "f32"
+    weights: str = "auto"
     attention: str = "flash"
 
     def __post_init__(self) -> None:
@@ -72,30 +74,32 @@ class Options:
         if self.attention not in ("flash", "exact"):
             raise ValueError(f"attention must be 'flash' or 'exact', not {self.attention!r}")
 
-    def weight_type(self) -> str:
-        """``weights``, ``"auto"`` resolved: BF16 on the CPU where ggml has AVX512-BF16 kernels."""
+    def weight_type(self, writes_inputs: bool = False) -> str:
+        """``weights``, ``"auto"`` resolved: BF16 on the CPU where ggml has AVX512-BF16 kernels,
+        unless the graph ``writes_inputs`` (a KV cache), else F32."""
         if self.weights != "auto":
             return self.weights
-        return "bf16" if isinstance(self.device, str) and self.device.lower() == "cpu" and \
-            lib.ggml_cpu_has_avx512_bf16() else "f32"
+        return "bf16" if isinstance(self.device, str) and self.device.lower() == "cpu" and not writes_inputs \
+            and lib.ggml_cpu_has_avx512_bf16() else "f32"
 
 
 class _Devices:
     """The backends of one compiled model: the CPU's and, for another device, that one's."""
 
     def __init__(self, opts: Options):
-        self.weight_type = types.ggml_type(opts.weight_type())
+        self.opts = opts
         self.flash_attn = opts.attention == "flash"
         self.cpu = CPUBackend(n_threads=opts.threads or torch.get_num_threads())
         self.other: Backend | None = None
         if opts.device.lower() != "cpu":
             self.other = open_backend(opts.device, self.cpu.n_threads)
 
-    def graph(self, gm: fx.GraphModule, weights: set[int]) -> LoweredGraph:
+    def graph(self, gm: fx.GraphModule, weights: set[int], writes_inputs: bool = False) -> LoweredGraph:
+        """A partition's LoweredGraph; ``writes_inputs``: its module writes into its inputs."""
+        weight_type = types.ggml_type(self.opts.weight_type(writes_inputs))
         if self.other is None:
-            return LoweredGraph(gm, weights, backend=self.cpu, weight_type=self.weight_type,
-                                flash_attn=self.flash_attn)
-        return LoweredGraph(gm, weights, backends=[self.other, self.cpu], weight_type=self.weight_type,
+            return LoweredGraph(gm, weights, backend=self.cpu, weight_type=weight_type, flash_attn=self.flash_attn)
+        return LoweredGraph(gm, weights, backends=[self.other, self.cpu], weight_type=weight_type,
                             flash_attn=self.flash_attn)
 
 
@@ -110,8 +114,7 @@ def _report(gm: fx.GraphModule) -> None:
     fresh = [(op, why) for op, why in sorted(e.torch.items()) if (op, why) not in _reported]
     _reported.update(fresh)
     _log.info("pyggml lowers %d of %d ATen nodes to ggml%s", sum(e.ggml.values()),
-              sum(e.ggml.values()) + sum(1 for n in gm.graph.nodes if n.op == "call_function" and
-                                         str(n.target) in e.torch),
+              sum(e.ggml.values()) + sum(e.torch_nodes.values()),
               "".join(f"; {op} stays in torch: {why}" for op, why in fresh))
 
 
@@ -133,7 +136,7 @@ def lower_module(gm: fx.GraphModule, weights: set[int], devices: Any,
         sub = getattr(fused, str(node.target))
         sub_weights = {i for i, a in enumerate(node.args)
                        if isinstance(a, fx.Node) and a.op == "placeholder" and a.name in weight_names}
-        setattr(fused, str(node.target), _Module(devices.graph(sub, sub_weights), sub))
+        setattr(fused, str(node.target), _Module(devices.graph(sub, sub_weights, bool(mutated)), sub))
     fused.recompile()
     return fused
 

@@ -56,7 +56,7 @@ def test_every_shape_is_computed_by_ggml(how):
     def counting(gm, example_inputs, **kw):
         nonlocal compiles
         compiles += 1
-        return compile_fx(gm, example_inputs, **kw)
+        return compile_fx(gm, example_inputs, options={"weights": "f32"})
 
     kwargs = {"dynamic": True} if how == "dynamic=True" else {"dynamic": False} if how == "dynamic=False" else {}
     # dynamic=True also makes Python floats inputs (LayerNorm's eps): AOT autograd, which the
@@ -104,7 +104,7 @@ def test_a_size_a_lowering_refuses_runs_in_torch_with_a_warning(monkeypatch):
     torch.manual_seed(0)
     model = Encoder().eval()
     torch._dynamo.reset()
-    fn = torch.compile(model, backend="pyggml", dynamic=True)
+    fn = torch.compile(model, backend="pyggml", dynamic=True, options={"weights": "f32"})
     warned = []
     try:
         with torch.no_grad():
@@ -125,18 +125,20 @@ def test_a_size_a_lowering_refuses_runs_in_torch_with_a_warning(monkeypatch):
 
 
 def test_auto_weights_are_bf16_where_the_cpu_has_its_products():
-    """``options={"weights": "auto"}``: BF16 on the CPU where ggml has AVX512-BF16 kernels (else
-    F32); an encoder's outputs stay within cosine 0.9999 of eager float32."""
+    """The default ``weights="auto"``: BF16 on the CPU where ggml has AVX512-BF16 kernels (else
+    F32), except in a graph that writes into its inputs (a KV cache); an encoder's outputs stay
+    within cosine 0.9999 of eager float32."""
     from pyggml.torch_lowering.backend import Options
 
     bf16 = bool(lib.ggml_cpu_has_avx512_bf16())
-    assert Options(weights="auto").weight_type() == ("bf16" if bf16 else "f32")
+    assert Options().weights == "auto" and Options().weight_type() == ("bf16" if bf16 else "f32")
+    assert Options().weight_type(writes_inputs=True) == "f32"
     assert Options(weights="auto", device="CUDA0").weight_type() == "f32"
     torch.manual_seed(0)
     model = Encoder().eval()
     torch._dynamo.reset()
     try:
-        fn = torch.compile(model, backend="pyggml", options={"weights": "auto"})
+        fn = torch.compile(model, backend="pyggml")
         with torch.no_grad():
             ids = torch.randint(0, 100, (3, 9))
             got, want = fn(ids), model(ids)

@@ -20,7 +20,7 @@ from pyggml.torch_lowering.partition import explain_graph  # noqa: E402
 
 def _compiled(model, **options):
     torch._dynamo.reset()
-    return torch.compile(model, backend=compile_fx, dynamic=False, options=options or None)
+    return torch.compile(model, backend=compile_fx, dynamic=False, options={"weights": "f32", **options})
 
 
 class CNN(torch.nn.Module):
@@ -77,7 +77,7 @@ def test_an_op_ggml_lacks_stays_in_torch():
     seen = []
 
     def spy(gm, example_inputs, **kw):
-        compiled = compile_fx(gm, example_inputs, **kw)
+        compiled = compile_fx(gm, example_inputs, options={"weights": "f32"})
         seen.append(gm)
         return compiled
 
@@ -313,7 +313,7 @@ def test_the_backend_is_registered_by_name():
         pytest.skip("pyggml is not installed with its metadata (an in-place build): the entry point is not registered")
     torch._dynamo.reset()
     model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.GELU())
-    c = torch.compile(model, backend="pyggml", dynamic=False)
+    c = torch.compile(model, backend="pyggml", dynamic=False, options={"weights": "f32"})
     x = torch.randn(4, 3)
     with torch.no_grad():
         np.testing.assert_allclose(c(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)

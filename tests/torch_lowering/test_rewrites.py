@@ -19,7 +19,7 @@ from pyggml.torch_lowering import (
 
 def _compiled(model, dynamic=False):
     torch._dynamo.reset()
-    return torch.compile(model, backend="pyggml", dynamic=dynamic)
+    return torch.compile(model, backend="pyggml", dynamic=dynamic, options={"weights": "f32"})
 
 
 def _rotate_half(x):

@@ -106,7 +106,7 @@ def coverage(name: str) -> dict[str, Any]:
     torch._dynamo.reset()
     backend.lower_module = counting
     try:
-        compiled = torch.compile(model, backend="pyggml", dynamic=False, options={"attention": "exact"})
+        compiled = torch.compile(model, backend="pyggml", dynamic=False, options={"attention": "exact", "weights": "f32"})
         with torch.no_grad():
             want = model(**inputs).last_hidden_state
             got = compiled(**inputs).last_hidden_state
