@@ -528,3 +528,31 @@ def test_a_graph_checked_before_its_tensors_were_unplaced_is_checked_again(run_i
     ''')
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines() == [str([0.0, 2.0, 4.0, 6.0]), "ValueError True"], r.stdout
+
+
+def test_a_graph_placed_again_is_not_walked_again_for_support_until_it_changes(monkeypatch):
+    """Two graphs taking turns on one allocator are placed again before each compute; the walk
+    asking the backend whether it supports each node (what neither placement changes) is done
+    once per graph, and again after a node is built into the graph: an unsupported one (a
+    permuted first operand of add, which ggml's CPU kernel asserts on) then raises."""
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(4) as wctx, Context.for_tensors(32, graph_size=32) as ctx:
+        w = wctx.from_numpy(x)
+        wctx.alloc_tensors(be)
+        w.set(x)
+        g1 = ctx.new_graph(32).build_forward(ctx.sqr(w))
+        g2 = ctx.new_graph(32).build_forward(ctx.relu(ctx.scale(w, 2.0)))
+        asked = []
+        supports = type(be)._supports_raw
+        monkeypatch.setattr(type(be), "_supports_raw", lambda self, p: asked.append(p) or supports(self, p))
+        with GraphAllocator(be) as galloc:
+            for _ in range(3):
+                for g in (g1, g2):
+                    galloc.alloc_graph(g)
+                    g.compute(be)
+            assert len(asked) == 3   # sqr; scale, relu
+            np.testing.assert_allclose(g2.nodes[-1].numpy(), np.maximum(2 * x, 0))
+            g1.build_forward(ctx.add(ctx.permute(ctx.sqr(w), 1, 0, 2, 3), ctx.new_tensor(GGMLType.F32, [3, 4])))
+            galloc.alloc_graph(g1)
+            with pytest.raises(ValueError, match="cannot compute node"):
+                g1.compute(be)

@@ -27,7 +27,7 @@ class GraphRun:
     """The backends layer's state of one graph (see the module docstring)."""
 
     __slots__ = ("placed_by", "computed", "split_by", "sources", "checks", "zero_byte", "sched_loose",
-                 "meta_views")
+                 "meta_views", "supported")
 
     def __init__(self) -> None:
         self.placed_by: Any = None    # the graph allocator or scheduler that placed it last
@@ -38,6 +38,10 @@ class GraphRun:
         self.zero_byte: Any = None    # (key, zero-byte tensors ggml-alloc would place): pyggml.backends.alloc
         self.sched_loose: Any = None  # (version, leafs pinned to the last backend): pyggml.backends.sched
         self.meta_views: tuple[int, int] | None = None  # where ggml keeps its meta views: check_meta_views
+        #: (backend, graph version, node count, buffer types) for which every node was found
+        #: supported: what supports_op reads (ops, types, layouts, the buffers' types) does not
+        #: change when the graph is placed again, so a placement does not repeat that walk
+        self.supported: list[tuple[Any, int, int, frozenset[int]]] = []
 
 
 def run_of(graph: Graph) -> GraphRun:
