@@ -18,8 +18,8 @@ Needs torch (``pip install ".[torch]"``).
 """
 from __future__ import annotations
 
-from . import (ops_conv, ops_creation, ops_elementwise, ops_indexing, ops_matrix,  # noqa: F401  (fill TABLE)
-               ops_normalisation, ops_rope, ops_shape)
+from . import (ops_conv, ops_creation, ops_elementwise, ops_indexing, ops_logical,  # noqa: F401  (fill TABLE)
+               ops_matrix, ops_normalisation, ops_rope, ops_shape)
 from .backend import Options, compile_exported, compile_fx, explain, lower_module
 from .graph import LoweredGraph
 from .partition import Explanation

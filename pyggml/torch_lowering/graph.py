@@ -31,7 +31,7 @@ from .. import types
 from ..enums import GGMLType
 from .layout import DTYPES, INDEX_DTYPES, is_static, ne_of, shape_of, val
 from .rewrites import IN_PLACE
-from .table import SMALL_INT, TABLE, LoweringError, Val, small_int_sources, why_not
+from .table import SMALL_INT, TABLE, LoweringError, Val, int_bound, why_not
 
 __all__ = ["Builder", "LoweredGraph"]
 
@@ -173,11 +173,11 @@ class LoweredGraph:
         weight_set = set(self._weights)
         self._key_args = [(i, i in self._ints) for i in range(len(self.placeholders)) if i not in weight_set]
         self._feed_args = [(i, f"in{i}") for i, _ in self._key_args if i not in self._ints]
-        #: (position, is a size) of the inputs whose integers ggml adds in float32: a call where
-        #: one holds more than SMALL_INT in magnitude runs in torch
+        #: (position, is a size) of the inputs whose integers ggml computes on in float32
+        #: (sums, comparisons): a call where one holds more than SMALL_INT in magnitude runs in torch
         self._small = sorted({(self.placeholders.index(p), self.placeholders.index(p) in self._ints)
-                              for n in gm.graph.nodes if n.op == "call_function" and _int_sum(n)
-                              for x in n.all_input_nodes for p in small_int_sources(x)[0]})
+                              for n in gm.graph.nodes if n.op == "call_function" and _computes_ints(n)
+                              for x in n.all_input_nodes for p in int_bound(x)[0]})
         #: keys (input shapes and sizes) whose lowering failed -> why: those calls run in torch
         self._in_torch: dict[Any, str] = {}
         self._warned_small = False
@@ -406,11 +406,11 @@ class LoweredGraph:
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _int_sum(node: fx.Node) -> bool:
-    """Whether ``node`` is a lowered sum of integers (ggml computes it in float32)."""
+def _computes_ints(node: fx.Node) -> bool:
+    """Whether ``node`` is lowered arithmetic on integers (a sum, a comparison: float32 in ggml)."""
     lowering = TABLE.get(node.target)
-    return bool(lowering is not None and lowering.makes_values and isinstance(val(node), torch.Tensor)
-                and val(node).dtype in INDEX_DTYPES)
+    return bool(lowering is not None and lowering.makes_values
+                and any(isinstance(val(x), torch.Tensor) and val(x).dtype in INDEX_DTYPES for x in node.all_input_nodes))
 
 
 def _strided(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:

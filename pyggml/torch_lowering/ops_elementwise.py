@@ -18,7 +18,7 @@ from ..core.tensor import Tensor
 from .graph import Builder
 from .layout import INDEX_DTYPES, shape_of, tiles, val
 from .ops_shape import views_along
-from .table import SMALL_INT, CheckFn, Val, args_of, kw_of, register, small_int_sources
+from .table import CheckFn, Val, args_of, int_bound, kw_of, register
 
 aten = torch.ops.aten
 _NUM = (int, float)
@@ -66,35 +66,34 @@ _INT_NOTES = ("; integers (views of inputs of at most 2^23, checked at each call
 
 
 def _sum_check(node: fx.Node) -> str | None:
-    """add and sub: numbers as the second operand; integer results only of small integers
-    (:func:`~pyggml.torch_lowering.table.small_int_sources`), float ones only of floats."""
+    """add, sub and mul: numbers as the second operand; integer results only of small integers
+    (:func:`~pyggml.torch_lowering.table.int_bound`), float ones only of floats."""
     why = _num_ok(1)(node)
     if why is not None:
         return why
     a = args_of(node)
     operands = [x for x in a[:2] if isinstance(x, fx.Node)]
+    if any(val(x).dtype == torch.bool for x in operands) or val(node).dtype == torch.bool:
+        return "a bool operand"
     if val(node).dtype not in INDEX_DTYPES:
         ints = [x for x in operands if val(x).dtype in INDEX_DTYPES]
         return f"an integer operand ({ints[0]}) of a {val(node).dtype} result" if ints else None
     alpha = kw_of(node).get("alpha", a[2] if len(a) > 2 else 1)
     if alpha != 1:
         return f"an integer sum with alpha {alpha}"
-    for x in a[:2]:
-        why = None
-        if isinstance(x, fx.Node):
-            why = small_int_sources(x)[1]
-        elif isinstance(x, float) or abs(x) > SMALL_INT:
-            why = f"the number {x!r}"
-        if why is not None:
-            return why
-    return None
+    return int_bound(node)[2]
+
+
+def _in_f32(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
+    """Integers (proven small: exact) ``x op y`` in float32, back to I32."""
+    def f32(v: Any) -> Any:
+        return Val(b.ctx.cast(b.contig(v.t), "f32"), v.shape) if isinstance(v, Val) else v
+    return b.ctx.cast(_binary(b, node, f32(x), f32(y), op), "i32")
 
 
 def _sum(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float, op: str) -> Tensor:
     if val(node).dtype in INDEX_DTYPES:   # small integers: exact in float32
-        def f32(v: Any) -> Any:
-            return Val(b.ctx.cast(b.contig(v.t), "f32"), v.shape) if isinstance(v, Val) else v
-        return b.ctx.cast(_binary(b, node, f32(x), f32(y), op), "i32")
+        return _in_f32(b, node, x, y, op)
     if alpha != 1:
         y = y * alpha if isinstance(y, _NUM) else Val(b.ctx.scale(b.contig(y.t), float(alpha)), y.shape)
     return _binary(b, node, x, y, op)
@@ -119,10 +118,13 @@ def _rsub(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float = 1) -> Tensor
     return _binary(b, node, y, x, "sub")
 
 
-@register(aten.mul.Tensor, aten.mul.Scalar, notes=_BIN_NOTES.format("mul"), check=_num_ok(1))
+@register(aten.mul.Tensor, aten.mul.Scalar, notes=_BIN_NOTES.format("mul") + _INT_NOTES, check=_sum_check,
+          int_results=True, makes_values=True)
 def _mul(b: Builder, node: fx.Node, x: Any, y: Any) -> Tensor:
     if isinstance(x, _NUM):
         x, y = y, x
+    if val(node).dtype in INDEX_DTYPES:
+        return _in_f32(b, node, x, y, "mul")
     return _binary(b, node, x, y, "mul")
 
 

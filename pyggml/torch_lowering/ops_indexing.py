@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -14,9 +14,9 @@ from torch import fx
 from ..core.tensor import Tensor
 from ..enums import GGMLType
 from .graph import Builder
-from .layout import shape_of, val
+from .layout import INDEX_DTYPES, shape_of, val
 from .rewrites import IN_PLACE
-from .table import Val, args_of, kw_of, register
+from .table import LoweringError, Val, args_of, constant_value, int_bound, kw_of, register
 
 aten = torch.ops.aten
 
@@ -153,17 +153,39 @@ register(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_fla
 
 
 def _index_check(node: fx.Node) -> str | None:
-    idx = args_of(node)[1]
-    if val(args_of(node)[0]).dim() != 2 or len(idx) != 1 or not isinstance(idx[0], fx.Node):
-        return "other than rows of a 2-dim tensor by one index tensor"
-    v = val(idx[0])
-    return None if v.dtype in (torch.int64, torch.int32) else f"an index of {v.dtype}"
+    x, idx = val(args_of(node)[0]), args_of(node)[1]
+    if not all(isinstance(i, fx.Node) for i in idx):
+        return "a slice among the indices"
+    bad = [val(i).dtype for i in idx if val(i).dtype not in INDEX_DTYPES]
+    if bad:
+        return f"an index of {bad[0]}"
+    if x.dim() == 2 and len(idx) == 1:
+        return None
+    if len(idx) != x.dim():
+        return "other than rows of a 2-dim tensor by one index tensor, or an index tensor per dim"
+    if any(int_bound(i)[0] or int_bound(i)[2] for i in idx):
+        return "an index tensor per dim whose values are not constants"
+    return None
 
 
-@register(aten.index.Tensor, notes="ggml_get_rows (rows by one I32 index tensor)", check=_index_check,
-          index_args=(1,))
+@register(aten.index.Tensor, notes="ggml_get_rows (rows by one I32 index tensor; an index tensor per dim, made "
+          "from constants: the elements' positions, worked out when the graph is built)", check=_index_check,
+          index_args=(1,), int_results=True)
 def _index(b: Builder, node: fx.Node, x: Val, indices: Any) -> Tensor:
-    return _rows(b, node, x, indices[0])
+    if len(indices) == 1 and x.ndim == 2:
+        return _rows(b, node, x, indices[0])
+    # one index tensor per dim, all constants (transformers' padding mask[batch, kv]): the
+    # positions of the elements picked, as torch computes them, in a constant
+    picks = cast(Any, torch.broadcast_tensors)(*(constant_value(b, i) for i in args_of(node)[1]))
+    flat = torch.zeros(picks[0].shape, dtype=torch.int64)
+    for dim, (i, size) in enumerate(zip(picks, x.shape)):
+        i = torch.where(i < 0, i + size, i)
+        if bool(((i < 0) | (i >= size)).any()):
+            raise LoweringError(f"an index out of range for dim {dim} of size {size}")
+        flat = flat * size + i
+    rows = b.constant(flat.reshape(-1).numpy(), np.int32)
+    table = b.reshape(x.t, (int(np.prod(x.shape)), 1))
+    return b.reshape(b.ctx.get_rows(table, rows), shape_of(node))
 
 
 def _index_put_check(node: fx.Node) -> str | None:

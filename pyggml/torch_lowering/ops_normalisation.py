@@ -13,9 +13,10 @@ import torch
 from torch import fx
 
 from ..core.tensor import Tensor
+from ..enums import GGMLType
 from .graph import Builder
-from .layout import axis_of, shape_of, val
-from .table import Val, args_of, kw_of, register
+from .layout import INDEX_DTYPES, axis_of, shape_of, val
+from .table import Val, args_of, int_bound, kw_of, register
 
 aten = torch.ops.aten
 
@@ -180,12 +181,23 @@ register(aten.var.correction, aten.std.correction, aten.var_mean.correction, ate
          check=_var_check)(_var)
 
 
-@register(aten.cumsum.default, notes="ggml_cumsum (the dim permuted to ne[0] first)",
-          check=lambda node: None if kw_of(node).get("dtype") is None else "a dtype")
+def _cumsum_check(node: fx.Node) -> str | None:
+    if kw_of(node).get("dtype") is not None:
+        return "a dtype"
+    if val(node).dtype in INDEX_DTYPES:   # of integers or bools: exact in float32 while small
+        return int_bound(node)[2]
+    return None if val(args_of(node)[0]).dtype not in INDEX_DTYPES else "an integer input to a float result"
+
+
+@register(aten.cumsum.default, notes="ggml_cumsum (the dim permuted to ne[0] first); of integers or bools (at "
+          "most 2^24 on the way) in float32, exact", check=_cumsum_check, int_results=True, makes_values=True)
 def _cumsum(b: Builder, node: fx.Node, x: Val, dim: int, **kw: Any) -> Tensor:
+    if x.t.type == GGMLType.I32:
+        x = Val(b.ctx.cast(b.contig(x.t), "f32"), x.shape)
     front, axes = _to_front(b, x, dim)
     s = b.ctx.cumsum(front)
-    return s if axes == [0, 1, 2, 3] else b.ctx.permute(s, *axes)
+    s = s if axes == [0, 1, 2, 3] else b.ctx.permute(s, *axes)
+    return b.ctx.cast(b.contig(s), "i32") if val(node).dtype in INDEX_DTYPES else s
 
 
 def _bn_check(node: fx.Node) -> str | None:

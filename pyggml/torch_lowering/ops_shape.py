@@ -12,8 +12,9 @@ import torch
 from torch import fx
 
 from ..core.tensor import Tensor
+from ..enums import GGMLType
 from .graph import Builder
-from .layout import MAX_DIMS, axis_of, shape_of, val
+from .layout import INDEX_DTYPES, MAX_DIMS, axis_of, shape_of, val
 from .table import Val, args_of, kw_of, register
 
 aten = torch.ops.aten
@@ -33,9 +34,12 @@ def _same(b: Builder, node: fx.Node, x: Val, *rest: Any, **kw: Any) -> Tensor:
     return x.t
 
 
+_EXACT = (*INDEX_DTYPES, torch.bool)
+
+
 def _copy_check(node: fx.Node) -> str | None:
     v, src = val(node), val(args_of(node)[0])
-    if v.dtype != src.dtype:
+    if v.dtype != src.dtype and not (src.dtype in _EXACT and v.dtype in (*_EXACT, torch.float32)):
         return f"a conversion from {src.dtype} to {v.dtype}"
     layout = kw_of(node).get("layout")
     device = kw_of(node).get("device")
@@ -46,8 +50,23 @@ def _copy_check(node: fx.Node) -> str | None:
 
 register(aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default, int_results=True,
          notes="the same tensor (ggml keeps values, not identities)")(_same)
-register(aten.clone.default, aten._to_copy.default, aten.contiguous.default, int_results=True,
+register(aten.clone.default, aten.contiguous.default, int_results=True,
          notes="the same tensor: ggml_cont where a contiguous copy is needed", check=_copy_check)(_same)
+
+
+@register(aten._to_copy.default, int_results=True, check=_copy_check,
+          notes="the same tensor; between integers (I32), bools (F32 0/1) and float32: ggml_cast, and "
+                "ggml_step(ggml_abs(x)) to bool")
+def _to_copy(b: Builder, node: fx.Node, x: Val, *rest: Any, **kw: Any) -> Tensor:
+    src, dst = val(args_of(node)[0]).dtype, val(node).dtype
+    ctx, t = b.ctx, x.t
+    if src == dst or (src in INDEX_DTYPES and dst in INDEX_DTYPES):
+        return t
+    if dst == torch.bool:   # from an integer: nonzero
+        return ctx.step(ctx.abs(ctx.cast(b.contig(t), "f32")))
+    if dst == torch.float32:   # from an integer (rounded to nearest, as torch does) or a bool
+        return ctx.cast(b.contig(t), "f32") if t.type == GGMLType.I32 else t
+    return ctx.cast(b.contig(t), "i32")   # a bool to an integer
 
 
 def _perm_axes(perm: Sequence[int], n: int) -> list[int]:

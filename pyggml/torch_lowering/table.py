@@ -8,7 +8,7 @@ tensors, index tensors where the lowering says). ``lower`` builds the node with 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, cast
 
 import torch
 from torch import fx
@@ -16,7 +16,8 @@ from torch import fx
 from ..core.tensor import Tensor
 from .layout import DTYPES, INDEX_DTYPES, MAX_DIMS, is_static, val
 
-__all__ = ["Val", "Lowering", "TABLE", "register", "why_not", "LoweringError", "args_of", "kw_of", "CheckFn"]
+__all__ = ["Val", "Lowering", "TABLE", "register", "why_not", "LoweringError", "args_of", "kw_of", "CheckFn",
+           "int_bound", "constant_value", "SMALL_INT", "EXACT_INT"]
 
 
 def args_of(node: fx.Node) -> list[Any]:
@@ -52,8 +53,8 @@ class Lowering(NamedTuple):
     ``notes`` (the ggml ops it makes, for the docs' table), ``check`` (extra conditions on the
     node), ``index_args`` (argument positions holding index tensors: I32 in ggml), ``mask_args``
     (positions or keyword names where a bool tensor is taken too: F32 0/1 in ggml),
-    ``int_results`` (the lowering takes integer tensors too: I32 in ggml, e.g. the views and
-    copies of position ids), ``makes_values`` (with ``int_results``: it computes integers, not
+    ``int_results`` (the lowering takes integer and bool tensors too: I32 and F32 0/1 in ggml,
+    e.g. the views and copies of position ids and masks), ``makes_values`` (with ``int_results``: it computes integers, not
     only moves them or makes constants: a sum)."""
     name: str
     lower: Callable[..., Any]
@@ -91,7 +92,7 @@ def _tensor_ok(v: Any, index: bool, mask: bool = False, ints: bool = False) -> s
         return "an empty tensor"
     if index:
         return None if v.dtype in INDEX_DTYPES else f"index dtype {v.dtype}"
-    if ints and v.dtype in INDEX_DTYPES:
+    if ints and (v.dtype in INDEX_DTYPES or v.dtype == torch.bool):   # bools: F32 0/1 in ggml
         return None
     if mask and v.dtype == torch.bool:
         return None
@@ -112,37 +113,95 @@ def _ints_from_torch(node: fx.Node) -> str | None:
 
 
 #: integers of at most this magnitude add and subtract exactly in ggml's float32 (a sum or a
-#: difference of two of them stays within 2^24, where float32 holds every integer)
+#: difference of two of them stays within 2^24, where float32 holds every integer): the bound a
+#: call checks the graph inputs whose integers ggml computes on against
 SMALL_INT = 2**23
+#: float32 holds every integer of at most this magnitude
+EXACT_INT = 2**24
 
 
-def small_int_sources(node: fx.Node) -> tuple[list[fx.Node], str | None]:
-    """Where the values of integer tensor ``node`` come from, for an exact sum in float32: the
-    graph inputs (placeholders) they are moved from (through views, copies, ``cat``, ``gather``:
-    each call checks that those hold at most :data:`SMALL_INT` in magnitude), and constants
-    made from numbers of at most that magnitude (``arange``...). ``([], why)`` for values
-    computed (a sum of sums may leave float32's exact range) or larger constants."""
-    sources: list[fx.Node] = []
-    todo, seen = [node], set()
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op == "placeholder":
-            sources.append(n)
-            continue
-        lowering = TABLE.get(n.target) if n.op == "call_function" else None
-        if lowering is None or not lowering.int_results or lowering.makes_values:
-            return [], f"integers computed by {n.target} (a sum of them may leave float32's exact range)"
-        if not n.all_input_nodes:   # a constant: its numbers bound its values
-            nums = [a for a in list(n.args) + list(n.kwargs.values()) if isinstance(a, (int, float))
-                    and not isinstance(a, bool)]
-            if any(abs(a) > SMALL_INT for a in nums):
-                return [], f"an integer constant beyond {SMALL_INT}"
-            continue
-        todo += [x for x in n.all_input_nodes if isinstance(val(x), torch.Tensor) and val(x).dtype in INDEX_DTYPES]
-    return sources, None
+def int_bound(node: fx.Node) -> tuple[list[fx.Node], int | None, str | None]:
+    """How large the values of integer (or bool) tensor ``node`` may be, for exact arithmetic
+    in float32: ``(sources, bound, None)``, the graph inputs (placeholders) they come from
+    (each call checks that those hold at most :data:`SMALL_INT` in magnitude) and a bound on
+    their magnitude, through moves (views, copies, ``cat``, ``gather``), constants made from
+    numbers (their largest number), sums and products (the operands' bounds added or
+    multiplied) and cumulative sums (times the dim's size), each at most :data:`EXACT_INT`; or
+    ``([], None, why)``."""
+    memo: dict[fx.Node, tuple[list[fx.Node], int]] = {}
+
+    def bound(n: fx.Node) -> tuple[list[fx.Node], int]:
+        if n in memo:
+            return memo[n]
+        v = val(n)
+        if isinstance(v, torch.Tensor) and v.dtype == torch.bool:
+            out: tuple[list[fx.Node], int] = ([], 1)
+        elif n.op == "placeholder":
+            out = ([n], SMALL_INT)
+        else:
+            lowering = TABLE.get(n.target) if n.op == "call_function" else None
+            if lowering is None or not lowering.int_results:
+                raise _Unbounded(f"integers computed by {n.target} in torch")
+            nums = [abs(a) for a in list(n.args) + list(n.kwargs.values())
+                    if isinstance(a, (int, float)) and not isinstance(a, bool)]
+            parts = [bound(x) for x in n.all_input_nodes
+                     if isinstance(val(x), torch.Tensor) and (val(x).dtype in INDEX_DTYPES or val(x).dtype == torch.bool)]
+            sources = [p for ps, _ in parts for p in ps]
+            if not lowering.makes_values:          # moved, or a constant of these numbers
+                out = (sources, max([b for _, b in parts] + ([int(max(nums))] if not parts and nums else [0])))
+            elif n.target in _SUMS or n.target in _PRODUCTS:   # each operand counts (x + x: both)
+                each = [bound(x)[1] if isinstance(x, fx.Node) else abs(int(cast(Any, x))) for x in n.args[:2]]
+                out = (sources, each[0] + each[1] if n.target in _SUMS else each[0] * each[1])
+            elif n.target == torch.ops.aten.cumsum.default:   # at most the dim's size times the largest
+                size = val(n.args[0]).shape[n.args[1]]
+                if not isinstance(size, int):
+                    raise _Unbounded("a cumulative sum along a dim of symbolic size")
+                out = (sources, parts[0][1] * size)
+            else:
+                raise _Unbounded(f"integers computed by {n.target}")
+            if out[1] > EXACT_INT:
+                raise _Unbounded(f"integers of up to {out[1]} (beyond {EXACT_INT}, where float32 is exact)")
+        memo[n] = out
+        return out
+
+    try:
+        sources, b = bound(node)
+    except _Unbounded as e:
+        return [], None, str(e)
+    return sorted(set(sources), key=lambda p: p.name), b, None
+
+
+class _Unbounded(Exception):
+    pass
+
+
+#: the integer sums and products int_bound follows (lowered by ops_elementwise)
+_SUMS = {torch.ops.aten.add.Tensor, torch.ops.aten.add.Scalar, torch.ops.aten.sub.Tensor, torch.ops.aten.sub.Scalar}
+_PRODUCTS = {torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Scalar}
+
+
+def constant_value(b: Any, node: fx.Node) -> torch.Tensor:
+    """The value of ``node``, a tensor made from numbers only (creation ops, moves and sums of
+    their results: where :func:`int_bound` finds no graph inputs), computed by
+    torch when the graph is built (``b``: the Builder; a size of a dynamic graph is the int it
+    holds). Raises LoweringError for a node made from anything else."""
+    def value(a: Any) -> Any:
+        if isinstance(a, (list, tuple)):
+            return type(a)(value(x) for x in a)
+        if not isinstance(a, fx.Node):
+            return a
+        got = b.env.get(a)
+        if isinstance(got, int):
+            return got
+        lowering = TABLE.get(a.target) if a.op == "call_function" else None
+        if lowering is None or not lowering.int_results:
+            raise LoweringError(f"{a.format_node()} is not made from numbers")
+        kwargs = {k: value(v) for k, v in a.kwargs.items()}
+        return cast(Callable[..., Any], a.target)(*value(a.args), **kwargs)
+    out = value(node)
+    if not isinstance(out, torch.Tensor):
+        raise LoweringError(f"{node.format_node()} is not a tensor")
+    return out
 
 
 def why_not(node: fx.Node) -> str | None:
