@@ -47,7 +47,9 @@ def _scalar(b: Builder, node: fx.Node, x: Any, c: float, op: str) -> Tensor:
     return b.op(op)(t, b.constant([c]))
 
 
-def _binary(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
+def binary(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
+    """``x op y`` (``op``: a ggml binary op's name, ``"add"``...) broadcast to ``node``'s shape:
+    Vals or Python numbers."""
     if isinstance(y, _NUM):
         return _scalar(b, node, x, float(y), op)
     if isinstance(x, _NUM):   # number op tensor: the tensor broadcast to the result, the number first
@@ -88,7 +90,7 @@ def _in_f32(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
     """Integers (proven small: exact) ``x op y`` in float32, back to I32."""
     def f32(v: Any) -> Any:
         return Val(b.ctx.cast(b.contig(v.t), "f32"), v.shape) if isinstance(v, Val) else v
-    return b.ctx.cast(_binary(b, node, f32(x), f32(y), op), "i32")
+    return b.ctx.cast(binary(b, node, f32(x), f32(y), op), "i32")
 
 
 def _sum(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float, op: str) -> Tensor:
@@ -96,7 +98,7 @@ def _sum(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float, op: str) -> Te
         return _in_f32(b, node, x, y, op)
     if alpha != 1:
         y = y * alpha if isinstance(y, _NUM) else Val(b.ctx.scale(b.contig(y.t), float(alpha)), y.shape)
-    return _binary(b, node, x, y, op)
+    return binary(b, node, x, y, op)
 
 
 @register(aten.add.Tensor, aten.add.Scalar, notes=_BIN_NOTES.format("add") + _INT_NOTES, check=_sum_check,
@@ -115,7 +117,7 @@ def _sub(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float = 1) -> Tensor:
 def _rsub(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float = 1) -> Tensor:
     if alpha != 1:
         x = Val(b.ctx.scale(b.contig(x.t), float(alpha)), x.shape)
-    return _binary(b, node, y, x, "sub")
+    return binary(b, node, y, x, "sub")
 
 
 @register(aten.mul.Tensor, aten.mul.Scalar, notes=_BIN_NOTES.format("mul") + _INT_NOTES, check=_sum_check,
@@ -125,7 +127,7 @@ def _mul(b: Builder, node: fx.Node, x: Any, y: Any) -> Tensor:
         x, y = y, x
     if val(node).dtype in INDEX_DTYPES:
         return _in_f32(b, node, x, y, "mul")
-    return _binary(b, node, x, y, "mul")
+    return binary(b, node, x, y, "mul")
 
 
 def _div_check(node: fx.Node) -> str | None:
@@ -136,7 +138,7 @@ def _div_check(node: fx.Node) -> str | None:
 
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, notes=_BIN_NOTES.format("div"), check=_div_check)
 def _div(b: Builder, node: fx.Node, x: Any, y: Any, rounding_mode: Any = None) -> Tensor:
-    return _binary(b, node, x, y, "div")
+    return binary(b, node, x, y, "div")
 
 
 # ---------------------------------------------------------------------- unary

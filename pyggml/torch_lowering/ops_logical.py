@@ -15,7 +15,7 @@ from ..core.tensor import Tensor
 from ..enums import GGMLType
 from .graph import Builder
 from .layout import INDEX_DTYPES, val
-from .ops_elementwise import _binary
+from .ops_elementwise import binary
 from .table import EXACT_INT, Val, args_of, int_bound, register
 
 aten = torch.ops.aten
@@ -61,7 +61,7 @@ def _one_minus(b: Builder, t: Tensor) -> Tensor:
 def _compare(op: str) -> Any:
     def lower(b: Builder, node: fx.Node, x: Any, y: Any) -> Tensor:
         ctx = b.ctx
-        d = _binary(b, node, _f32(b, x), _f32(b, y), "sub")   # exact: small integers, 0/1
+        d = binary(b, node, _f32(b, x), _f32(b, y), "sub")   # exact: small integers, 0/1
         if op == "gt":
             return ctx.step(d)
         if op == "lt":
@@ -97,11 +97,11 @@ def _logical(op: str) -> Any:
             return _one_minus(b, b.contig(x.t))
         x, y = _f32(b, x), _f32(b, y)
         if op == "and":
-            return _binary(b, node, x, y, "mul")
+            return binary(b, node, x, y, "mul")
         if op == "xor":
-            return ctx.abs(_binary(b, node, x, y, "sub"))
-        both = _binary(b, node, x, y, "mul")        # or: a + b - ab
-        return ctx.sub(_binary(b, node, x, y, "add"), both)
+            return ctx.abs(binary(b, node, x, y, "sub"))
+        both = binary(b, node, x, y, "mul")        # or: a + b - ab
+        return ctx.sub(binary(b, node, x, y, "add"), both)
     return lower
 
 
