@@ -163,8 +163,10 @@ def _index_check(node: fx.Node) -> str | None:
         return None
     if len(idx) != x.dim():
         return "other than rows of a 2-dim tensor by one index tensor, or an index tensor per dim"
-    if any(int_bound(i)[0] or int_bound(i)[2] for i in idx):
-        return "an index tensor per dim whose values are not constants"
+    for i in idx:   # made from numbers and sizes: known when the graph is built
+        sources, _, why = int_bound(i)
+        if why is not None or any(isinstance(val(p), torch.Tensor) for p in sources):
+            return "an index tensor per dim whose values are not constants"
     return None
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "empty_concatenations",
     "linear_products",
     "mark_in_place",
+    "metadata_assertions",
     "repeated_heads",
     "rewrite",
     "rms_norms",
@@ -39,6 +40,7 @@ def rewrite(gm: fx.GraphModule) -> fx.GraphModule:
     """``gm`` with its common subexpressions computed once (torch's ``CSEPass``: e.g. the same
     attention mask made for every layer, which would be as many inputs of a ggml graph) and
     every rewrite of this module made, recompiled."""
+    metadata_assertions(gm)
     result = CSEPass()(gm)
     gm = result.graph_module if result is not None else gm
     repeated_heads(gm)
@@ -49,6 +51,16 @@ def rewrite(gm: fx.GraphModule) -> fx.GraphModule:
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+def metadata_assertions(gm: fx.GraphModule) -> None:
+    """In ``gm``, ``torch.export``'s assertions of a tensor's dtype and device before a
+    conversion (``aten._assert_tensor_metadata``) removed: the fake tensors already say what
+    they assert, and nothing reads their result."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target == torch.ops.aten._assert_tensor_metadata.default \
+                and not node.users:
+            gm.graph.erase_node(node)
 
 
 def _replace(gm: fx.GraphModule, node: fx.Node, target: Any, args: tuple[Any, ...]) -> None:

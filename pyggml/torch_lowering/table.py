@@ -125,7 +125,7 @@ def int_bound(node: fx.Node) -> tuple[list[fx.Node], int | None, str | None]:
     in float32: ``(sources, bound, None)``, the graph inputs (placeholders) they come from
     (each call checks that those hold at most :data:`SMALL_INT` in magnitude) and a bound on
     their magnitude, through moves (views, copies, ``cat``, ``gather``), constants made from
-    numbers (their largest number), sums and products (the operands' bounds added or
+    numbers (their largest number) and from the graph's symbolic sizes (inputs too), sums and products (the operands' bounds added or
     multiplied) and cumulative sums (times the dim's size), each at most :data:`EXACT_INT`; or
     ``([], None, why)``."""
     memo: dict[fx.Node, tuple[list[fx.Node], int]] = {}
@@ -147,8 +147,14 @@ def int_bound(node: fx.Node) -> tuple[list[fx.Node], int | None, str | None]:
             parts = [bound(x) for x in n.all_input_nodes
                      if isinstance(val(x), torch.Tensor) and (val(x).dtype in INDEX_DTYPES or val(x).dtype == torch.bool)]
             sources = [p for ps, _ in parts for p in ps]
-            if not lowering.makes_values:          # moved, or a constant of these numbers
-                out = (sources, max([b for _, b in parts] + ([int(max(nums))] if not parts and nums else [0])))
+            if not lowering.makes_values and parts:   # moved
+                out = (sources, max(b for _, b in parts))
+            elif not lowering.makes_values:   # a constant of these numbers and sizes
+                sizes = [x for x in n.all_input_nodes if not isinstance(val(x), torch.Tensor)]
+                for x in sizes:   # a symbolic size: an input of the graph, checked at each call
+                    if x.op != "placeholder":
+                        raise _Unbounded(f"a constant made from a size computed in the graph ({x.name})")
+                out = (sizes, max([int(a) for a in nums] + [SMALL_INT] * len(sizes) + [0]))
             elif n.target in _SUMS or n.target in _PRODUCTS:   # each operand counts (x + x: both)
                 each = [bound(x)[1] if isinstance(x, fx.Node) else abs(int(cast(Any, x))) for x in n.args[:2]]
                 out = (sources, each[0] + each[1] if n.target in _SUMS else each[0] * each[1])

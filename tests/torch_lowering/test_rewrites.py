@@ -254,3 +254,31 @@ def test_integer_sums_beyond_float32s_exact_range_and_integers_in_float_sums_sta
     assert why["add"] is None and why["add_1"] is not None, why   # 2^24 + 1
     assert "beyond 16777216" in why["add_1"] and "beyond 16777216" in why["add_3"], why
     assert "integer operand" in why["add_4"], why
+
+
+class Masked(torch.nn.Module):
+    """transformers' masks, written out: a padding mask read at [batch, kv] by constant index
+    tensors, a causal mask compared from positions, the two and-ed and made additive."""
+
+    def forward(self, x, mask):
+        B, S = x.shape[:2]
+        kv = torch.arange(S)
+        pad = mask.bool()[torch.arange(B)[:, None], kv[None, :]]
+        allowed = pad[:, None, :] & (kv[None, :] <= kv[:, None])[None]
+        bias = torch.where(allowed, 0.0, float("-inf"))
+        return torch.softmax(x @ x.transpose(1, 2) + bias, -1)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_masks_made_from_sizes_and_inputs_run_on_ggml(dynamic):
+    from pyggml.raw import lib
+    model = Masked()
+    x, mask = torch.randn(2, 5, 4), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    assert not explain(model, x, mask).torch
+    compiled = _compiled(model, dynamic=dynamic)
+    for B, S in ((2, 5), (2, 7), (3, 6)):
+        x = torch.randn(B, S, 4)
+        mask = (torch.arange(S)[None, :] < torch.randint(1, S + 1, (B, 1))).long()
+        before = lib.pyggml_compute_ns()
+        torch.testing.assert_close(compiled(x, mask), model(x, mask))
+        assert lib.pyggml_compute_ns() > before
