@@ -176,6 +176,9 @@ class CachedGraph:
         self.inputs = dict(parts.inputs)
         self.outputs = {**parts.outputs, **outputs}
         self._arrays = parts.arrays
+        #: the GraphParts.output outputs in host memory: a compute reads them there (a copy),
+        #: without the checks of a call into C
+        self._host_outputs = {n: parts.arrays[n] for n in parts.outputs if n in parts.arrays}
         self._unset = set(self.inputs)   # inputs never given a value (zeros)
         self._empty = {n for n, t in self.inputs.items() if not t.nbytes}  # 0 bytes: nothing to write
         self.computes = 0  # computations started: a pending result knows whether it is the last
@@ -372,7 +375,9 @@ class GraphCache:
             self.compute_seconds += time.perf_counter() - t0
             names = list(entry.outputs) if outputs is None else outputs
             into = into or {}
-            return {n: entry.outputs[n].numpy(out=into.get(n)) for n in names}
+            host = entry._host_outputs
+            return {n: host[n].copy() if n in host and n not in into else entry.outputs[n].numpy(out=into.get(n))
+                    for n in names}
 
     @_one_at_a_time
     def compute_async(self, key: Hashable, **inputs: Any) -> "PendingCompute":

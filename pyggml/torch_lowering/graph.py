@@ -118,7 +118,8 @@ class LoweredGraph:
     placeholders that receive parameters, buffers and other static tensors: on the CPU backend
     ggml reads a float32 weight in its own memory (no copy); the others are copied into a
     backend buffer at the first call and again only when torch has changed them (another
-    tensor, or written in place), not at every call. An ``index_put`` marked by
+    tensor, or written in place), not at every call; integer and bool ones are inputs as the
+    others, read at every call. An ``index_put`` marked by
     :func:`~pyggml.torch_lowering.rewrites.mark_in_place` writes into its input's memory. Call
     it with the graph's inputs (CPU tensors, and Python ints for the sizes a graph with dynamic
     shapes takes); it returns the outputs as a list of torch tensors.
@@ -148,7 +149,11 @@ class LoweredGraph:
                 why = why_not(n)
                 if why is not None:
                     raise LoweringError(f"{n.format_node()}: {why}")
-        self._weights = sorted(weights)
+        # integer and bool buffers (a static cache's position counters, written at every step)
+        # are inputs like the others: a weight's copy into ggml memory is checked and made
+        # again whenever torch writes it, a cost that pays for large float tensors only
+        self._weights = sorted(i for i in weights if isinstance(val(self.placeholders[i]), torch.Tensor)
+                               and val(self.placeholders[i]).dtype in DTYPES)
         self._weight_type = weight_type
         self._flash_attn = flash_attn
         self._weight_seen: dict[int, tuple[int, int]] = {}
@@ -351,8 +356,11 @@ class LoweredGraph:
         # the strides torch traced: a view torch takes of an output may need them
         self._out_strides[key] = [tuple(int(s) for s in val(o).stride()) for o in self.outputs]
         for j, o in enumerate(self.outputs):
-            v = b.env[o]
-            outputs[f"out{j}"] = b.contig(v.t)   # NumPy reads contiguous outputs
+            t = b.contig(b.env[o].t)   # NumPy reads contiguous outputs
+            if j in self._in_place:    # a weight's own memory when aliased: read only when not
+                outputs[f"out{j}"] = t
+            else:                      # copied out in the graph, read without a call into C
+                g.output(t, f"out{j}")
         self.graphs_built += 1
         return outputs
 
@@ -385,7 +393,11 @@ class LoweredGraph:
         a warning, once, and the call runs in torch)."""
         for i, size in self._small:
             x = args[i]
-            lo, hi = (int(x), int(x)) if size else (int(x.min()), int(x.max())) if x.numel() else (0, 0)
+            if size or x.numel() == 1:   # a size, a counter: one number
+                lo = hi = int(x)
+            else:                        # NumPy's min and max cost a fraction of torch's on small tensors
+                a = np.asarray(x.detach().numpy())
+                lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
             if max(-lo, hi) > SMALL_INT:
                 if not self._warned_small:
                     self._warned_small = True
