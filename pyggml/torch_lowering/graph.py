@@ -357,10 +357,13 @@ class LoweredGraph:
         self._out_strides[key] = [tuple(int(s) for s in val(o).stride()) for o in self.outputs]
         for j, o in enumerate(self.outputs):
             t = b.contig(b.env[o].t)   # NumPy reads contiguous outputs
-            if j in self._in_place:    # a weight's own memory when aliased: read only when not
-                outputs[f"out{j}"] = t
-            else:                      # copied out in the graph, read without a call into C
+            # small ones (a decode step's logits and counters) copied out in the graph and read
+            # without a call into C; large ones read where computed (no memory per graph); a
+            # weight's own memory when aliased (read only when not)
+            if j not in self._in_place and t.nbytes <= _HOST_OUTPUT_BYTES:
                 g.output(t, f"out{j}")
+            else:
+                outputs[f"out{j}"] = t
         self.graphs_built += 1
         return outputs
 
@@ -416,6 +419,10 @@ class LoweredGraph:
         """The graph computed by torch (its FX module), for inputs whose shapes ggml does not take."""
         out = self.gm(*args)
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+#: outputs up to this size get memory of their own in each cached graph (read without a call into C)
+_HOST_OUTPUT_BYTES = 1 << 20
 
 
 def _computes_ints(node: fx.Node) -> bool:
