@@ -125,9 +125,9 @@ def int_bound(node: fx.Node) -> tuple[list[fx.Node], int | None, str | None]:
     in float32: ``(sources, bound, None)``, the graph inputs (placeholders) they come from
     (each call checks that those hold at most :data:`SMALL_INT` in magnitude) and a bound on
     their magnitude, through moves (views, copies, ``cat``, ``gather``), constants made from
-    numbers (their largest number) and from the graph's symbolic sizes (inputs too), sums and products (the operands' bounds added or
-    multiplied) and cumulative sums (times the dim's size), each at most :data:`EXACT_INT`; or
-    ``([], None, why)``."""
+    numbers (their largest number) and from the graph's symbolic sizes (inputs too), sums and
+    products (the operands' bounds added or multiplied) and cumulative sums (times the dim's
+    size), each at most :data:`EXACT_INT`; or ``([], None, why)``."""
     memo: dict[fx.Node, tuple[list[fx.Node], int]] = {}
 
     def bound(n: fx.Node) -> tuple[list[fx.Node], int]:
