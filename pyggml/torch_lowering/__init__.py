@@ -7,7 +7,7 @@ Modules, one concept each:
 * :mod:`~pyggml.torch_lowering.table`     -- the lowering table (ATen overload -> :class:`~pyggml.torch_lowering.table.Lowering`)
 * ``ops_*``         -- the lowerings, by family: :mod:`~pyggml.torch_lowering.ops_elementwise`, :mod:`~pyggml.torch_lowering.ops_shape`,
   :mod:`~pyggml.torch_lowering.ops_matrix`, :mod:`~pyggml.torch_lowering.ops_normalisation`, :mod:`~pyggml.torch_lowering.ops_indexing`, :mod:`~pyggml.torch_lowering.ops_conv`,
-  :mod:`~pyggml.torch_lowering.ops_creation`, :mod:`~pyggml.torch_lowering.ops_rope`
+  :mod:`~pyggml.torch_lowering.ops_creation`, :mod:`~pyggml.torch_lowering.ops_rope`, :mod:`~pyggml.torch_lowering.ops_logical`
 * :mod:`~pyggml.torch_lowering.custom_ops` -- pyggml's own torch ops, which rewrites put in place of ATen patterns
 * :mod:`~pyggml.torch_lowering.graph`     -- an FX graph of lowerable nodes as ggml graphs (:class:`~pyggml.torch_lowering.graph.LoweredGraph`)
 * :mod:`~pyggml.torch_lowering.rewrites` -- rewrites that let more of a graph reach ggml
