@@ -333,31 +333,7 @@ SAMPLES: dict[Any, list[tuple[Callable[..., Any], tuple[T, ...], float]]] = {
           T(2, 1, 3, 5, mask=True)),
         S(lambda m: aten.where.self(m, aten.scalar_tensor.default(1.5), aten.scalar_tensor.default(-3.0)),
           T(4, 6, mask=True))],
-    # comparisons and logic: integers and bools (F32 0/1 in ggml)
-    aten.eq.Scalar: [S(lambda i: aten.eq.Scalar(i, 3), T(4, 5, index=7))],
-    aten.eq.Tensor: [S(lambda i, j: aten.eq.Tensor(i, j), T(4, 5, index=4), T(5, index=4)),
-                       S(lambda m, n: aten.eq.Tensor(m, n), T(3, 4, mask=True), T(3, 4, mask=True))],
-    aten.ne.Scalar: [S(lambda i: aten.ne.Scalar(i, 3), T(4, 5, index=7))],
-    aten.ne.Tensor: [S(lambda i, j: aten.ne.Tensor(i, j), T(4, 5, index=4), T(5, index=4)),
-                       S(lambda m, n: aten.ne.Tensor(m, n), T(3, 4, mask=True), T(3, 4, mask=True))],
-    aten.lt.Scalar: [S(lambda i: aten.lt.Scalar(i, 3), T(4, 5, index=7))],
-    aten.lt.Tensor: [S(lambda i, j: aten.lt.Tensor(i, j), T(4, 5, index=4), T(5, index=4)),
-                       S(lambda m, n: aten.lt.Tensor(m, n), T(3, 4, mask=True), T(3, 4, mask=True))],
-    aten.le.Scalar: [S(lambda i: aten.le.Scalar(i, 3), T(4, 5, index=7))],
-    aten.le.Tensor: [S(lambda i, j: aten.le.Tensor(i, j), T(4, 5, index=4), T(5, index=4)),
-                       S(lambda m, n: aten.le.Tensor(m, n), T(3, 4, mask=True), T(3, 4, mask=True))],
-    aten.gt.Scalar: [S(lambda i: aten.gt.Scalar(i, 3), T(4, 5, index=7))],
-    aten.gt.Tensor: [S(lambda i, j: aten.gt.Tensor(i, j), T(4, 5, index=4), T(5, index=4)),
-                       S(lambda m, n: aten.gt.Tensor(m, n), T(3, 4, mask=True), T(3, 4, mask=True))],
-    aten.ge.Scalar: [S(lambda i: aten.ge.Scalar(i, 3), T(4, 5, index=7))],
-    aten.ge.Tensor: [S(lambda i, j: aten.ge.Tensor(i, j), T(4, 5, index=4), T(5, index=4)),
-                       S(lambda m, n: aten.ge.Tensor(m, n), T(3, 4, mask=True), T(3, 4, mask=True))],
-    aten.bitwise_and.Tensor: [S(lambda m, n: aten.bitwise_and.Tensor(m, n), T(3, 4, mask=True), T(4, mask=True))],
-    aten.bitwise_or.Tensor: [S(lambda m, n: aten.bitwise_or.Tensor(m, n), T(3, 4, mask=True), T(4, mask=True))],
-    aten.bitwise_xor.Tensor: [S(lambda m, n: aten.bitwise_xor.Tensor(m, n), T(3, 4, mask=True), T(4, mask=True))],
-    aten.logical_and.default: [S(lambda m, n: aten.logical_and.default(m, n), T(3, 4, mask=True), T(4, mask=True))],
-    aten.logical_or.default: [S(lambda m, n: aten.logical_or.default(m, n), T(3, 4, mask=True), T(4, mask=True))],
-    aten.logical_xor.default: [S(lambda m, n: aten.logical_xor.default(m, n), T(3, 4, mask=True), T(4, mask=True))],
+    # comparisons and logic (integers and bools, F32 0/1 in ggml): _LOGIC_SAMPLES, below
     aten.bitwise_not.default: [S(lambda m: aten.bitwise_not.default(m), T(3, 4, mask=True))],
     aten.logical_not.default: [S(lambda m: aten.logical_not.default(m), T(2, 3, 4, mask=True))],
     aten.clamp_min.Tensor: [S(lambda x, y: aten.clamp_min.Tensor(x, y), T(3, 4), T(4))],
@@ -398,6 +374,26 @@ SAMPLES: dict[Any, list[tuple[Callable[..., Any], tuple[T, ...], float]]] = {
     aten.new_ones.default: [S(lambda x: aten.add.Tensor(x, aten.new_ones.default(x, [3])), T(2, 3))],
     aten.new_full.default: [S(lambda x: aten.add.Tensor(x, aten.new_full.default(x, [3], 4.0)), T(2, 3))],
 }
+
+
+def _comparison(op: Any) -> dict[Any, list[tuple[Callable[..., Any], tuple[T, ...], float]]]:
+    """Samples of a comparison: small integers (one broadcast) and bools."""
+    return {op.Scalar: [S(lambda i: op.Scalar(i, 3), T(4, 5, index=7))],
+            op.Tensor: [S(lambda i, j: op.Tensor(i, j), T(4, 5, index=4), T(5, index=4)),
+                        S(lambda m, n: op.Tensor(m, n), T(3, 4, mask=True), T(3, 4, mask=True))]}
+
+
+def _logical(op: Any) -> list[tuple[Callable[..., Any], tuple[T, ...], float]]:
+    """Samples of a logical op: bools, one broadcast."""
+    return [S(lambda m, n: op(m, n), T(3, 4, mask=True), T(4, mask=True))]
+
+
+for _op in (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge):
+    SAMPLES.update(_comparison(_op))
+for _logic in (aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor, aten.logical_and.default,
+               aten.logical_or.default, aten.logical_xor.default):
+    SAMPLES[_logic] = _logical(_logic)
+
 
 CASES = [pytest.param(target, i, id=f"{target}-{i}") for target, samples in SAMPLES.items()
          for i in range(len(samples))]
