@@ -66,6 +66,17 @@ class Builder:
     def contig(self, t: Tensor) -> Tensor:
         return t if t.is_contiguous() else self.ctx.cont(t)
 
+    def as_f32(self, v: Any) -> Any:
+        """``v`` to compute on in float32: a Val of I32 (integers) cast (``ggml_cast``); a Val
+        of F32 (floats, bools as 0/1) and a Python number as they are."""
+        if isinstance(v, Val) and v.t.type == GGMLType.I32:
+            return Val(self.ctx.cast(self.contig(v.t), "f32"), v.shape)
+        return v
+
+    def as_i32(self, t: Tensor) -> Tensor:
+        """Integers computed in float32 (exact) back to I32 (``ggml_cast``)."""
+        return self.ctx.cast(self.contig(t), "i32")
+
     def reshape(self, t: Tensor, shape: Sequence[int]) -> Tensor:
         """``t`` as torch ``shape`` (same number of elements)."""
         ne = ne_of(shape)
@@ -179,7 +190,8 @@ class LoweredGraph:
         self._key_args = [(i, i in self._ints) for i in range(len(self.placeholders)) if i not in weight_set]
         self._feed_args = [(i, f"in{i}") for i, _ in self._key_args if i not in self._ints]
         #: (position, is a size) of the inputs whose integers ggml computes on in float32
-        #: (sums, comparisons): a call where one holds more than SMALL_INT in magnitude runs in torch
+        #: (sums, products, comparisons): a call where one holds more than SMALL_INT in
+        #: magnitude runs in torch
         self._small = sorted({(self.placeholders.index(p), self.placeholders.index(p) in self._ints)
                               for n in gm.graph.nodes if n.op == "call_function" and _computes_ints(n)
                               for x in n.all_input_nodes for p in int_bound(x)[0]})
@@ -392,8 +404,8 @@ class LoweredGraph:
                 for j, shape in enumerate(self._out_shapes[key])]
 
     def _small_enough(self, args: Sequence[Any]) -> bool:
-        """Whether the inputs whose integers ggml adds hold at most SMALL_INT in magnitude (else
-        a warning, once, and the call runs in torch)."""
+        """Whether the inputs whose integers ggml computes on hold at most SMALL_INT in magnitude
+        (else a warning, once, and the call runs in torch)."""
         for i, size in self._small:
             x = args[i]
             if size or x.numel() == 1:   # a size, a counter: one number
@@ -405,7 +417,7 @@ class LoweredGraph:
                 if not self._warned_small:
                     self._warned_small = True
                     warnings.warn(f"pyggml: an integer input holds {hi if hi > -lo else lo}, beyond the "
-                                  f"{SMALL_INT} up to which ggml's float32 sums of integers are exact: the "
+                                  f"{SMALL_INT} up to which ggml's float32 integer arithmetic is exact: the "
                                   "graph runs in torch for such inputs", stacklevel=3)
                 return False
         return True

@@ -63,8 +63,8 @@ def binary(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
 
 
 _BIN_NOTES = "ggml_{} (ggml_repeat first where the first operand is broadcast; a number: a constant or ggml_scale)"
-_INT_NOTES = ("; integers (views of inputs of at most 2^23, checked at each call, and such constants) in float32 "
-              "(ggml_cast), exact")
+_INT_NOTES = ("; integers in float32 (ggml_cast), where their bound (inputs checked at each call, constants) "
+              "proves it exact")
 
 
 def _sum_check(node: fx.Node) -> str | None:
@@ -88,9 +88,7 @@ def _sum_check(node: fx.Node) -> str | None:
 
 def _in_f32(b: Builder, node: fx.Node, x: Any, y: Any, op: str) -> Tensor:
     """Integers (proven small: exact) ``x op y`` in float32, back to I32."""
-    def f32(v: Any) -> Any:
-        return Val(b.ctx.cast(b.contig(v.t), "f32"), v.shape) if isinstance(v, Val) else v
-    return b.ctx.cast(binary(b, node, f32(x), f32(y), op), "i32")
+    return b.as_i32(binary(b, node, b.as_f32(x), b.as_f32(y), op))
 
 
 def _sum(b: Builder, node: fx.Node, x: Any, y: Any, alpha: float, op: str) -> Tensor:

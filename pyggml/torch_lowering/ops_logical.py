@@ -12,11 +12,10 @@ import torch
 from torch import fx
 
 from ..core.tensor import Tensor
-from ..enums import GGMLType
 from .graph import Builder
 from .layout import INDEX_DTYPES, val
 from .ops_elementwise import binary
-from .table import EXACT_INT, Val, args_of, int_bound, register
+from .table import EXACT_INT, args_of, int_bound, register
 
 aten = torch.ops.aten
 
@@ -47,13 +46,6 @@ def _compare_check(node: fx.Node) -> str | None:
     return None if total <= EXACT_INT else f"a difference of up to {total} (beyond {EXACT_INT})"
 
 
-def _f32(b: Builder, x: Any) -> Any:
-    """An operand in float32: an I32 tensor cast, a bool's F32 0/1 as it is, a number as float."""
-    if isinstance(x, Val):
-        return Val(b.ctx.cast(b.contig(x.t), "f32"), x.shape) if x.t.type == GGMLType.I32 else x
-    return float(x)
-
-
 def _one_minus(b: Builder, t: Tensor) -> Tensor:
     return b.ctx.add(b.ctx.scale(t, -1.0), b.constant([1.0]))
 
@@ -61,7 +53,7 @@ def _one_minus(b: Builder, t: Tensor) -> Tensor:
 def _compare(op: str) -> Any:
     def lower(b: Builder, node: fx.Node, x: Any, y: Any) -> Tensor:
         ctx = b.ctx
-        d = binary(b, node, _f32(b, x), _f32(b, y), "sub")   # exact: small integers, 0/1
+        d = binary(b, node, b.as_f32(x), b.as_f32(y), "sub")   # exact: small integers, 0/1
         if op == "gt":
             return ctx.step(d)
         if op == "lt":
@@ -95,7 +87,7 @@ def _logical(op: str) -> Any:
         ctx = b.ctx
         if op == "not":
             return _one_minus(b, b.contig(x.t))
-        x, y = _f32(b, x), _f32(b, y)
+        x, y = b.as_f32(x), b.as_f32(y)
         if op == "and":
             return binary(b, node, x, y, "mul")
         if op == "xor":

@@ -13,7 +13,6 @@ import torch
 from torch import fx
 
 from ..core.tensor import Tensor
-from ..enums import GGMLType
 from .graph import Builder
 from .layout import INDEX_DTYPES, axis_of, shape_of, val
 from .table import Val, args_of, int_bound, kw_of, register
@@ -192,12 +191,10 @@ def _cumsum_check(node: fx.Node) -> str | None:
 @register(aten.cumsum.default, notes="ggml_cumsum (the dim permuted to ne[0] first); of integers or bools (at "
           "most 2^24 on the way) in float32, exact", check=_cumsum_check, int_results=True, makes_values=True)
 def _cumsum(b: Builder, node: fx.Node, x: Val, dim: int, **kw: Any) -> Tensor:
-    if x.t.type == GGMLType.I32:
-        x = Val(b.ctx.cast(b.contig(x.t), "f32"), x.shape)
-    front, axes = _to_front(b, x, dim)
+    front, axes = _to_front(b, b.as_f32(x), dim)
     s = b.ctx.cumsum(front)
     s = s if axes == [0, 1, 2, 3] else b.ctx.permute(s, *axes)
-    return b.ctx.cast(b.contig(s), "i32") if val(node).dtype in INDEX_DTYPES else s
+    return b.as_i32(s) if val(node).dtype in INDEX_DTYPES else s
 
 
 def _bn_check(node: fx.Node) -> str | None:

@@ -5,14 +5,13 @@ but the fastest dim); otherwise the tensor is made contiguous first (``ggml_cont
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import torch
 from torch import fx
 
 from ..core.tensor import Tensor
-from ..enums import GGMLType
 from .graph import Builder
 from .layout import INDEX_DTYPES, MAX_DIMS, axis_of, shape_of, val
 from .table import Val, args_of, kw_of, register
@@ -63,10 +62,10 @@ def _to_copy(b: Builder, node: fx.Node, x: Val, *rest: Any, **kw: Any) -> Tensor
     if src == dst or (src in INDEX_DTYPES and dst in INDEX_DTYPES):
         return t
     if dst == torch.bool:   # from an integer: nonzero
-        return ctx.step(ctx.abs(ctx.cast(b.contig(t), "f32")))
+        return ctx.step(ctx.abs(b.as_f32(x).t))
     if dst == torch.float32:   # from an integer (rounded to nearest, as torch does) or a bool
-        return ctx.cast(b.contig(t), "f32") if t.type == GGMLType.I32 else t
-    return ctx.cast(b.contig(t), "i32")   # a bool to an integer
+        return cast(Tensor, b.as_f32(x).t)
+    return b.as_i32(t)   # a bool to an integer
 
 
 def _perm_axes(perm: Sequence[int], n: int) -> list[int]:

@@ -150,7 +150,8 @@ class SileroVAD:
         weights["stft"] = np.pad(weights["stft"], ((0, 2), (0, 0)))
         self._stack = contextlib.ExitStack()
         try:
-            backend = self._stack.enter_context(open_backend("cpu", min(4, default_threads()) if n_threads is None else n_threads))
+            threads = min(4, default_threads()) if n_threads is None else n_threads
+            backend = self._stack.enter_context(open_backend("cpu", threads))
             self.w: dict[str, Tensor] = dict(self._stack.enter_context(load_tensors(weights, backend)))
             n = 16 * BLOCK + 128
             self.graphs = self._stack.enter_context(GraphCache(self._build, backend=backend, graph_size=n,
