@@ -106,6 +106,29 @@ def test_from_dlpack_places_a_tensor_on_the_producers_memory():
         assert t.numpy()[1, 2] == -1
 
 
+def test_a_compute_over_many_imported_arrays_takes_one_lock_for_them():
+    """Each imported array is a buffer of its own (``ggml_backend_cpu_buffer_from_ptr``); they
+    share their context's lock, so that a compute reading a model's hundreds of weights in
+    torch's memory takes one lock for them, not one each. The graph computes what NumPy does."""
+    from pyggml.backends.graph_run import run_of
+    srcs = [aligned_zeros((4,), np.float32) for _ in range(12)]
+    for i, a in enumerate(srcs):
+        a[:] = i
+    with pyggml.Context.for_tensors(len(srcs)) as c, pyggml.CPUBackend() as cpu, \
+            pyggml.Context.for_tensors(64, graph_size=64) as g:
+        ts = [pyggml.from_dlpack(a, c) for a in srcs]
+        out = ts[0]
+        for t in ts[1:]:
+            out = g.add(out, t)
+        graph = g.new_graph(64).build_forward(out)
+        with pyggml.GraphAllocator(cpu) as galloc:
+            galloc.alloc_graph(graph)
+            cpu.graph_compute(graph)
+            np.testing.assert_array_equal(out.numpy(), sum(srcs))
+            locks = next(iter(run_of(graph).checks.values())).lock.locks
+        assert len(locks) < len(ts)   # the graph's, its contexts', the backend's, the placer's
+
+
 def test_from_dlpack_refuses_memory_ggml_cannot_use():
     with pyggml.Context.for_tensors(4) as c:
         misaligned = aligned_zeros((9,), np.float32)[1:]

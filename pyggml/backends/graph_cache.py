@@ -71,7 +71,9 @@ class GraphParts:
       place through :attr:`CachedGraph.arrays`);
     * :meth:`output` -- an output copied into memory of its own at every compute, read without
       a call into C through :attr:`CachedGraph.arrays` (a decode step's logits);
-    * :meth:`constant` -- a tensor holding an array.
+    * :meth:`constant` -- a tensor holding an array;
+    * ``extra`` -- a dict for what the build function keeps with this graph (a caller's plan of
+      how to feed and read it), :attr:`CachedGraph.extra` afterwards, dropped with the graph.
 
     Inputs, outputs and constants are placed when made (each in a small buffer of its own), so
     views of them built afterwards are views of placed memory.
@@ -91,6 +93,8 @@ class GraphParts:
         self.outputs: dict[str, Tensor] = {}
         #: NumPy views of the inputs and outputs in host memory
         self.arrays: dict[str, np.ndarray] = {}
+        #: what the build function keeps with this graph (CachedGraph.extra)
+        self.extra: dict[str, Any] = {}
         self._input_ctx: Context | None = None
         self._const_ctx: Context | None = None
 
@@ -176,6 +180,8 @@ class CachedGraph:
         self.inputs = dict(parts.inputs)
         self.outputs = {**parts.outputs, **outputs}
         self._arrays = parts.arrays
+        #: what the build function put in ``g.extra`` (dropped with this graph)
+        self.extra = parts.extra
         #: the GraphParts.output outputs in host memory: a compute reads them there (a copy),
         #: without the checks of a call into C
         self._host_outputs = {n: parts.arrays[n] for n in parts.outputs if n in parts.arrays}
@@ -214,6 +220,7 @@ class CachedGraph:
                                  "(never given a value)")
 
     def close(self) -> None:
+        self.extra.clear()   # it may hold views of the memory closed next
         self._parts.close()
 
 
@@ -283,6 +290,13 @@ class GraphCache:
         assert self.scheduler is not None
         backends = self.scheduler.backends
         return backends[-1], backends[0]
+
+    @property
+    def lock(self) -> contextlib.AbstractContextManager[Any]:
+        """The cache's lock (re-entrant), which :meth:`get`, :meth:`compute` and the others hold:
+        hold it (``with cache.lock:``) from writing a graph's :attr:`CachedGraph.arrays` to
+        reading its outputs there when threads share the cache."""
+        return self._lock
 
     # ------------------------------------------------------------------ graphs
     @_one_at_a_time

@@ -155,6 +155,9 @@ def tensor_from_numpy(ctx: Context, array: np.ndarray, name: str | None = None) 
     if not ctx.no_alloc:
         raise ValueError("tensor_from_numpy needs a no_alloc context")
     buf = cpu_buffer_from_array(array)
+    # the context's lock for the buffer too: a compute of a graph reading many such tensors
+    # (a model's weights in torch's memory) takes one lock for all, not one per buffer
+    buf._lock = ctx._lock
     t = ctx.from_numpy(array, name=name)
     tensor_alloc(buf, t)
     return t

@@ -11,6 +11,7 @@ DLPack (:func:`~pyggml.backends.utils.from_dlpack`).
 """
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any, Callable, Collection, Sequence, cast
 
@@ -172,16 +173,15 @@ class LoweredGraph:
         #: weights whose ggml tensor is the torch tensor's own memory (on the CPU backend)
         self._aliased: set[int] = set()
         self._copied: list[int] = []
+        self._copied_versions: tuple[int, ...] = ()   # their torch versions when last copied
         self._aliased_ctx: Context | None = None
         self._copied_w: Weights | None = None
         self._placed: tuple[int, ...] | None = None   # the weights' data pointers they were placed for
         self._alias_ok = isinstance(backend, CPUBackend)
         self._home = home
-        self._out_shapes: dict[Any, list[tuple[int, ...]]] = {}
         #: the torch dtype of each output: an integer one is I32 in ggml, returned as traced
         self._out_dtypes = [val(o).dtype if isinstance(o, fx.Node) and isinstance(val(o), torch.Tensor) else None
                             for o in self.outputs]
-        self._out_strides: dict[Any, list[tuple[int, ...]]] = {}
         #: placeholder positions that take a Python int (a symbolic size of a dynamic graph)
         self._ints = {i for i, n in enumerate(self.placeholders) if not isinstance(val(n), torch.Tensor)}
         # what a call reads of its arguments, worked out once: (position, is a size) of each
@@ -195,6 +195,9 @@ class LoweredGraph:
         self._small = sorted({(self.placeholders.index(p), self.placeholders.index(p) in self._ints)
                               for n in gm.graph.nodes if n.op == "call_function" and _computes_ints(n)
                               for x in n.all_input_nodes for p in int_bound(x)[0]})
+        #: of those, the sizes (checked in the key) and the tensors (checked as they are fed)
+        self._small_sizes = [i for i, size in self._small if size]
+        self._small_inputs = {i for i, size in self._small if not size}
         #: keys (input shapes and sizes) whose lowering failed -> why: those calls run in torch
         self._in_torch: dict[Any, str] = {}
         self._warned_small = False
@@ -242,7 +245,9 @@ class LoweredGraph:
         the others are copied into a backend buffer, again whenever torch changes them. When
         such a weight is another tensor than before (a new KV cache), the graphs are made again
         (the copied weights are kept)."""
-        ptrs = tuple(args[i].data_ptr() for i in self._weights)
+        ptrs = tuple(map(_DATA_PTR, _pick(args, self._weights)))
+        if ptrs == self._placed and tuple(map(_VERSION, _pick(args, self._copied))) == self._copied_versions:
+            return   # the common case: the same tensors, unchanged
         if ptrs != self._placed:
             aliasable = {i for i in self._weights if self._aliasable(i, args[i])}
             if self._placed is not None:
@@ -272,6 +277,7 @@ class LoweredGraph:
             if self._weight_seen.get(i) != stamp:
                 self._w[i].set(_array(src))
                 self._weight_seen[i] = stamp
+        self._copied_versions = tuple(map(_VERSION, _pick(args, self._copied)))
 
     def _propagate(self, key: tuple[Any, ...]) -> None:
         """The nodes' fake tensors (and sizes) for the inputs of ``key``: each non-weight
@@ -364,9 +370,6 @@ class LoweredGraph:
             if node.op == "call_function":
                 b.env[node] = b.lower(node)
         outputs = {}
-        self._out_shapes[key] = [b.env[o].shape for o in self.outputs]
-        # the strides torch traced: a view torch takes of an output may need them
-        self._out_strides[key] = [tuple(int(s) for s in val(o).stride()) for o in self.outputs]
         for j, o in enumerate(self.outputs):
             t = b.contig(b.env[o].t)   # NumPy reads contiguous outputs
             # small ones (a decode step's logits and counters) copied out in the graph and read
@@ -376,6 +379,7 @@ class LoweredGraph:
                 g.output(t, f"out{j}")
             else:
                 outputs[f"out{j}"] = t
+        g.extra["run"] = _Run(self, g, [b.env[o].shape for o in self.outputs])
         self.graphs_built += 1
         return outputs
 
@@ -383,54 +387,136 @@ class LoweredGraph:
         key = tuple(int(args[i]) if size else tuple(args[i].shape) for i, size in self._key_args)
         if key in self._in_torch:
             return self._in_torch_run(args)
-        if self._small and not self._small_enough(args):
-            return self._in_torch_run(args)
-        self._place_weights(args)
-        feed: dict[str, Any] = {name: _array(args[i]) for i, name in self._feed_args}
-        # an output written in a weight's own memory is that torch tensor: nothing to read back
-        same = {j: args[i] for j, i in self._in_place.items() if i in self._aliased}
-        try:
-            out = self.cache.compute(key, [f"out{j}" for j in range(len(self.outputs)) if j not in same], **feed)
-        except LoweringError as e:
-            if key == self._static_key:   # the shapes its nodes were checked for: a bug, not a size
-                raise
-            self._in_torch[key] = str(e)
-            warnings.warn(f"pyggml: a graph of {len(self.gm.graph.nodes)} nodes runs in torch for inputs of "
-                          f"shapes {list(key)}: {e}", stacklevel=2)
-            return self._in_torch_run(args)
-        strides = self._out_strides[key]
-        return [same[j] if j in same else _strided(self._as_traced(j, torch.from_numpy(out[f"out{j}"])).reshape(shape),
-                                                   strides[j])
-                for j, shape in enumerate(self._out_shapes[key])]
+        for i in self._small_sizes:
+            if abs(int(args[i])) > SMALL_INT:
+                return self._too_large(int(args[i]), args)
+        with self.cache.lock:   # threads sharing this graph take turns from feeding to reading
+            self._place_weights(args)
+            try:
+                entry = self.cache.get(key)
+            except LoweringError as e:
+                if key == self._static_key:   # the shapes its nodes were checked for: a bug, not a size
+                    raise
+                self._in_torch[key] = str(e)
+                warnings.warn(f"pyggml: a graph of {len(self.gm.graph.nodes)} nodes runs in torch for inputs of "
+                              f"shapes {list(key)}: {e}", stacklevel=2)
+                return self._in_torch_run(args)
+            run: _Run = entry.extra["run"]
+            entry.arrays   # noqa: B018 - its inputs are written in place (by run.feed)
+            try:
+                rest = run.feed(args)
+            except _TooLarge as e:
+                return self._too_large(e.args[0], args)
+            return run.results(args, self.cache.compute(key, run.read, **rest))
 
-    def _small_enough(self, args: Sequence[Any]) -> bool:
-        """Whether the inputs whose integers ggml computes on hold at most SMALL_INT in magnitude
-        (else a warning, once, and the call runs in torch)."""
-        for i, size in self._small:
-            x = args[i]
-            if size or x.numel() == 1:   # a size, a counter: one number
-                lo = hi = int(x)
-            else:                        # NumPy's min and max cost a fraction of torch's on small tensors
-                a = np.asarray(x.detach().numpy())
-                lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
-            if max(-lo, hi) > SMALL_INT:
-                if not self._warned_small:
-                    self._warned_small = True
-                    warnings.warn(f"pyggml: an integer input holds {hi if hi > -lo else lo}, beyond the "
-                                  f"{SMALL_INT} up to which ggml's float32 integer arithmetic is exact: the "
-                                  "graph runs in torch for such inputs", stacklevel=3)
-                return False
-        return True
-
-    def _as_traced(self, j: int, t: torch.Tensor) -> torch.Tensor:
-        """Output ``j`` in the dtype torch traced (an integer output comes back from ggml as int32)."""
-        dtype = self._out_dtypes[j]
-        return t if dtype is None or t.dtype == dtype else t.to(dtype)
+    def _too_large(self, value: int, args: Sequence[Any]) -> list[torch.Tensor]:
+        """An integer input holds ``value``, beyond SMALL_INT: a warning (once), and the call
+        computed by torch."""
+        if not self._warned_small:
+            self._warned_small = True
+            warnings.warn(f"pyggml: an integer input holds {value}, beyond the {SMALL_INT} up to which "
+                          "ggml's float32 integer arithmetic is exact: the graph runs in torch for such "
+                          "inputs", stacklevel=3)
+        return self._in_torch_run(args)
 
     def _in_torch_run(self, args: Sequence[Any]) -> list[torch.Tensor]:
         """The graph computed by torch (its FX module), for inputs whose shapes ggml does not take."""
         out = self.gm(*args)
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+class _TooLarge(Exception):
+    """An input of integers ggml computes on in float32 holds ``args[0]``, beyond SMALL_INT."""
+
+
+class _Run:
+    """How a call feeds one cached graph of a :class:`LoweredGraph` and reads its outputs,
+    worked out once when the graph is built (kept in its ``CachedGraph.extra``, dropped with it):
+    each input written straight into the graph's NumPy view of it, each output made a torch
+    tensor of the traced dtype, shape and strides."""
+
+    __slots__ = ("feeds", "rest", "read", "outs")
+
+    def __init__(self, lowered: LoweredGraph, g: GraphParts, shapes: list[tuple[int, ...]]):
+        #: (argument position, host view, kind, the least and the largest integer it may hold):
+        #: kind "f" floats, "b" bools (0/1), "i" integers, "s" one integer
+        self.feeds: list[tuple[int, np.ndarray, str, int, int]] = []
+        #: (argument position, input name) of the inputs without a host view (device memory)
+        self.rest: list[tuple[int, str]] = []
+        for i, name in lowered._feed_args:
+            arr = g.arrays.get(name)
+            if arr is None:
+                self.rest.append((i, name))
+                continue
+            dtype = val(lowered.placeholders[i]).dtype
+            kind = "b" if dtype == torch.bool else ("s" if arr.size == 1 else "i") if dtype in INDEX_DTYPES else "f"
+            lo, hi = (-SMALL_INT, SMALL_INT) if i in lowered._small_inputs else (_I32.min, _I32.max)
+            self.feeds.append((i, arr, kind, lo, hi))
+        #: the outputs read through GraphCache.compute (not in host memory of their own)
+        self.read: list[str] = []
+        #: per output: (argument position of the weight it was written in, or -1; its host view
+        #: or None; traced shape, dtype, strides; whether those strides differ from contiguous)
+        self.outs: list[tuple[int, np.ndarray | None, tuple[int, ...], Any, tuple[int, ...], bool]] = []
+        for j, (o, shape) in enumerate(zip(lowered.outputs, shapes)):
+            i = lowered._in_place.get(j, -1)
+            if i >= 0 and i not in lowered._aliased:
+                i = -1
+            arr = g.arrays.get(f"out{j}")
+            if i < 0 and arr is None:
+                self.read.append(f"out{j}")
+            stride = tuple(int(x) for x in val(o).stride()) if isinstance(val(o), torch.Tensor) else ()
+            dense = torch.empty(shape, device="meta").stride()
+            strided = any(a != b for a, b, n in zip(dense, stride, shape) if n > 1)
+            self.outs.append((i, arr, tuple(shape), lowered._out_dtypes[j], stride, strided))
+
+    def feed(self, args: Sequence[Any]) -> dict[str, Any]:
+        """Write the call's tensors into the graph's inputs; return those without a host view
+        (for GraphCache.compute). Raises ValueError for an int64 value outside int32's range,
+        _TooLarge for one beyond SMALL_INT in an input ggml computes on."""
+        for i, arr, kind, least, largest in self.feeds:
+            x = args[i]
+            if kind == "s":
+                v = x.item()
+                if not least <= v <= largest:
+                    _out_of_range(x, v, largest)
+                arr.flat[0] = v
+                continue
+            a = (x.detach() if x.requires_grad else x).numpy()
+            if kind == "i" and a.size:
+                lo, hi = int(a.min()), int(a.max())
+                if lo < least or hi > largest:
+                    _out_of_range(x, lo if lo < least else hi, largest)
+            np.copyto(arr, a.reshape(arr.shape), casting="unsafe")
+        return {name: _array(args[i]) for i, name in self.rest}
+
+    def results(self, args: Sequence[Any], got: dict[str, np.ndarray]) -> list[torch.Tensor]:
+        """The outputs as torch tensors (new ones, or the weight written in place)."""
+        out = []
+        for j, (i, arr, shape, dtype, stride, strided) in enumerate(self.outs):
+            if i >= 0:
+                out.append(args[i])
+                continue
+            if arr is None:
+                t = torch.from_numpy(got[f"out{j}"])   # a new array
+                if dtype is not None and t.dtype != dtype:
+                    t = t.to(dtype)
+            elif not shape and dtype in INDEX_DTYPES:
+                out.append(torch.scalar_tensor(arr.item(), dtype=dtype))   # a counter
+                continue
+            else:
+                t = torch.from_numpy(arr)
+                t = t.to(dtype) if dtype is not None and t.dtype != dtype else t.clone()
+            if t.shape != shape:
+                t = t.reshape(shape)
+            out.append(_strided(t, stride) if strided else t)
+        return out
+
+
+def _out_of_range(x: torch.Tensor, value: int, largest: int) -> None:
+    if largest == SMALL_INT:
+        raise _TooLarge(value)
+    raise ValueError(f"an int64 input of shape {list(x.shape)} holds {value}, outside the int32 "
+                     "range of ggml's indices: as an index it is out of range")
 
 
 #: outputs up to this size get memory of their own in each cached graph (read without a call into C)
@@ -480,6 +566,15 @@ def _reads_as_stored(user: fx.Node, node: fx.Node) -> bool:
 
 
 _I32 = torch.iinfo(torch.int32)
+_DATA_PTR = torch.Tensor.data_ptr
+_VERSION = operator.attrgetter("_version")
+
+
+def _pick(args: Sequence[Any], positions: Sequence[int]) -> Sequence[Any]:
+    """``[args[i] for i in positions]``, in one C call where there are several."""
+    if len(positions) > 1:
+        return cast(Sequence[Any], operator.itemgetter(*positions)(args))
+    return [args[i] for i in positions]
 
 
 def _array(t: torch.Tensor) -> np.ndarray:

@@ -527,6 +527,23 @@ def test_an_int64_index_beyond_int32_is_a_value_error(cpu, op):
         lowered.close()
 
 
+def test_a_one_element_int64_index_beyond_int32_is_a_value_error(cpu):
+    """An index tensor of one element (a decode step's token id) is read as one number: the
+    same int32 range check, and int32's extremes are in range."""
+    table = torch.arange(40.0).reshape(10, 4)
+    fn = lambda w, i: aten.index.Tensor(w, [i])  # noqa: E731
+    gm = make_fx(fn)(table, torch.tensor([3]))
+    lowered = LoweredGraph(gm, set(), backend=cpu)
+    try:
+        torch.testing.assert_close(lowered(table, torch.tensor([3]))[0], table[[3]])
+        for bad in (1 << 40, -(1 << 40), 2**31, -(2**31) - 1):
+            with pytest.raises(ValueError, match="outside the int32 range"):
+                lowered(table, torch.tensor([bad]))
+        torch.testing.assert_close(lowered(table, torch.tensor([9]))[0], table[[9]])
+    finally:
+        lowered.close()
+
+
 def test_a_gather_index_past_the_dim_is_a_value_error(cpu):
     """An index of gather past its dim (or negative) is refused before ggml reads there, as
     eager torch refuses it; the graph computes right afterwards."""

@@ -246,6 +246,36 @@ def test_weights_changed_in_place_are_read_again():
         assert not torch.allclose(first, model(x))
 
 
+def test_copied_weights_changed_in_place_are_read_again():
+    """Weights ggml keeps copies of (Q8_0 ones: not torch's memory) are copied again after
+    torch changes them in place."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.ReLU()).eval()
+    c = _compiled(model, weights="q8_0")
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        first = c(x)
+        np.testing.assert_allclose(first.numpy(), model(x).numpy(), rtol=0.05, atol=0.05)
+        model[0].weight.mul_(-1.0)
+        np.testing.assert_allclose(c(x).numpy(), model(x).numpy(), rtol=0.05, atol=0.05)
+        assert not torch.allclose(first, c(x))
+
+
+def test_each_call_returns_tensors_of_its_own():
+    """Small outputs are read from the graph's own memory, which the next call writes: each
+    call's results are copies, unchanged by later calls (integers in the traced dtype)."""
+    c = _compiled(lambda x, i: (x * 2.0 + 1.0, i + 1, (x > 0).sum()))
+    x1, x2 = torch.randn(3, 4), torch.randn(3, 4)
+    with torch.no_grad():
+        a = c(x1, torch.tensor(4))
+        kept = [t.clone() for t in a]
+        b = c(x2, torch.tensor(9))
+    for t, k in zip(a, kept):
+        assert t.dtype == k.dtype and torch.equal(t, k)
+    assert torch.equal(a[0], x1 * 2.0 + 1.0) and a[1].dtype == torch.int64 and int(a[1]) == 5 and int(b[1]) == 10
+    assert int(b[2]) == int((x2 > 0).sum())
+
+
 def test_linear_weights_can_be_quantized():
     """``mm(x, t(w))`` becomes ``linear(x, w)`` (pyggml.torch_lowering.rewrites), so the weight is read by a
     product only and is kept in the requested type: ggml's quantized product matches the same

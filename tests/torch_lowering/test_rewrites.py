@@ -4,6 +4,8 @@ ggml_rope_ext), only where its tables come from positions x inv_freq; grouped-qu
 with fewer K/V heads and a dynamic KV cache's empty start stay on ggml."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -236,6 +238,17 @@ def test_small_integer_sums_run_on_ggml_and_large_ones_in_torch():
     with pytest.warns(UserWarning, match="beyond the 8388608"):
         got = shifted(x, big)
     assert torch.equal(got[1], torch.arange(3) + 2**24 + 1)
+    # an input of several integers: its least and largest are checked
+    # (the first such call warns; each runs in torch, exact)
+    counters = _compiled(lambda x, i: (x * 2, i + 1))
+    for i in (torch.tensor([0, 5, -(2**23)]), torch.tensor([0, 5, 2**24 + 1]), torch.tensor([-(2**24) - 1, 0, 1]),
+              torch.tensor([2**23, 0, 1])):
+        before = lib.pyggml_compute_ns()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = counters(x, i)
+        assert torch.equal(got[1], i + 1) and got[1].dtype == torch.int64
+        assert (lib.pyggml_compute_ns() > before) == bool(i.abs().max() <= 2**23), i
 
 
 class Shifted(torch.nn.Module):
