@@ -12,8 +12,11 @@ frequencies, four 1-D convolutions with ReLU (129 -> 128 -> 64 -> 64 -> 128 chan
 a 1 x 128 product with a sigmoid: one speech probability per chunk. A graph takes
 :data:`BLOCK` chunks (the last one fewer, rounded up to 16) and carries the LSTM's state to the
 next; the LSTM's steps are nodes of the graph (each chunk's input product is one ``mul_mat``
-for the whole block), the transform and the convolutions ``im2col`` in float32 and ``mul_mat``. The weights are
-read from the ONNX file with the ``onnx`` package once, then from the cache.
+for the whole block). The transform is two ``mul_mat`` over the chunks' rows of 128 samples,
+each convolution over a chunk's 4, 2 or 1 frames one ``mul_mat`` with a matrix made from its
+kernel at load (:func:`_as_products`): no ``im2col``, whose CPU kernel goes element by
+element. The weights are read from the ONNX file with the ``onnx`` package once, then from the
+cache.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pyggml import Context, GGMLType, Tensor
+from pyggml import GGMLType, Tensor
 from pyggml.runtime import GraphCache, GraphParts, default_threads, load_tensors, open_backend
 
 from .convert import cache_dir
@@ -136,18 +139,46 @@ def chunks_of(samples: np.ndarray) -> np.ndarray:
     return np.concatenate([ctx, rows], axis=1)
 
 
+_HOP = 128            # the transform's hop: a frame of 256 samples is two rows of 128
+#: (frames in, stride) of each convolution (kernel 3, padding 1): 4 -> 4 -> 2 -> 1 -> 1 frames
+_CONVS = ((4, 1), (4, 2), (2, 2), (1, 1))
+
+
+def _as_products(w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The weights as the graph multiplies them: the transform's basis (258 x 256) padded with
+    zero rows to 260 (ggml's tiled float32 kernel takes a multiple of 4 rows; others go dot
+    product by dot product, 3x the time) and cut into the halves that multiply a frame's two
+    rows of 128 samples; each convolution (kernel 3, padding 1, stride s) over the T frames of
+    a chunk as one matrix from its (T, C) inputs to its (T_out, C_out) outputs (NumPy shape
+    (T_out * C_out, T * C); the taps past the frames, zeros, left out), its bias repeated per
+    output frame."""
+    out = {k: v for k, v in w.items() if not k.startswith(("stft", "conv"))}
+    basis = np.pad(w["stft"], ((0, 2), (0, 0)))
+    out["stft.lo"], out["stft.hi"] = np.ascontiguousarray(basis[:, :_HOP]), np.ascontiguousarray(basis[:, _HOP:])
+    for i, (t_in, stride) in enumerate(_CONVS):
+        k, b = w[f"conv{i}.weight"], w[f"conv{i}.bias"]            # (C_out, C, 3), (C_out,)
+        c_out, c_in, taps = k.shape
+        t_out = (t_in - 1) // stride + 1
+        m = np.zeros((t_out, c_out, t_in, c_in), np.float32)
+        for t in range(t_out):
+            for j in range(taps):
+                src = stride * t + j - 1
+                if 0 <= src < t_in:
+                    m[t, :, src, :] = k[:, :, j]
+        out[f"conv{i}.matrix"] = m.reshape(t_out * c_out, t_in * c_in)
+        out[f"conv{i}.bias"] = np.tile(b, t_out)
+    return out
+
+
 class SileroVAD:
     """Silero VAD v6 on the CPU backend. ``path``: the ONNX file (default :func:`silero_path`).
     ``n_threads``: default :func:`~pyggml.runtime.default_threads`, at most 4 (the LSTM's
-    nodes are small and many: on 2 cores, 220 s of audio took 0.25 s on both against 0.32 s
+    nodes are small and many: on 2 cores, 220 s of audio took 0.22 s on both against 0.29 s
     on one). Raises FileNotFoundError, ImportError without ``onnx``, ValueError for another
     model or ``n_threads < 1``."""
 
     def __init__(self, path: str | Path | None = None, *, n_threads: int | None = None):
-        weights = dict(read_silero(path if path is not None else silero_path()))
-        # the transform's 258 rows padded with zeros to 260: ggml's tiled float32 kernel takes
-        # products of a multiple of 4 rows, others go dot product by dot product (3x the time)
-        weights["stft"] = np.pad(weights["stft"], ((0, 2), (0, 0)))
+        weights = _as_products(read_silero(path if path is not None else silero_path()))
         self._stack = contextlib.ExitStack()
         try:
             threads = min(4, default_threads()) if n_threads is None else n_threads
@@ -169,16 +200,6 @@ class SileroVAD:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _conv(self, ctx: Context, x: Tensor, i: int, stride: int) -> Tensor:
-        """Convolution ``i`` (kernel 3, padding 1) of x [C, T, N] (channels first), with its
-        bias and ReLU: [C_out, T_out, N]."""
-        k, b = self.w[f"conv{i}.weight"], self.w[f"conv{i}.bias"]          # k: ne [3, C, C_out]
-        xt = ctx.cont(ctx.permute(x, 1, 0, 2, 3))                          # [T, C, N]
-        col = ctx.im2col(k, xt, stride, 0, 1, 0, 1, 0, False, GGMLType.F32)  # [3C, T_out, N]
-        K, T_out, N = col.ne[0], col.ne[1], col.ne[2]
-        y = ctx.mul_mat(ctx.reshape(k, K, k.ne[2]), ctx.reshape(col, K, T_out * N))   # [C_out, T_out*N]
-        return ctx.relu(ctx.reshape(y, k.ne[2], T_out, N) + b)
-
     def _build(self, g: GraphParts, n: int) -> dict[str, Tensor]:
         ctx, w = g.ctx, self.w
         f32 = GGMLType.F32
@@ -186,18 +207,22 @@ class SileroVAD:
         h = g.input(f32, [_HIDDEN], "h")
         c = g.input(f32, [_HIDDEN], "c")
         H = g.input(f32, [_HIDDEN, n], "steps")   # the LSTM's outputs, copied in step by step (before the decoder reads it)
-        # frames 1..4 of the transform (frame 0 is not used) read the chunk and 64 samples reflected past its end
-        p = ctx.pad_reflect_1d(x, 0, 64)                           # [640, n]
-        basis = w["stft"]                                          # [256, 260]
-        col = ctx.im2col(ctx.reshape(basis, 256, 1, basis.ne[1]), ctx.reshape(p, p.ne[0], 1, n), 128, 0, 0, 0,
-                         1, 0, False, f32)                         # [256, 4, n]: frames of 256, hop 128
-        spec = ctx.reshape(ctx.mul_mat(basis, ctx.reshape(col, 256, 4 * n)), basis.ne[1], 4, n)
+        # frames 1..4 of the transform (frame 0 is not used) read the chunk and 64 samples
+        # reflected past its end: 640 samples, 5 rows of 128. Frame k is rows k and k + 1, so its
+        # product with the basis is the basis's first half times row k plus its second half times
+        # row k + 1: two products over all the rows, then the sum of two strided views of them
+        p = ctx.reshape(ctx.pad_reflect_1d(x, 0, 64), _HOP, 5 * n)              # [128, 5n]
+        lo, hi = ctx.mul_mat(w["stft.lo"], p), ctx.mul_mat(w["stft.hi"], p)       # [260, 5n] each
+        row = lo.nb[1]
+        spec = (ctx.view(lo, [260, 4, n], nb=[row, 5 * row])
+                + ctx.view(hi, [260, 4, n], nb=[row, 5 * row], offset=row))     # [260, 4, n]
         re = ctx.view(spec, [129, 4, n], nb=[spec.nb[1], spec.nb[2]])          # rows 0..128: real parts
         im = ctx.view(spec, [129, 4, n], nb=[spec.nb[1], spec.nb[2]], offset=129 * spec.nb[0])
-        y = ctx.sqrt(ctx.sqr(re) + ctx.sqr(im))                    # [129, 4, n]
-        for i, stride in enumerate((1, 2, 2, 1)):
-            y = self._conv(ctx, y, i, stride)                      # ... [128, 1, n]
-        wx = ctx.mul_mat(w["lstm.W"], ctx.reshape(y, _HIDDEN, n)) + w["lstm.b"]      # [512, n]
+        y = ctx.reshape(ctx.sqrt(ctx.sqr(re) + ctx.sqr(im)), 129 * 4, n)        # [129 x 4 frames, n]
+        # each convolution over a chunk's few frames: one product with its matrix (_as_products)
+        for i in range(4):
+            y = ctx.relu(ctx.mul_mat(w[f"conv{i}.matrix"], y) + w[f"conv{i}.bias"])   # ... [128, n]
+        wx = ctx.mul_mat(w["lstm.W"], y) + w["lstm.b"]      # [512, n]
         D = _HIDDEN * wx.nb[0]
         for t in range(n):
             gates = ctx.view(wx, [4 * _HIDDEN], offset=t * wx.nb[1]) + ctx.mul_mat(w["lstm.R"], h)
