@@ -556,3 +556,39 @@ def test_a_graph_placed_again_is_not_walked_again_for_support_until_it_changes(m
             galloc.alloc_graph(g1)
             with pytest.raises(ValueError, match="cannot compute node"):
                 g1.compute(be)
+
+
+def test_row_indices_are_checked_at_every_compute_of_graphs_placed_again():
+    """Which tensors hold row indices is found once per graph (its structure, which a placement
+    does not change), and their values are checked before every compute: with two graphs
+    taking turns on one allocator, an index past the table still raises, and a get_rows built
+    into a graph afterwards is checked too."""
+    table = rng.standard_normal((4, 3)).astype(np.float32)
+    with CPUBackend(n_threads=1) as be, Context.for_tensors(4) as wctx, Context.for_tensors(32, graph_size=32) as ctx:
+        w = wctx.from_numpy(table)
+        wctx.alloc_tensors(be)
+        w.set(table)
+        idx = ctx.new_tensor(GGMLType.I32, [2]).set_input()
+        g1 = ctx.new_graph(32).build_forward(ctx.get_rows(w, idx))
+        g2 = ctx.new_graph(32).build_forward(ctx.sqr(w))
+        with GraphAllocator(be) as galloc:
+            for rows in ([0, 3], [1, 2], [3, 0]):
+                galloc.alloc_graph(g1)
+                idx.set(np.array(rows, np.int32))
+                g1.compute(be)
+                np.testing.assert_array_equal(g1.nodes[-1].numpy(), table[rows])
+                galloc.alloc_graph(g2)
+                g2.compute(be)
+            galloc.alloc_graph(g1)
+            idx.set(np.array([0, 4], np.int32))
+            with pytest.raises(ValueError, match="row index 4"):
+                g1.compute(be)
+            other = ctx.new_tensor(GGMLType.I32, [1]).set_input()
+            g2.build_forward(ctx.get_rows(w, other))
+            galloc.alloc_graph(g2)
+            other.set(np.array([7], np.int32))
+            with pytest.raises(ValueError, match="row index 7"):
+                g2.compute(be)
+            other.set(np.array([2], np.int32))
+            g2.compute(be)
+            np.testing.assert_array_equal(g2.nodes[-1].numpy(), table[2])

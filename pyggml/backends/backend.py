@@ -254,7 +254,12 @@ class Backend(_cobject.CObject):
         if any(r.ptr.iface.get_tensor == ffi.NULL for r in records):
             _check_own_layouts(graph.raw_nodes()[:n_nodes])
         unusable = self._unusable(records)
-        indices = buffer.IndexCheck.of(graph.raw_nodes())
+        known = run.indices
+        if known is not None and known[:2] == (graph.version, n_nodes):
+            indices = known[2]
+        else:
+            indices = buffer.IndexCheck.of(graph.raw_nodes())
+            run.indices = (graph.version, n_nodes, indices)
         if lib.ggml_backend_is_meta(self._ptr):  # how ggml's meta backend splits each node
             meta_check.check_compute(graph.raw_nodes()[:n_nodes], graph.grads)
         bufts = frozenset(int(ffi.cast("uintptr_t", lib.ggml_backend_buffer_get_type(r.ptr))) for r in records)

@@ -27,7 +27,7 @@ class GraphRun:
     """The backends layer's state of one graph (see the module docstring)."""
 
     __slots__ = ("placed_by", "computed", "split_by", "sources", "checks", "zero_byte", "sched_loose",
-                 "meta_views", "supported")
+                 "meta_views", "supported", "indices")
 
     def __init__(self) -> None:
         self.placed_by: Any = None    # the graph allocator or scheduler that placed it last
@@ -42,6 +42,9 @@ class GraphRun:
         #: supported: what supports_op reads (ops, types, layouts, the buffers' types) does not
         #: change when the graph is placed again, so a placement does not repeat that walk
         self.supported: list[tuple[Any, int, int, frozenset[int]]] = []
+        #: (graph version, node count, the row-index check of its nodes): which tensors hold
+        #: indices is the graph's own structure, which a placement does not change
+        self.indices: tuple[int, int, Any] | None = None
 
 
 def run_of(graph: Graph) -> GraphRun:
