@@ -237,3 +237,31 @@ def test_outputs_read_into_arrays_of_yours():
         for bad in (np.empty(6, np.float64), np.empty(5, np.float32), np.empty((3, 4), np.float32)[:, :2]):
             with pytest.raises(ValueError, match="out must be"):
                 cache.compute((4, 2), ["y"], into={"y": bad})
+
+
+def test_what_a_build_keeps_in_extra_is_dropped_with_its_graph():
+    """``g.extra`` holds what the build function keeps with a graph (a caller's plan of how to
+    feed it: here a view of its input); the cached graph gives it back as ``extra`` and empties
+    it when the cache drops the graph, so the views go with the graph's memory."""
+    import weakref
+
+    class Plan:
+        def __init__(self, view):
+            self.view = view
+
+    def build(g, n):
+        x = g.input(GGMLType.F32, [n], "x")
+        g.extra["plan"] = Plan(g.arrays["x"])
+        return {"y": x * 2.0}
+
+    with CPUBackend(n_threads=1) as cpu, GraphCache(build, backend=cpu, max_graphs=1) as cache:
+        with cache.lock:   # re-entrant: the cache's own calls take it too
+            entry = cache.get(4)
+            plan = entry.extra["plan"]
+            assert plan.view is entry.arrays["x"]   # (reading arrays says its inputs are written there)
+            plan.view[:] = [1, 2, 3, 4]
+            np.testing.assert_array_equal(cache.compute(4, ["y"])["y"], [2, 4, 6, 8])
+        gone = weakref.ref(plan)
+        del plan
+        cache.compute(2, x=np.ones(2, np.float32))      # evicts the graph of 4
+        assert entry.extra == {} and gone() is None
