@@ -404,10 +404,10 @@ class LoweredGraph:
             run: _Run = entry.extra["run"]
             entry.arrays   # noqa: B018 - its inputs are written in place (by run.feed)
             try:
-                rest = run.feed(args)
+                run.feed(args)
             except _TooLarge as e:
                 return self._too_large(e.args[0], args)
-            return run.results(args, self.cache.compute(key, run.read, **rest))
+            return run.results(args, self.cache.compute(key, run.read))
 
     def _too_large(self, value: int, args: Sequence[Any]) -> list[torch.Tensor]:
         """An integer input holds ``value``, beyond SMALL_INT: a warning (once), and the call
@@ -435,19 +435,16 @@ class _Run:
     each input written straight into the graph's NumPy view of it, each output made a torch
     tensor of the traced dtype, shape and strides."""
 
-    __slots__ = ("feeds", "rest", "read", "outs")
+    __slots__ = ("feeds", "read", "outs")
 
     def __init__(self, lowered: LoweredGraph, g: GraphParts, shapes: list[tuple[int, ...]]):
         #: (argument position, host view, kind, the least and the largest integer it may hold):
         #: kind "f" floats, "b" bools (0/1), "i" integers, "s" one integer
         self.feeds: list[tuple[int, np.ndarray, str, int, int]] = []
-        #: (argument position, input name) of the inputs without a host view (device memory)
-        self.rest: list[tuple[int, str]] = []
         for i, name in lowered._feed_args:
             arr = g.arrays.get(name)
-            if arr is None:
-                self.rest.append((i, name))
-                continue
+            if arr is None:   # inputs are placed in host memory (the CPU's, also under a scheduler)
+                raise LoweringError(f"input {name} of the graph has no host memory to write it in")
             dtype = val(lowered.placeholders[i]).dtype
             kind = "b" if dtype == torch.bool else ("s" if arr.size == 1 else "i") if dtype in INDEX_DTYPES else "f"
             lo, hi = (-SMALL_INT, SMALL_INT) if i in lowered._small_inputs else (_I32.min, _I32.max)
@@ -469,10 +466,10 @@ class _Run:
             strided = any(a != b for a, b, n in zip(dense, stride, shape) if n > 1)
             self.outs.append((i, arr, tuple(shape), lowered._out_dtypes[j], stride, strided))
 
-    def feed(self, args: Sequence[Any]) -> dict[str, Any]:
-        """Write the call's tensors into the graph's inputs; return those without a host view
-        (for GraphCache.compute). Raises ValueError for an int64 value outside int32's range,
-        _TooLarge for one beyond SMALL_INT in an input ggml computes on."""
+    def feed(self, args: Sequence[Any]) -> None:
+        """Write the call's tensors into the graph's inputs. Raises ValueError for an int64
+        value outside int32's range, _TooLarge for one beyond SMALL_INT in an input ggml
+        computes on."""
         for i, arr, kind, least, largest in self.feeds:
             x = args[i]
             if kind == "s":
@@ -487,7 +484,6 @@ class _Run:
                 if lo < least or hi > largest:
                     _out_of_range(x, lo if lo < least else hi, largest)
             np.copyto(arr, a.reshape(arr.shape), casting="unsafe")
-        return {name: _array(args[i]) for i, name in self.rest}
 
     def results(self, args: Sequence[Any], got: dict[str, np.ndarray]) -> list[torch.Tensor]:
         """The outputs as torch tensors (new ones, or the weight written in place)."""
@@ -578,20 +574,5 @@ def _pick(args: Sequence[Any], positions: Sequence[int]) -> Sequence[Any]:
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor as NumPy (a view where torch allows), index dtypes as int32, bool as 0/1
-    float32. Raises ValueError for an int64 value outside int32's range (ggml's indices are
-    int32: it would be another index, as eager torch's IndexError says of an index past its
-    table)."""
-    t = t.detach()
-    if t.dtype == torch.bool:
-        return np.asarray(t.to(torch.float32).contiguous().numpy())
-    if t.dtype in INDEX_DTYPES:
-        a = np.asarray(t.numpy())   # NumPy's min and max cost a fraction of torch's on a step's few indices
-        if t.dtype == torch.int64 and a.size:
-            lo, hi = int(a.min()), int(a.max())
-            if lo < _I32.min or hi > _I32.max:
-                bad = lo if lo < _I32.min else hi
-                raise ValueError(f"an int64 input of shape {list(t.shape)} holds {bad}, outside the int32 "
-                                 "range of ggml's indices: as an index it is out of range")
-        return a.astype(np.int32, copy=False)
-    return np.asarray(t.contiguous().numpy())
+    """A float32 weight as NumPy (a view where torch allows: contiguous), for ggml to copy."""
+    return np.asarray(t.detach().contiguous().numpy())
