@@ -135,7 +135,9 @@ class _Filters:
         self.suppress = np.array(sorted(set(t for t in sup if t < n_vocab)), dtype=np.int64)
         self.max_initial = sp.timestamp_begin + round(opts.max_initial_timestamp / 0.02)
 
-    def apply(self, logits: np.ndarray, seq: Sequence[int]) -> None:
+    def apply(self, logits: np.ndarray, seq: Sequence[int]) -> np.ndarray:
+        """Filter ``logits`` (float64, NumPy shape (n_vocab,)) in place; return their log-softmax
+        after the filters (computed once: the timestamp rule needs it too)."""
         sp, tb = self.sp, self.sp.timestamp_begin
         o = self.opts
         if o.repetition_penalty != 1 and seq:       # CTranslate2's: each token of the sequence once
@@ -152,7 +154,7 @@ class _Filters:
         logits[self.suppress] = -np.inf
         if not self.opts.timestamps:
             logits[tb:] = -np.inf
-            return
+            return _log_softmax(logits)
         logits[sp.notimestamps] = -np.inf
         last_ts = len(seq) >= 1 and seq[-1] >= tb
         penult_ts = len(seq) < 2 or seq[-2] >= tb
@@ -174,6 +176,8 @@ class _Filters:
             m = ts.max()
             if m + np.log(np.exp(ts - m).sum()) > lp[:tb].max():
                 logits[:tb] = -np.inf
+                return _log_softmax(logits)
+        return lp
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -270,8 +274,7 @@ def _sample(model: WhisperNet, filters: _Filters, logits: np.ndarray, n_prompt: 
     total = 0.0
     while True:
         lg = logits.astype(np.float64)
-        filters.apply(lg, seq)
-        lp = _log_softmax(lg)
+        lp = filters.apply(lg, seq)
         if temperature > 0:
             p = np.exp(_log_softmax(lg / temperature))
             nxt = int(rng.choice(p.size, p=p / p.sum()))
@@ -294,8 +297,7 @@ def _beam_step(live: Sequence[tuple[list[int], float, np.ndarray, list[int]]], f
     cands: dict[tuple[int, ...], tuple[float, int]] = {}
     for b, (seq, score, logits, _cells) in enumerate(live):
         lg = logits.astype(np.float64)
-        filters.apply(lg, seq)
-        lp = _log_softmax(lg)
+        lp = filters.apply(lg, seq)
         for t in _best(lp, beam_size + 1):
             key = tuple(seq) + (int(t),)
             s = score + float(lp[t])
