@@ -43,8 +43,7 @@ from .. import types
 from ..backends.backend import Backend
 from ..backends.cpu import CPUBackend
 from ..enums import GGMLType
-from ..raw import lib
-from ..runtime import open_backend
+from ..runtime import bf16_products_fast, open_backend
 from .graph import LoweredGraph
 from .partition import Explanation, explain_graph, partition
 from .rewrites import mark_in_place, rewrite
@@ -79,8 +78,8 @@ class Options:
         unless the graph ``writes_inputs`` (a KV cache), else F32."""
         if self.weights != "auto":
             return self.weights
-        return "bf16" if isinstance(self.device, str) and self.device.lower() == "cpu" and not writes_inputs \
-            and lib.ggml_cpu_has_avx512_bf16() else "f32"
+        return "bf16" if isinstance(self.device, str) and not writes_inputs and bf16_products_fast(self.device) \
+            else "f32"
 
 
 class _Devices:

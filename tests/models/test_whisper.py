@@ -26,6 +26,7 @@ import pytest
 from conftest import ROOT
 
 import pyggml.backends.device
+from pyggml import GGMLType
 
 for _mod in ("soundfile", "soxr"):
     pytest.importorskip(_mod)
@@ -84,10 +85,19 @@ def w(model_path):
 def w32(tmp_path_factory):
     """The same weights stored as F32, attention by ``mul_mat`` + ``soft_max``: float32 products
     as CTranslate2's ``float32`` compute type (ggml's F16 products round the activations to F16,
-    its CPU flash attention rounds too, which can swap near-tied tokens)."""
+    its CPU flash attention rounds too, which can swap near-tied tokens; the encoder's products
+    not in BF16 either)."""
     with Whisper(default_model("f32", cache=tmp_path_factory.mktemp("whisper_f32")), n_threads=THREADS,
-                 flash_attn=False) as w:
+                 flash_attn=False, encoder_bf16=False) as w:
         yield w
+
+
+@pytest.fixture(scope="module")
+def w_encoders(model_path):
+    """The F16 file with its encoder's matrices in BF16 and as stored (F16)."""
+    with Whisper(model_path, n_threads=THREADS, encoder_bf16=True) as a, \
+            Whisper(model_path, n_threads=THREADS, encoder_bf16=False) as b:
+        yield a, b
 
 
 def _ct2_dir() -> Path:
@@ -153,6 +163,31 @@ def test_log_mel_of_padding_is_not_transformed_but_the_same(upstream):
         np.testing.assert_array_equal(log_mel(x, f, pad=CHUNK), full)
 
 
+def test_log_mel_product_runs_on_one_blas_thread(upstream):
+    """The mel filters' product runs with NumPy's BLAS limited to one thread (a multi-threaded
+    OpenBLAS product leaves threads spinning that slow the ggml compute after it), and the BLAS
+    threads are as before afterwards; the result is the plain product's."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    if not blas.lib_controllers:
+        pytest.skip("NumPy has no BLAS threadpoolctl can see")
+    seen: list[int] = []
+
+    class Spy(np.ndarray):
+        def __matmul__(self, other):
+            seen.append(max(c.num_threads for c in blas.lib_controllers))
+            return np.asarray(self) @ other
+
+    f = WhisperFile(upstream["tiny.en"], weights=False).mel_filters
+    x = load_audio(upstream["jfk"])
+    before = [c.num_threads for c in blas.lib_controllers]
+    with blas.limit(limits=2):
+        ours = log_mel(x, f.view(Spy))
+        assert [c.num_threads for c in blas.lib_controllers] == [2] * len(before)
+    assert seen == [1] and [c.num_threads for c in blas.lib_controllers] == before
+    np.testing.assert_array_equal(np.asarray(ours), log_mel(x, f))
+
+
 # ------------------------------------------------------------------ transcripts
 
 @pytest.mark.parametrize("beam", [1, 5])
@@ -160,6 +195,24 @@ def test_jfk(w, upstream, beam):
     r = w.transcribe(upstream["jfk"], beam_size=beam, timestamps=False)
     assert r.text == JFK_TEXT
     assert w.tok.decode(r.tokens) == JFK_TEXT
+
+
+@pytest.mark.parametrize("audio", ["jfk"] + [p.stem for p in SPEECH])
+def test_bf16_encoder_keeps_the_transcripts(w_encoders, upstream, audio):
+    """The encoder graph's matrices converted to BF16 at load (the default where ggml's BF16
+    products are fast) give the F16 file's transcripts and segments, beam 5 with timestamps, on
+    the tests' audio; the decoder's matrices stay as stored."""
+    path = upstream["jfk"] if audio == "jfk" else ROOT / "tests" / "data" / "whisper" / f"{audio}.wav"
+    results = []
+    for m, bf16 in zip(w_encoders, (True, False)):
+        assert m.model.encoder_bf16 is bf16
+        w = m.model.w
+        assert (w["encoder.blocks.0.mlp.0.weight"].type, w["decoder.blocks.0.cross_attn.key.weight"].type) == \
+            ((GGMLType.BF16,) * 2 if bf16 else (GGMLType.F16,) * 2)
+        assert w["decoder.blocks.0.mlp.0.weight"].type == GGMLType.F16
+        r = m.transcribe(path)
+        results.append([(s.start, s.end, s.text) for s in r.segments])
+    assert results[0] == results[1] and results[0]
 
 
 def _ct2_tokens(path: Path, prompt: list[int], beam: int, filters: np.ndarray) -> list[int]:

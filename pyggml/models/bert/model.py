@@ -22,10 +22,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pyggml import Context, GGMLType, Tensor, lib
+from pyggml import Context, GGMLType, Tensor
 from pyggml.backends.backend import Backend
 from pyggml.backends.cpu import CPUBackend
-from pyggml.runtime import BackendSet, GraphCache, GraphParts, load_tensors
+from pyggml.runtime import BackendSet, GraphCache, GraphParts, bf16_products_fast, load_tensors
 
 from ..common import ModelError, layer_owners
 
@@ -47,7 +47,7 @@ def default_wtype(backend: str = "cpu", devices: Sequence[str] = ()) -> str:
     has AVX512-BF16 (its BF16 products; measured 1.6x F32 at batch 64 on 2 AVX-512 cores, cosine
     >= 0.99998), else F32 (F16 measured within 8 % of F32 there, Q8_0 slower and at cosine
     0.9990)."""
-    if backend.lower() == "cpu" and not devices and lib.ggml_cpu_has_avx512_bf16():
+    if not devices and bf16_products_fast(backend):
         return "bf16"
     return "f32"
 

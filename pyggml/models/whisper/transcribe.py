@@ -549,17 +549,17 @@ def restore_times(segments: Iterable[Segment], tmap: TimeMap) -> Iterator[Segmen
 
 class Whisper:
     """A whisper.cpp model file (``model``: a path; default :func:`~.convert.default_model`,
-    tiny.en) on a ggml device (``backend``, ``n_threads``, ``flash_attn``, ``repack`` as
-    :class:`~.model.WhisperNet` takes them). Raises :class:`~pyggml.models.common.ModelError`
+    tiny.en) on a ggml device (``backend``, ``n_threads``, ``flash_attn``, ``repack``,
+    ``encoder_bf16`` as :class:`~.model.WhisperNet` takes them). Raises :class:`~pyggml.models.common.ModelError`
     for a file it cannot run, FileNotFoundError for a missing one (or, without ``model``, a
     missing default model, with the pip command)."""
 
     def __init__(self, model: str | Path | None = None, *, backend: str = "cpu", n_threads: int | None = None,
-                 flash_attn: bool = True, repack: bool = True):
+                 flash_attn: bool = True, repack: bool = True, encoder_bf16: bool | None = None):
         self.file = WhisperFile(model if model is not None else default_model())
         self.tok = WhisperTokenizer(self.file.vocab, self.file.hparams)
         self.model = WhisperNet(self.file, backend=backend, n_threads=n_threads, flash_attn=flash_attn,
-                                repack=repack)
+                                repack=repack, encoder_bf16=encoder_bf16)
 
     def close(self) -> None:
         self.model.close()
