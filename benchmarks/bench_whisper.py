@@ -78,7 +78,7 @@ def faster_rows(audio: Path, ct2_dir: str, threads: int, repeat: int) -> None:
     import faster_whisper
 
     from pyggml.models.whisper import WhisperModel
-    ours = WhisperModel(str(default_model("f32")), device="cpu", cpu_threads=threads)
+    ours = WhisperModel(str(default_model("f32")), device="cpu", compute_type="float32", cpu_threads=threads)
     theirs = faster_whisper.WhisperModel(ct2_dir, device="cpu", compute_type="float32", cpu_threads=threads)
     x = load_audio(audio)
     got: dict[str, list] = {}
