@@ -33,6 +33,8 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("pyggml.models.llama.tokenizer", "jinja2.sandbox"): "optional: pyggml[llama], only for chat templates",
     ("pyggml.models.whisper.audio", "soundfile"): "optional: pyggml[whisper], only for audio files",
     ("pyggml.models.whisper.audio", "soxr"): "optional: pyggml[whisper], only for audio files",
+    ("pyggml.models.whisper.audio", "threadpoolctl"):
+        "optional: pyggml[whisper], only to keep the log-mel's BLAS product on one thread",
     ("pyggml.models.whisper.convert", "safetensors.numpy"): "optional: only for Hugging Face conversions",
     ("pyggml.models.whisper.tokenizer", "tiktoken"): "optional: pyggml[whisper], only for text prompts",
     ("pyggml.models.whisper.vad", "onnx"): "optional: pyggml[whisper], only to read Silero VAD's weights",
