@@ -202,7 +202,7 @@ def main() -> int:
             ("greedy, Q8_0", "q8_0", 1, "int8")]
     for label, wtype, beam, ct2_type in rows:
         w = Whisper(default_model(wtype), n_threads=a.threads)
-        if w.model.encoder_bf16 and wtype in ("f16", "f32"):      # the default where BF16 products are fast
+        if w.model.encoder_bf16:         # the default where BF16 products are fast
             label += "/BF16 enc"
         ct = ctranslate2.models.Whisper(ct2_dir, device="cpu", compute_type=ct2_type, intra_threads=a.threads)
         stats: list[tuple[float, float, float, float]] = []

@@ -584,6 +584,7 @@ def test_repacked_q4_0_weights_transcribe_as_plain_ones(upstream, tmp_path_facto
             r = m.transcribe(audio, beam_size=1, temperatures=(0.0,))
             results[repack] = (r.tokens, m.model.weight_buffers)
             hp = m.model.hp
+            assert not m.model.encoder_bf16        # quantized matrices stay as stored
     assert results[True][1]["CPU_REPACK"] == 6 * hp.n_audio_layer + 10 * hp.n_text_layer, results[True][1]
     assert "CPU_REPACK" not in results[False][1]
     assert results[True][0] == results[False][0]

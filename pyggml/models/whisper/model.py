@@ -60,7 +60,8 @@ class WhisperNet:
     projections), stored F16 or F32, converted to BF16 at load; None (default): where BF16
     products are fast (``pyggml.runtime.bf16_products_fast``: the CPU backend with
     AVX512-BF16, where the 30-s encoder of tiny.en takes about 0.75x the F16 time, the tests'
-    transcripts the same); :attr:`encoder_bf16` says which. ``n_slots``: windows whose cross K/V
+    transcripts the same); :attr:`encoder_bf16` says whether they were (False for a file that
+    holds them quantized). ``n_slots``: windows whose cross K/V
     and KV cells the model holds at once (:meth:`set_slots`), decoded together by
     :meth:`decode_batch`. Raises :class:`pyggml.BackendNotAvailableError` for an unknown
     device."""
@@ -85,17 +86,21 @@ class WhisperNet:
                 info = f.tensor_info(name)   # views) nor the convolutions' kernels
                 return len(info.ne) == 2 and name.endswith(".weight") and "embedding" not in name
 
-            #: whether the encoder graph's matrices were converted to BF16 (``encoder_bf16``)
-            self.encoder_bf16 = bf16_products_fast(backend) if encoder_bf16 is None else encoder_bf16
+            bf16 = bf16_products_fast(backend) if encoder_bf16 is None else encoder_bf16
+            converted: list[str] = []
 
             def type_of(name: str, t: GGMLType) -> GGMLType:
                 encoder = name.startswith("encoder.blocks.") or ".cross_attn.key." in name \
                     or ".cross_attn.value." in name
-                floats = t in (GGMLType.F16, GGMLType.F32)
-                return GGMLType.BF16 if self.encoder_bf16 and encoder and floats and linear(name) else t
+                if bf16 and encoder and t in (GGMLType.F16, GGMLType.F32) and linear(name):
+                    converted.append(name)
+                    return GGMLType.BF16
+                return t
 
             weights = self._stack.enter_context(load_tensors(f, self.home, type_of=type_of,
                                                              repack=linear if repack else None))
+            #: whether the encoder graph's matrices were converted to BF16 (``encoder_bf16``)
+            self.encoder_bf16 = bool(converted)
             self.w: dict[str, Tensor] = dict(weights)
             #: buffer type name -> the number of weights in it
             self.weight_buffers = {name: n for name, (n, _) in weights.buffers.items()}
