@@ -307,6 +307,32 @@ def test_beam_search_top_k_is_a_stable_sort_of_the_finite_ones():
             assert np.array_equal(lp, before)
 
 
+def test_filters_log_probabilities_are_the_log_softmax(model):
+    """The log-probabilities the logit filters return, read token by token, are the full
+    log-softmax of the filtered logits bit for bit, and their best the stable argsort of it; the
+    timestamp rule both masking the text and not; against logaddexp's normalizer at 1e-9."""
+    from pyggml.models.whisper.decode import DecodeOptions, _Filters, _log_softmax
+    tok, V = model.tok, model.file.hparams.n_vocab
+    tb = tok.sp.timestamp_begin
+    rng = np.random.default_rng(2)
+    masked = set()
+    for timestamps in (True, False):
+        f = _Filters(tok, DecodeOptions(timestamps=timestamps), V)
+        for seq in ([], [tb], [tb, 1000], [tb, 1000, tb + 50], [1000, 2000]):
+            for shift in (0.0, 12.0):
+                x = rng.standard_normal(V).astype(np.float32).astype(np.float64)
+                x[tb:] += shift                                  # timestamps likelier than text
+                lp = f.apply(x, seq)
+                ref = _log_softmax(x)                            # x: the filtered logits now
+                assert np.array_equal(np.array([lp[t] for t in range(V)]), ref)
+                finite = np.flatnonzero(np.isfinite(ref))
+                assert lp.best(6) == list(finite[np.argsort(-ref[finite], kind="stable")][:6])
+                np.testing.assert_allclose(ref[finite], x[finite] - np.logaddexp.reduce(x[finite]), rtol=0, atol=1e-9)
+                if timestamps and seq:                           # the rule, not the first step's mask
+                    masked.add(bool(np.isneginf(x[:tb]).all()))
+    assert masked == {True, False}
+
+
 def test_dtw_and_median_filter_against_their_plain_loops():
     rng = np.random.default_rng(0)
 

@@ -134,10 +134,21 @@ class _Filters:
             sup += tok.non_speech()
         self.suppress = np.array(sorted(set(t for t in sup if t < n_vocab)), dtype=np.int64)
         self.max_initial = sp.timestamp_begin + round(opts.max_initial_timestamp / 0.02)
+        self._scratch = np.empty(n_vocab, np.float64)     # exp(x - max), for the normalizer
 
-    def apply(self, logits: np.ndarray, seq: Sequence[int]) -> np.ndarray:
+    def _log_probs(self, x: np.ndarray) -> _LogProbs:
+        m = x.max()
+        if not np.isfinite(m):
+            return _LogProbs(x, m, 0.0)
+        e = self._scratch[:x.size]
+        np.subtract(x, m, out=e)
+        np.exp(e, out=e)
+        return _LogProbs(x, m, np.log(e.sum()))
+
+    def apply(self, logits: np.ndarray, seq: Sequence[int]) -> _LogProbs:
         """Filter ``logits`` (float64, NumPy shape (n_vocab,)) in place; return their log-softmax
-        after the filters (computed once: the timestamp rule needs it too)."""
+        after the filters (:class:`_LogProbs`, over the filtered array: computed once, read
+        where needed; the timestamp rule needs it too)."""
         sp, tb = self.sp, self.sp.timestamp_begin
         o = self.opts
         if o.repetition_penalty != 1 and seq:       # CTranslate2's: each token of the sequence once
@@ -154,7 +165,7 @@ class _Filters:
         logits[self.suppress] = -np.inf
         if not self.opts.timestamps:
             logits[tb:] = -np.inf
-            return _log_softmax(logits)
+            return self._log_probs(logits)
         logits[sp.notimestamps] = -np.inf
         last_ts = len(seq) >= 1 and seq[-1] >= tb
         penult_ts = len(seq) < 2 or seq[-2] >= tb
@@ -170,14 +181,47 @@ class _Filters:
         if not seq:
             logits[:tb] = -np.inf
             logits[self.max_initial + 1:] = -np.inf
-        lp = _log_softmax(logits)
-        ts = lp[tb:]
+        lp = self._log_probs(logits)
+        ts = lp.values(slice(tb, None))
         if ts.size and np.isfinite(ts).any():
             m = ts.max()
-            if m + np.log(np.exp(ts - m).sum()) > lp[:tb].max():
+            if m + np.log(np.exp(ts - m).sum()) > lp.max(slice(None, tb)):
                 logits[:tb] = -np.inf
-                return _log_softmax(logits)
+                return self._log_probs(logits)
         return lp
+
+
+class _LogProbs:
+    """The log-softmax of ``x`` (float64 logits, kept, not copied), read where it is needed:
+    element t is ``(x[t] - m) - ls`` (m the maximum, ls the log of the sum of exp(x - m)), the
+    same float operations :func:`_log_softmax` applies to every element, so the same values;
+    all -inf when m is not finite."""
+
+    __slots__ = ("x", "m", "ls")
+
+    def __init__(self, x: np.ndarray, m: float, ls: float):
+        self.x, self.m, self.ls = x, m, ls
+
+    def __getitem__(self, t: int) -> float:
+        return float((self.x[t] - self.m) - self.ls) if np.isfinite(self.m) else -np.inf
+
+    def values(self, part: slice) -> np.ndarray:
+        """The log-probabilities of ``x[part]`` (a new array)."""
+        if not np.isfinite(self.m):
+            return np.full(self.x[part].size, -np.inf)
+        v: np.ndarray = (self.x[part] - self.m) - self.ls
+        return v
+
+    def max(self, part: slice) -> float:
+        """The largest log-probability of ``x[part]`` (its largest logit's: the subtractions
+        round monotonically, so this is the maximum of :meth:`values`)."""
+        if not np.isfinite(self.m):
+            return -np.inf
+        return float((self.x[part].max() - self.m) - self.ls)
+
+    def best(self, k: int) -> list[int]:
+        """:func:`_best` of the log-probabilities: the order of ``x`` (none when all are -inf)."""
+        return _best(self.x, k) if np.isfinite(self.m) else []
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -298,7 +342,7 @@ def _beam_step(live: Sequence[tuple[list[int], float, np.ndarray, list[int]]], f
     for b, (seq, score, logits, _cells) in enumerate(live):
         lg = logits.astype(np.float64)
         lp = filters.apply(lg, seq)
-        for t in _best(lp, beam_size + 1):
+        for t in lp.best(beam_size + 1):
             key = tuple(seq) + (int(t),)
             s = score + float(lp[t])
             if key not in cands or cands[key][0] < s:
