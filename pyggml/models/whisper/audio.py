@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 
@@ -64,19 +65,26 @@ def _hann(n: int) -> np.ndarray:
 
 
 _WINDOW = _hann(N_FFT)
-_BLAS: list[Any] = []          # the process's threadpoolctl controller, made on first use
+_BLAS: list[Any] = []          # the process's threadpoolctl controller (or None), made on first use
+_BLAS_LOCK = threading.Lock()   # one limit at a time: each restores the count it found
 
 
-def _one_blas_thread() -> contextlib.AbstractContextManager[Any]:
-    """A context in which NumPy's BLAS uses one thread (``threadpoolctl``; no change without it)."""
-    if not _BLAS:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            return contextlib.nullcontext()
-        _BLAS.append(ThreadpoolController())
-    limit: contextlib.AbstractContextManager[Any] = _BLAS[0].limit(limits=1, user_api="blas")
-    return limit
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    """A context in which NumPy's BLAS uses one thread (``threadpoolctl``; no change without
+    it). Threads take turns in it: two overlapping limits could restore each other's count."""
+    with _BLAS_LOCK:
+        if not _BLAS:
+            try:
+                from threadpoolctl import ThreadpoolController
+                _BLAS.append(ThreadpoolController())
+            except ImportError:
+                _BLAS.append(None)
+        if _BLAS[0] is None:
+            yield
+            return
+        with _BLAS[0].limit(limits=1, user_api="blas"):
+            yield
 
 
 def log_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int | None = None, pad: int = 0) -> np.ndarray:
