@@ -118,9 +118,10 @@ class WhisperModel:
     ``"auto"`` (CUDA when there is one) or a ggml device name (``"Vulkan0"``, ``"numpy"``...);
     ``compute_type``: one of :data:`COMPUTE_TYPES` (the weight type the model is converted to;
     a whisper.cpp file runs as it is; ``"default"`` and ``"auto"`` also give the encoder BF16
-    products where they are fast, as :class:`~.model.WhisperNet`'s ``encoder_bf16``); ``cpu_threads``: 0 for all the cores this process may
-    use. ``num_workers``, ``download_root``, ``local_files_only``, ``files``, ``revision``,
-    ``use_auth_token``: faster-whisper's, accepted at the values that change nothing here.
+    products where they are fast, as :class:`~.model.WhisperNet`'s ``encoder_bf16``);
+    ``cpu_threads``: 0 for all the cores this process may use. ``num_workers``,
+    ``download_root``, ``local_files_only``, ``files``, ``revision``, ``use_auth_token``:
+    faster-whisper's, accepted at the values that change nothing here.
     Raises FileNotFoundError, ValueError for an unknown compute type or option,
     :class:`pyggml.BackendNotAvailableError` for an unknown device,
     :class:`~pyggml.models.common.ModelError` for a file it cannot run."""
@@ -140,8 +141,9 @@ class WhisperModel:
         self.model_path = resolve_model(model_size_or_path, COMPUTE_TYPES[compute_type])
         self.file = WhisperFile(self.model_path)
         self.tok = WhisperTokenizer(self.file.vocab, self.file.hparams)
+        auto = compute_type in ("default", "auto")     # else the types the user asked for, as stored
         self.net = WhisperNet(self.file, backend=_device(device, device_index), n_threads=cpu_threads or None,
-                              flash_attn=flash_attn, encoder_bf16=None if compute_type in ("default", "auto") else False)
+                              flash_attn=flash_attn, encoder_bf16=None if auto else False)
         #: the language codes of the model (``["en"]`` for English-only models)
         self.supported_languages = list(LANGUAGES[:self.tok.sp.n_languages]) or ["en"]
 
