@@ -161,7 +161,8 @@ def long_rows(threads: int) -> None:
             ("faster-whisper float32 beam 5", lambda: fw.transcribe(x, beam_size=5)),
             ("faster-whisper float32 beam 5, vad_filter", lambda: fw.transcribe(x, beam_size=5, vad_filter=True)),
             ("faster-whisper batched float32, batch 8", lambda: batched_f32.transcribe(x, batch_size=8)),
-            ("faster-whisper batched int8, batch 8", lambda: batched.transcribe(x, batch_size=8))]
+            ("faster-whisper batched int8, batch 8", lambda: batched.transcribe(x, batch_size=8)),
+            ("faster-whisper batched int8 greedy, batch 8", lambda: batched.transcribe(x, batch_size=8, beam_size=1))]
     times = {}
     for label, fn in rows:
         best, text = float("inf"), ""
