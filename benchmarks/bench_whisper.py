@@ -10,8 +10,9 @@ timestamps against :class:`pyggml.models.whisper.WhisperModel`'s), side by side.
 
 Each row transcribes the audio end to end (read the file, log-mel, encode, decode; the same
 audio reader and log-mel for CTranslate2, which has none of its own): greedy and beam 5 at the
-model's precision (F16 for pyggml and whisper.cpp, CTranslate2 ``float32`` from the same F16
-weights), and greedy with Q8_0 weights against CTranslate2 ``int8``. The sides run in turns,
+model's precision (F16 for pyggml and whisper.cpp, pyggml's encoder matrices in BF16 where its
+default takes them, "/BF16 enc"; CTranslate2 ``float32`` from the same F16 weights), and greedy
+with Q8_0 weights against CTranslate2 ``int8``. The sides run in turns,
 ``--repeat`` rounds (the order reversed every other round); the ratio is the median over rounds of
 the reference's time over pyggml's (> 1: pyggml is faster). pyggml's mel, encode and decode
 columns and its share of time outside ggml's compute calls (``lib.pyggml_compute_ns``) are medians
@@ -21,8 +22,9 @@ sides, and what word timestamps cost pyggml (the same call without them); the me
 of the words' starts and ends to faster-whisper's. ``--long``: 206 s of speech with pauses
 (jfk.wav and the two espeak-ng sentences of tests/data/whisper, eight times, 1-2 s of silence
 after each), pyggml's ``WhisperModel`` and faster-whisper's (float32 beam 5, with and without
-VAD; its batched int8 pipeline), the best of two runs each, with the word error rate against
-the known text (``jiwer``: the word-level edit distance). Nothing here is asserted.
+VAD; its batched pipelines, float32 and int8, and int8 greedy), the best of two runs each,
+with the word error rate against the known text (``jiwer``: the word-level edit distance).
+Nothing here is asserted.
 """
 from __future__ import annotations
 

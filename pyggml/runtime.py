@@ -26,8 +26,8 @@ from .backends.weights import Weights, load_tensors
 from .impl import register_builtin
 from .raw import lib
 
-__all__ = ["default_threads", "bf16_products_fast", "find_device", "open_backend", "BackendSet", "GraphCache", "GraphParts", "Weights",
-           "load_tensors"]
+__all__ = ["default_threads", "bf16_products_fast", "find_device", "open_backend", "BackendSet", "GraphCache",
+           "GraphParts", "Weights", "load_tensors"]
 
 
 def default_threads() -> int:
