@@ -1,22 +1,34 @@
 #!/usr/bin/env python3
-"""One F32 matrix product: ggml's ``MUL_MAT`` on the CPU backend (and on [BLAS, CPU] in a BLAS
-build) against NumPy's ``b @ a.T`` (the OpenBLAS NumPy ships), same thread count, GFLOP/s side
-by side.
+"""One matrix product: ggml's ``MUL_MAT`` on the CPU backend (and on [BLAS, CPU] in a BLAS
+build) against NumPy's ``b @ a.T`` (the OpenBLAS NumPy ships) and, with ``--type`` other than
+f32, against torch's product of the same shapes in that type (oneDNN on a CPU), same thread
+count, GFLOP/s side by side.
 
     python benchmarks/bench_gemm.py                          # MiniLM's FFN product, 2 threads
     python benchmarks/bench_gemm.py --k 784 --m 500 --n 500  # MNIST FC's first layer
+    python benchmarks/bench_gemm.py --type f32 bf16 f16      # a weight type per row (and torch's)
     build/venv-blas/bin/python benchmarks/bench_gemm.py      # + ggml's BLAS backend
 
-``a`` is the weight (NumPy (m, k), ggml ne [k, m]), ``b`` the activations (NumPy (n, k), ggml
-ne [k, n]); the result is NumPy (n, m). Medians of ``--repeat`` calls after a warm-up; the
-ratio is NumPy's time over ggml's (> 1: ggml is faster). NumPy's OpenBLAS threads are set with
-``OPENBLAS_NUM_THREADS`` before NumPy loads. Nothing is asserted.
+``a`` is the weight (NumPy (m, k), ggml ne [k, m]) stored in ``--type`` (f32, f16, bf16,
+q8_0...), ``b`` the activations (NumPy (n, k), ggml ne [k, n], float32, which ggml converts to
+the weight's product type); the result is NumPy (n, m), float32. ggml's rows say which
+reference they are compared with: NumPy's F32 product for f32 weights; for other types torch's
+``b @ a.T`` with both in that type (when torch is installed), as a model in that type runs in
+torch. The subjects run in turns (``--repeat`` rounds, the order reversed every other round:
+``_timing.paired_seconds``), each timed over a burst of calls of about 50 ms; times are medians
+per call, the ratio is the median over rounds of the reference's time over ggml's (> 1: ggml
+is faster). NumPy's and
+torch's threads are set before they load. "max |diff|" is to NumPy's F32 product. Nothing is
+asserted.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
+from typing import Any, Callable
 
 
 def main() -> None:
@@ -26,54 +38,91 @@ def main() -> None:
     p.add_argument("--n", type=int, default=800, help="rows of b: tokens or images")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--type", nargs="+", default=["f32"], help="the weight's ggml types, a row each")
     args = p.parse_args()
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)  # before NumPy loads OpenBLAS
     import numpy as np
 
     import pyggml
-    from _timing import median_seconds
+    from _timing import paired_seconds
     from pyggml.backends.device import device_by_name
     from pyggml.errors import BackendNotAvailableError
+
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        torch = None
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((args.m, args.k), dtype=np.float32)
     b = rng.standard_normal((args.n, args.k), dtype=np.float32)
     flop = 2.0 * args.m * args.n * args.k
-    rows = [("NumPy b @ a.T (OpenBLAS)", median_seconds(lambda: b @ a.T, args.repeat))]
+    expected = b @ a.T
 
     cpu = pyggml.CPUBackend(n_threads=args.threads)
-    runners: list[tuple[str, list[pyggml.Backend]]] = [("ggml CPU MUL_MAT", [cpu])]
+    runners: list[tuple[str, list[pyggml.Backend]]] = [("ggml CPU", [cpu])]
     try:
         blas = device_by_name("BLAS").init()
         blas.set_n_threads(args.threads)
-        runners.append(("ggml [BLAS, CPU] MUL_MAT", [blas, cpu]))
+        runners.append(("ggml [BLAS, CPU]", [blas, cpu]))
     except BackendNotAvailableError:  # not a BLAS build
         blas = None
-    expected = b @ a.T
-    for name, backends in runners:
-        ctx = pyggml.Context.for_tensors(8, graph_size=8)
-        ta, tb = ctx.new_tensor("f32", [args.k, args.m]), ctx.new_tensor("f32", [args.k, args.n])
-        out = ctx.mul_mat(ta, tb)
-        graph = ctx.new_graph(8).build_forward(out)
-        sched = pyggml.Scheduler(backends, graph_size=8)
-        sched.alloc_graph(graph)
-        ta.set(a)
-        tb.set(b)
-        sched.compute(graph)
-        err = float(np.abs(out.numpy() - expected).max())
-        rows.append((f"{name} (max |diff| {err:.1e})", median_seconds(lambda: sched.compute(graph), args.repeat)))
-        sched.close()
-        ctx.close()
+
+    print(f"product a (m={args.m}, k={args.k}) x b (n={args.n}, k={args.k}), {args.threads} threads, "
+          f"medians of {args.repeat} rounds in turns")
+    print(f"{'':40} {'ms':>8} {'GFLOP/s':>8} {'ref / this':>11}  max |diff|")
+    for wtype in args.type:
+        # the reference: NumPy's F32 product, or torch's in the weight's type
+        tdtype = {"bf16": "bfloat16", "f16": "float16"}.get(wtype)
+        if wtype == "f32" or torch is None or tdtype is None:
+            ref_name: str = "NumPy b @ a.T (OpenBLAS, F32)"
+            ref: Callable[[], Any] = lambda: b @ a.T
+        else:
+            ta_t, tb_t = (torch.from_numpy(x).to(getattr(torch, tdtype)) for x in (a, b))
+            ref_name = f"torch b @ a.T ({tdtype})"
+            ref = lambda ta_t=ta_t, tb_t=tb_t: tb_t @ ta_t.T
+        fns, names, diffs, closers = [ref], [ref_name], [""], []
+        for name, backends in runners:
+            ctx = pyggml.Context.for_tensors(8, graph_size=8)
+            ta, tb = ctx.new_tensor(wtype, [args.k, args.m]), ctx.new_tensor("f32", [args.k, args.n])
+            out = ctx.mul_mat(ta, tb)
+            graph = ctx.new_graph(8).build_forward(out)
+            sched = pyggml.Scheduler(backends, graph_size=8)
+            sched.alloc_graph(graph)
+            ta.set(a)
+            tb.set(b)
+            sched.compute(graph)
+            diffs.append(f"{float(np.abs(out.numpy() - expected).max()):.1e}")
+            fns.append(lambda sched=sched, graph=graph: sched.compute(graph))
+            names.append(f"{name} MUL_MAT, {wtype} weights")
+            closers += [sched, ctx]
+        # each timed sample is a burst of calls (about 50 ms): a single call after the pause
+        # before each sample would time waking the threads up, not the product
+        bursts = [_burst(fn) for fn in fns]
+        rounds = paired_seconds([f for f, _ in bursts], args.repeat, settle=0.2)
+        for i, (name, diff) in enumerate(zip(names, diffs)):
+            sec = statistics.median(r[i] / bursts[i][1] for r in rounds)
+            ratio = "" if i == 0 else f"{statistics.median(r[0] / bursts[0][1] * bursts[i][1] / r[i] for r in rounds):10.2f}x"
+            print(f"{name:40} {sec * 1e3:8.2f} {flop / sec / 1e9:8.0f} {ratio:>11}  {diff}")
+        for c in closers:
+            c.close()
     if blas is not None:
         blas.close()
     cpu.close()
 
-    ref = rows[0][1]
-    print(f"F32 product a (m={args.m}, k={args.k}) x b (n={args.n}, k={args.k}), {args.threads} threads, "
-          f"median of {args.repeat}")
-    print(f"{'':44} {'ms':>8} {'GFLOP/s':>8} {'NumPy / this':>13}")
-    for name, sec in rows:
-        print(f"{name:44} {sec * 1e3:8.2f} {flop / sec / 1e9:8.0f} {ref / sec:12.2f}x")
+
+def _burst(fn: Callable[[], Any]) -> tuple[Callable[[], None], int]:
+    """``fn`` called n times in a row, n such that the burst takes about 50 ms; and n."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    n = max(1, round(0.05 / max(time.perf_counter() - t0, 1e-6)))
+
+    def burst() -> None:
+        for _ in range(n):
+            fn()
+    return burst, n
 
 
 if __name__ == "__main__":
