@@ -77,7 +77,7 @@ def test_compute_async_then_result():
 def test_a_pending_result_overwritten_by_a_later_compute_of_its_key_is_refused():
     """Two computes of one key share the graph's outputs: the first result, read after the
     second compute, used to be the second one's values (a thread's result handed to another)."""
-    with CPUBackend() as cpu, GraphCache(build, backend=cpu) as cache:
+    with CPUBackend() as cpu, GraphCache(build, backend=cpu, own_buffers=0) as cache:
         x1, x2 = (rng.standard_normal((2, 4)).astype(np.float32) for _ in range(2))
         w = rng.standard_normal((3, 4)).astype(np.float32)
         first = cache.compute_async((4, 2), x=x1, w=w)
@@ -86,9 +86,38 @@ def test_a_pending_result_overwritten_by_a_later_compute_of_its_key_is_refused()
             first.result()
         np.testing.assert_allclose(second.result()["y"], reference(x2, w), rtol=1e-5, atol=1e-6)
         third = cache.compute_async((4, 2), x=x1, w=w)
-        cache.compute((4, 3), x=np.ones((3, 4), np.float32), w=w)  # another key: the allocator
-        with pytest.raises(ClosedError):                           # holds that graph now
+        cache.compute((4, 3), x=np.ones((3, 4), np.float32), w=w)  # another key: the shared
+        with pytest.raises(ClosedError):                           # allocator holds that graph now
             third.result()
+
+
+def test_graphs_with_buffers_of_their_own_keep_their_placement():
+    """With ``backend``, small graphs get an allocator each: computing another key places
+    nothing again, and a pending result of the first key stays readable; once their buffers
+    would pass ``own_buffers``, the next graphs share one allocator (placed at each switch)."""
+    x1, x3 = (rng.standard_normal((n, 4)).astype(np.float32) for n in (2, 3))
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    with CPUBackend() as cpu, GraphCache(build, backend=cpu) as cache:
+        first = cache.compute_async((4, 2), x=x1, w=w)
+        cache.compute((4, 3), x=x3, w=w)
+        np.testing.assert_allclose(first.result()["y"], reference(x1, w), rtol=1e-5, atol=1e-6)
+        a, b = cache.get((4, 2)), cache.get((4, 3))
+        assert a._galloc is not b._galloc and a._galloc is not cache._galloc
+        assert a._galloc._graph is a.graph and b._galloc._graph is b.graph   # both stay placed
+        assert cache._own_total == a._own_bytes + b._own_bytes > 0
+        cache.reserve((4, 2))   # its own allocator is reserved already: its placement stays
+        np.testing.assert_allclose(cache.compute((4, 2), x=x1, w=w)["y"], reference(x1, w), rtol=1e-5, atol=1e-6)
+        cache.clear()   # their allocators closed with them
+        assert cache._own_total == 0 and a._galloc is None
+    with CPUBackend() as cpu, GraphCache(build, backend=cpu) as cache:
+        cache.compute((4, 2), x=x1, w=w)
+        size = cache.get((4, 2))._own_bytes
+        cache.own_buffers = size   # room for that one only: the next shares
+        np.testing.assert_allclose(cache.compute((4, 3), x=x3, w=w)["y"], reference(x3, w), rtol=1e-5, atol=1e-6)
+        assert cache.get((4, 3))._galloc is cache._galloc and cache._own_total == size
+        np.testing.assert_allclose(cache.compute((4, 2), x=x1, w=w)["y"], reference(x1, w), rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match="own_buffers"):
+            GraphCache(build, backend=cpu, own_buffers=-1)
 
 
 @pytest.mark.parametrize("use_sched", [False, True])

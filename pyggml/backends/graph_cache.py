@@ -22,12 +22,15 @@ inputs in place), its constants (in a buffer of the first backend, written once)
 graph; dropping it from the cache (eviction, :meth:`GraphCache.clear`, :meth:`GraphCache.close`)
 frees all of them.
 
-With ``backend`` the graphs share one graph allocator, with ``scheduler`` the scheduler you
-give, and with ``backends`` one scheduler of the cache's own over those backends (as
-whisper.cpp's and llama.cpp's one scheduler per set of devices): one compute buffer whatever
-the number of graphs, sized for the largest graph placed so far, or ahead of time by
-:meth:`GraphCache.reserve` with the worst-case key. Computing another key than the last places
-that graph again (ggml's split and allocation, in C). With :meth:`GraphCache.compute_async` a
+With ``scheduler`` the graphs share the scheduler you give, and with ``backends`` one scheduler
+of the cache's own over those backends (as whisper.cpp's and llama.cpp's one scheduler per set
+of devices): one compute buffer whatever the number of graphs, sized for the largest graph
+placed so far, or ahead of time by :meth:`GraphCache.reserve` with the worst-case key.
+Computing another key than the last places that graph again (ggml's split and allocation).
+With ``backend`` each graph gets a graph allocator of its own, its compute buffer kept with it,
+while those buffers total at most ``own_buffers`` bytes: computing one graph after another then
+places nothing again (a model called on sentences of many lengths switches graph at every
+call); the graphs beyond that share one allocator, placed again at each switch as above. With :meth:`GraphCache.compute_async` a
 backend that computes asynchronously (a GPU) gets the next graph while Python prepares the
 following inputs.
 """
@@ -53,7 +56,11 @@ from .graph_run import run_of
 from .sched import Scheduler
 from ..core.tensor import Tensor
 
-__all__ = ["GraphCache", "CachedGraph", "GraphParts", "BuildFn"]
+__all__ = ["GraphCache", "CachedGraph", "GraphParts", "BuildFn", "OWN_BUFFERS"]
+
+#: default of :class:`GraphCache`'s ``own_buffers``: the bytes the compute buffers of graphs
+#: placed once for good may total (with ``backend``)
+OWN_BUFFERS = 64 << 20
 
 #: ``build(g, *key) -> outputs``: a :class:`GraphParts` and the key's parts in, ``{name: Tensor}`` out
 BuildFn = Callable[..., "Mapping[str, Tensor]"]
@@ -188,6 +195,11 @@ class CachedGraph:
         self._unset = set(self.inputs)   # inputs never given a value (zeros)
         self._empty = {n for n, t in self.inputs.items() if not t.nbytes}  # 0 bytes: nothing to write
         self.computes = 0  # computations started: a pending result knows whether it is the last
+        #: the graph allocator placing this graph (with a GraphCache's ``backend``): its own, or
+        #: the cache's shared one; None until first placed
+        self._galloc: GraphAllocator | None = None
+        self._own_bytes = 0  # the size of its own allocator's buffer (0 when it shares)
+        self._on_close: Callable[["CachedGraph"], None] | None = None
 
     @property
     def arrays(self) -> dict[str, np.ndarray]:
@@ -221,7 +233,12 @@ class CachedGraph:
 
     def close(self) -> None:
         self.extra.clear()   # it may hold views of the memory closed next
-        self._parts.close()
+        try:
+            if self._on_close is not None:
+                self._on_close(self)   # its own allocator closed, the cache's count of them updated
+        finally:
+            self._on_close = None
+            self._parts.close()
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -237,8 +254,9 @@ def _one_at_a_time(fn: _F) -> _F:
 
 
 class GraphCache:
-    """Graphs built by ``build`` once per key, computed on ``backend`` (through one
-    :class:`~pyggml.backends.alloc.GraphAllocator`), by ``scheduler``, or by a
+    """Graphs built by ``build`` once per key, computed on ``backend`` (each graph through a
+    :class:`~pyggml.backends.alloc.GraphAllocator` of its own while their buffers total at most
+    ``own_buffers`` bytes, the others through one they share), by ``scheduler``, or by a
     :class:`~pyggml.backends.sched.Scheduler` of the cache's own over ``backends`` (in priority
     order, the CPU last; one for every graph, closed with the cache).
 
@@ -248,7 +266,7 @@ class GraphCache:
     only writes into tensors of its own, as a KV cache). A graph holds up to ``graph_size``
     nodes. Inputs live in host memory (the last backend's) with a scheduler, in the backend's
     memory with ``backend``; constants in the first backend's. Raises ValueError for bad
-    arguments and what ``build`` raises.
+    arguments (``own_buffers < 0`` among them) and what ``build`` raises.
 
     Threads may share a cache: :meth:`get`, :meth:`compute`, :meth:`clear` and :meth:`close`
     run one at a time (a compute sets the inputs, computes and reads the outputs as one step).
@@ -256,11 +274,17 @@ class GraphCache:
 
     def __init__(self, build: BuildFn, *, backend: Backend | None = None,
                  scheduler: Scheduler | None = None, backends: Sequence[Backend] | None = None,
-                 graph_size: int = 2048, n_tensors: int | None = None, max_graphs: int = 8):
+                 graph_size: int = 2048, n_tensors: int | None = None, max_graphs: int = 8,
+                 own_buffers: int = OWN_BUFFERS):
         if sum(x is not None for x in (backend, scheduler, backends)) != 1:
             raise ValueError("give a backend, a scheduler or backends (one of them)")
         if max_graphs < 1 or graph_size < 1:
             raise ValueError("max_graphs and graph_size must be >= 1")
+        if own_buffers < 0:
+            raise ValueError("own_buffers must be >= 0")
+        #: bytes the graphs' own compute buffers may total (``backend`` only; 0: all share one)
+        self.own_buffers = own_buffers
+        self._own_total = 0
         self._build = build
         self.backend = backend
         self.backends = list(backends) if backends is not None else None
@@ -338,15 +362,46 @@ class GraphCache:
             if not (s._graph is graph and s._is_alloc and run_of(graph).split_by is s):
                 s.alloc_graph(graph)
         else:
-            assert self._galloc is not None
-            if self._galloc._graph is not graph:
-                self._galloc.alloc_graph(graph)
+            galloc = entry._galloc or self._allocator_for(entry)
+            if galloc._graph is not graph:
+                galloc.alloc_graph(graph)
+
+    def _allocator_for(self, entry: CachedGraph) -> GraphAllocator:
+        """The allocator of a graph placed for the first time: one of its own, reserved for it,
+        while the own buffers stay within :attr:`own_buffers`; else the shared one."""
+        assert self._galloc is not None and self.backend is not None
+        entry._galloc = self._galloc
+        if self._own_total < self.own_buffers:
+            own = GraphAllocator(self.backend)
+            try:
+                own.reserve(entry.graph)
+                size = own.buffer_size
+            except MemoryError:
+                size = self.own_buffers + 1   # then it shares: the shared buffer may be large enough
+            except BaseException:
+                own.close()
+                raise
+            if self._own_total + size <= self.own_buffers:
+                entry._galloc, entry._own_bytes, entry._on_close = own, size, self._release
+                self._own_total += size
+            else:
+                own.close()
+        return entry._galloc
+
+    def _release(self, entry: CachedGraph) -> None:
+        """Close ``entry``'s own allocator (it is being closed)."""
+        self._own_total -= entry._own_bytes
+        entry._own_bytes = 0
+        galloc, entry._galloc = entry._galloc, None
+        if galloc is not None and galloc is not self._galloc:
+            galloc.close()
 
     @_one_at_a_time
     def prepare(self, key: Hashable) -> CachedGraph:
         """The graph of ``key``, built if it is not cached and placed in the compute buffer now,
-        so that its next :meth:`compute` starts at once (the graph placed before is no longer:
-        read its outputs first). Returns its :class:`CachedGraph`."""
+        so that its next :meth:`compute` starts at once (where graphs share a compute buffer,
+        the graph placed before is no longer: read its outputs first). Returns its
+        :class:`CachedGraph`."""
         entry = self.get(key)
         self._place(entry)
         return entry
@@ -354,15 +409,15 @@ class GraphCache:
     @_one_at_a_time
     def reserve(self, key: Hashable) -> None:
         """Size the compute buffer for the graph of ``key`` (built now if it is not cached):
-        ``ggml_backend_sched_reserve`` or ``ggml_gallocr_reserve``. Give the largest key a
-        model will compute (the longest prompt batch) so that later graphs fit without
-        growing it. Raises MemoryError if the buffer cannot be allocated."""
+        ``ggml_backend_sched_reserve`` or ``ggml_gallocr_reserve`` (with ``backend``: that of
+        the graph's own allocator, made now where it gets one, else the shared one's). Give
+        the largest key a model will compute (the longest prompt batch) so that later graphs
+        fit without growing it. Raises MemoryError if the buffer cannot be allocated."""
         entry = self.get(key)
         if self.scheduler is not None:
             self.scheduler.reserve(entry.graph)
-        else:
-            assert self._galloc is not None
-            self._galloc.reserve(entry.graph)
+        elif (entry._galloc or self._allocator_for(entry)) is self._galloc:
+            self._galloc.reserve(entry.graph)   # (an allocator of its own was reserved for it)
 
     # ------------------------------------------------------------------ compute
     def compute(self, key: Hashable, outputs: list[str] | None = None, *,

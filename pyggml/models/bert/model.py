@@ -35,7 +35,8 @@ __all__ = ["BertConfig", "Embedder", "WTYPES", "default_model_dir", "default_wty
 WTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16, "q8_0": GGMLType.Q8_0}
 PAD_TO = 8            # a batch's token counts are padded to a multiple of this: one graph per bucket
 #: graphs kept: one sentence alone has a graph of its exact length (no padding), batches one per
-#: bucket; with one scheduler for all of them a graph costs its tensors' headers, not a buffer
+#: bucket; a graph costs its tensors' headers, and on the CPU alone a compute buffer of its own
+#: while those total at most GraphCache's own_buffers (then they share one)
 MAX_GRAPHS = 96
 #: the safetensors name prefixes of checkpoints saved from a task model (BertForMaskedLM...)
 _PREFIXES = ("bert.", "roberta.", "model.")
@@ -226,9 +227,12 @@ class Embedder:
                 for buft, (n, _) in loaded.buffers.items():
                     self.weight_buffers[buft] = self.weight_buffers.get(buft, 0) + n
             # one graph per (padded length, batch size, packed tokens), built once and computed
-            # again with new inputs; one scheduler places them all
+            # again with new inputs; on the CPU alone the small ones keep their placement
+            # (a sentence's graph after another's places nothing again), with other devices one
+            # scheduler places them all
+            where = {"backend": bs.cpu} if len(bs.backends) == 1 else {"backends": bs.backends}
             self.graphs = self._stack.enter_context(GraphCache(
-                self._build, backends=bs.backends, graph_size=32 * cfg.n_layers + 64, max_graphs=MAX_GRAPHS))
+                self._build, **where, graph_size=32 * cfg.n_layers + 64, max_graphs=MAX_GRAPHS))
         except BaseException:
             self._stack.close()
             raise
@@ -390,7 +394,7 @@ class Embedder:
             key = self._packed(ids, mask, T, self.config.pooling == "cls")
         self.graphs.compute(key, [])
         if self.graphs.scheduler is not None:
-            self.n_splits = self.graphs.scheduler.n_splits  # 1 on the CPU alone
+            self.n_splits = self.graphs.scheduler.n_splits  # (no scheduler on the CPU alone)
         return np.array(self.graphs.get(key).arrays["out"].reshape(B, self.hidden))
 
     def _packed(self, ids: np.ndarray, mask: np.ndarray, T: int, cls: bool) -> tuple[int, int, int]:
