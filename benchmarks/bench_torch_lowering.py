@@ -26,7 +26,8 @@ Batch 1 embeds the sentences one call each, batch N in calls of N; "first pass" 
 the first run over all of them (compilations included), "in ggml" the share of a warm run's
 time inside ggml's compute. The subjects run in turns, in the same
 process (``_timing.paired_seconds``); sentences/s are medians, ratios are medians over rounds of
-eager torch's time over the subject's. Cosines are to eager torch.
+eager torch's time (and OpenVINO's, when it runs) over the subject's. Cosines are to eager
+torch.
 
 SmolLM2: ms/token is the median time between two generated tokens (a ``LogitsProcessor`` takes
 the time at each; 33 tokens after a 6-token prompt: 32 decode steps), the median over rounds;
@@ -123,8 +124,10 @@ def minilm(a: argparse.Namespace) -> None:
 
     print(f"all-MiniLM-L6-v2, {len(sentences)} {a.sentences} sentences, {a.threads} threads, "
           f"torch.compile dynamic={a.dynamic} (openvino: False), median of {a.repeat} rounds\n")
-    print("| batch | subject | sentences/s | x eager torch | first pass (s) | in ggml | min cosine to eager |")
-    print("|---|---|---|---|---|---|---|")
+    ov = next((i for i, name in enumerate(models) if name.startswith("openvino")), None)
+    print(f"| batch | subject | sentences/s | x eager torch |{' x openvino |' if ov is not None else ''} "
+          "first pass (s) | in ggml | min cosine to eager |")
+    print("|---|---|---|---|---|---|---|" + ("---|" if ov is not None else ""))
     for bs in a.batch:
         names = list(models) + ["pyggml.models.bert (F32)"]
         fns = [runner(lambda b, m=m: torch_embed(m, b), bs) for m in models.values()]
@@ -142,7 +145,8 @@ def minilm(a: argparse.Namespace) -> None:
         rounds = paired_seconds(fns, a.repeat)
         for i, name in enumerate(names):
             rate = len(sentences) / statistics.median(r[i] for r in rounds)
-            print(f"| {bs} | {name} | {rate:.0f} | {median_ratio(rounds, 0, i):.2f}x | {first[i]:.1f} | "
+            vs_ov = f" {median_ratio(rounds, ov, i):.2f}x |" if ov is not None else ""
+            print(f"| {bs} | {name} | {rate:.0f} | {median_ratio(rounds, 0, i):.2f}x |{vs_ov} {first[i]:.1f} | "
                   f"{in_ggml[i]:.0%} | {cos[i]:.6f} |")
     example.close()
 
