@@ -30,9 +30,9 @@ Computing another key than the last places that graph again (ggml's split and al
 With ``backend`` each graph gets a graph allocator of its own, its compute buffer kept with it,
 while those buffers total at most ``own_buffers`` bytes: computing one graph after another then
 places nothing again (a model called on sentences of many lengths switches graph at every
-call); the graphs beyond that share one allocator, placed again at each switch as above. With :meth:`GraphCache.compute_async` a
-backend that computes asynchronously (a GPU) gets the next graph while Python prepares the
-following inputs.
+call); the graphs beyond that share one allocator, placed again at each switch as above.
+With :meth:`GraphCache.compute_async` a backend that computes asynchronously (a GPU) gets the
+next graph while Python prepares the following inputs.
 """
 from __future__ import annotations
 
@@ -371,21 +371,22 @@ class GraphCache:
         while the own buffers stay within :attr:`own_buffers`; else the shared one."""
         assert self._galloc is not None and self.backend is not None
         entry._galloc = self._galloc
-        if self._own_total < self.own_buffers:
-            own = GraphAllocator(self.backend)
-            try:
-                own.reserve(entry.graph)
-                size = own.buffer_size
-            except MemoryError:
-                size = self.own_buffers + 1   # then it shares: the shared buffer may be large enough
-            except BaseException:
-                own.close()
-                raise
-            if self._own_total + size <= self.own_buffers:
-                entry._galloc, entry._own_bytes, entry._on_close = own, size, self._release
-                self._own_total += size
-            else:
-                own.close()
+        if self._own_total >= self.own_buffers:
+            return entry._galloc
+        own = GraphAllocator(self.backend)
+        try:
+            own.reserve(entry.graph)
+            size = own.buffer_size
+        except MemoryError:   # it shares: the shared buffer may be large enough
+            size = None
+        except BaseException:
+            own.close()
+            raise
+        if size is not None and self._own_total + size <= self.own_buffers:
+            entry._galloc, entry._own_bytes, entry._on_close = own, size, self._release
+            self._own_total += size
+        else:
+            own.close()
         return entry._galloc
 
     def _release(self, entry: CachedGraph) -> None:
