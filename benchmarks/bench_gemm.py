@@ -12,9 +12,9 @@ count, GFLOP/s side by side.
 ``a`` is the weight (NumPy (m, k), ggml ne [k, m]) stored in ``--type`` (f32, f16, bf16,
 q8_0...), ``b`` the activations (NumPy (n, k), ggml ne [k, n], float32, which ggml converts to
 the weight's product type); the result is NumPy (n, m), float32. ggml's rows say which
-reference they are compared with: NumPy's F32 product for f32 weights; for other types torch's
-``b @ a.T`` with both in that type (when torch is installed), as a model in that type runs in
-torch. The subjects run in turns (``--repeat`` rounds, the order reversed every other round:
+reference they are compared with: for bf16 and f16 weights torch's ``b @ a.T`` with both in
+that type (when torch is installed), as a model in that type runs in torch; for the others
+(f32, quantized types) NumPy's F32 product. The subjects run in turns (``--repeat`` rounds, the order reversed every other round:
 ``_timing.paired_seconds``), each timed over a burst of calls of about 50 ms; times are medians
 per call, the ratio is the median over rounds of the reference's time over ggml's (> 1: ggml
 is faster). NumPy's and

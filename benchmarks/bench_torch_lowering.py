@@ -188,7 +188,7 @@ def smollm2(a: argparse.Namespace) -> None:
         inductor = CompileConfig(dynamic=False)
         inductor._compile_all_devices = True
         settings["inductor (torch.compile)"] = {"compile_config": inductor}
-    peers = set()   # subjects that may fail to compile: reported, then left out
+    peers: set[str] = set()   # subjects that may fail to compile: reported, then left out
     try:
         import openvino.torch  # noqa: F401  (registers torch.compile's "openvino" backend)
         ov = CompileConfig(backend="openvino", dynamic=False, mode=None)
