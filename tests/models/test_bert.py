@@ -92,6 +92,24 @@ def test_attention_without_flash_attn_matches_too(model, reference, minilm_dir):
     assert "SOFT_MAX" in ops and "FLASH_ATTN_EXT" not in ops
 
 
+def test_short_sentences_share_flash_attention_blocks(reference, minilm_dir):
+    """On the CPU, sentences of fewer than FA_TILE_ROWS tokens share attention blocks of at
+    least that many query rows (ggml-cpu's tiled kernel), the mask keeping each sentence to
+    its own keys; a batch that is not a multiple of the group is padded with empty sentences.
+    The F32 model still matches sentence-transformers on every sentence."""
+    assert [bert_model.attention_group(T, 64) for T in (8, 16, 24, 32, 56, 64, 256)] == [8, 4, 3, 2, 2, 1, 1]
+    assert bert_model.attention_group(16, 3) == 1                     # too few sentences for a block
+    sentences, expected, n_tokens = reference
+    short = [i for i, n in enumerate(n_tokens) if n <= 16]             # batches of 6: T = 16, 16, 8
+    with minilm.Embedder(minilm_dir, n_threads=2, wtype="f32") as m:
+        got = m.encode([sentences[i] for i in short], batch_size=6)
+        blocks = {tuple(n.src[0].ne[1:]) for key in m.graphs.keys for n in m.graphs.get(key).graph.nodes
+                  if n.op_name == "FLASH_ATTN_EXT"}
+    assert (64, 12, 2) in blocks                                        # 6 sentences of 16 in 2 blocks of 4
+    cos = _cosine(got, expected[short])
+    assert cos.min() >= 0.99999, f"{sentences[short[int(np.argmin(cos))]]!r}: cosine {cos.min()}"
+
+
 def test_packed_token_counts_are_bucketed_and_mixed_lengths_match(model, reference):
     """Tokens are packed (no compute on padding in the linear layers): the graph key holds the
     total token count, bucketed to a multiple of PAD_TO within ~3 % of the real count, and

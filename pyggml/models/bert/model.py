@@ -34,6 +34,9 @@ __all__ = ["BertConfig", "Embedder", "WTYPES", "default_model_dir", "default_wty
 #: weight types of the linear layers (``wtype``); "auto": :func:`default_wtype`
 WTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16, "q8_0": GGMLType.Q8_0}
 PAD_TO = 8            # a batch's token counts are padded to a multiple of this: one graph per bucket
+#: ggml-cpu's flash attention takes its tiled path (products of 64 x 64 tiles) from this many
+#: query rows of one head (GGML_FA_TILE_Q); below, a path of one key at a time
+FA_TILE_ROWS = 64
 #: graphs kept: one sentence alone has a graph of its exact length (no padding), batches one per
 #: bucket; a graph costs its tensors' headers, and on the CPU alone a compute buffer of its own
 #: while those total at most GraphCache's own_buffers (then they share one)
@@ -137,6 +140,18 @@ def _is_matrix(name: str, arr: np.ndarray) -> bool:
     return arr.ndim == 2 and name.startswith("encoder.layer.") and name.endswith(".weight")
 
 
+def attention_group(T: int, B: int) -> int:
+    """How many sentences share an attention block when B sentences padded to T tokens run on
+    ggml-cpu's flash attention: enough that a block has :data:`FA_TILE_ROWS` query rows (so
+    the kernel takes its tiled path), or 1 where T alone has as many, or where B sentences
+    are too few for that. The block's mask lets each sentence's queries see its own keys only;
+    the tiles of other sentences' keys are mostly skipped by the kernel as all masked."""
+    if T >= FA_TILE_ROWS:
+        return 1
+    g = -(-FA_TILE_ROWS // T)
+    return g if g <= B else 1
+
+
 def _bucket(n: int) -> int:
     """n tokens padded up to a multiple of PAD_TO or of 1/32 of n's power of two, whichever is
     larger (at most ~3 % more), so that batches of close total lengths share one graph."""
@@ -208,6 +223,8 @@ class Embedder:
             if flash_attn is None:
                 flash_attn = all(self._flash_attn_in_place(b) for b in self.extras)
             self.flash_attn = flash_attn
+            # short sentences share attention blocks where ggml-cpu computes the attention
+            self._group = flash_attn and not any(self._computes_flash_attn(b) for b in self.extras)
             # the padding mask: F16 for ggml_flash_attn_ext, F32 for soft_max
             self._mask_type = GGMLType.F16 if self.flash_attn else GGMLType.F32
             owners = layer_owners(cfg.n_layers, [1.0] * len(bs.homes))
@@ -275,9 +292,12 @@ class Embedder:
     def _flash_attn_in_place(self, backend: Backend) -> bool:
         """Whether this model's ``ggml_flash_attn_ext`` node (F32 q, k, v of ne [hd, T, nh, 1],
         F16 mask) runs without copies beside ``backend``: its buffers are host memory, or it
-        computes the node itself (asked of ggml for a node of T = PAD_TO tokens)."""
-        if backend.default_buffer_type.is_host:
-            return True
+        computes the node itself."""
+        return backend.default_buffer_type.is_host or self._computes_flash_attn(backend)
+
+    def _computes_flash_attn(self, backend: Backend) -> bool:
+        """Whether ``backend`` computes this model's ``ggml_flash_attn_ext`` node (asked of
+        ggml for a node of T = PAD_TO tokens)."""
         hd, T, nh = self.config.hidden // self.config.n_heads, PAD_TO, self.config.n_heads
         with Context.for_tensors(5) as ctx:
             q, k, v = (ctx.new_tensor(GGMLType.F32, [hd, T, nh, 1]) for _ in range(3))
@@ -314,19 +334,24 @@ class Embedder:
         The linear layers, layer norms and GELU run on the N real tokens packed one after the
         other ([H, N]), not on B sentences padded to T ([H, T*B]): a batch of uneven sentences
         pays no compute for padding there. Only attention, which mixes the tokens of a sentence,
-        gathers them into padded [hd, T, nh, B] form (``gather``) and back (``scatter``). One
-        sentence (B = 1) is its own length (N = T, the graph made for it): no padding, so no
-        gather, scatter or mask, and its positions and pooling weights are constants."""
+        gathers them into padded [hd, T, nh, B] form (``gather``) and back (``scatter``); where
+        ggml-cpu computes it, G sentences (:func:`attention_group`) share a block of [hd, G*T,
+        nh, B/G] (B padded up to a multiple of G with empty sentences), the mask keeping each
+        sentence's queries to its own keys. One sentence (B = 1) is its own length (N = T, the
+        graph made for it): no padding, so no gather, scatter or mask, and its positions and
+        pooling weights are constants."""
         ctx, cfg = g.ctx, self.config
         H, nh = cfg.hidden, cfg.n_heads
         hd = H // nh
+        G = attention_group(T, B) if self._group and B > 1 else 1
+        Bp = -(-B // G) * G                                                     # B padded for the blocks
         tokens = g.input(GGMLType.I32, [N], "tokens")                           # [N] packed
         gather = scatter = kq_mask = None
         if B > 1:
             positions = g.input(GGMLType.I32, [N], "positions")                 # [N] in its sentence
-            gather = g.input(GGMLType.I32, [T * B], "gather")                   # padded -> packed row
+            gather = g.input(GGMLType.I32, [T * Bp], "gather")                  # padded -> packed row
             scatter = g.input(GGMLType.I32, [N], "scatter")                     # packed -> padded row
-            kq_mask = g.input(self._mask_type, [T, T, 1, B], "kq_mask")         # [T_k, T_q, 1, B]
+            kq_mask = g.input(self._mask_type, [G * T, G * T, 1, Bp // G], "kq_mask")  # [T_k, T_q, 1, B/G]
             pool = g.input(GGMLType.F32, [N, B], "pool")                        # 1/n_tokens, CLS 1, or 0
         else:
             positions = g.constant(self._positions[:N])
@@ -339,27 +364,27 @@ class Embedder:
         x = x + ctx.view(self.w["embeddings.token_type_embeddings.weight"], [H])          # row 0
         x = self._layer_norm(ctx, x, "embeddings.LayerNorm")
 
-        def heads(qkv: Tensor, j: int) -> Tensor:  # part j of [3H, T*B]: [hd, nh, T, B]
+        def heads(qkv: Tensor, j: int) -> Tensor:  # part j of [3H, T*Bp]: [hd, nh, G*T, Bp/G]
             f = qkv.nb[0]
-            return ctx.view(qkv, [hd, nh, T, B], [hd * f, 3 * H * f, 3 * H * T * f], j * H * f)
+            return ctx.view(qkv, [hd, nh, G * T, Bp // G], [hd * f, 3 * H * f, 3 * H * G * T * f], j * H * f)
 
         gelu = ctx.gelu_erf if cfg.gelu == "erf" else ctx.gelu
         for i in range(cfg.n_layers):
             p = f"encoder.layer.{i}."
             qkv = self._linear(ctx, x, p + "attention.self.qkv")                # [3H, N]
             if gather is not None:
-                qkv = ctx.get_rows(qkv, gather)                                 # [3H, T*B]
-            q = ctx.permute(heads(qkv, 0), 0, 2, 1, 3)                          # [hd, T, nh, B]
+                qkv = ctx.get_rows(qkv, gather)                                 # [3H, T*Bp]
+            q = ctx.permute(heads(qkv, 0), 0, 2, 1, 3)                          # [hd, G*T, nh, Bp/G]
             k = ctx.permute(heads(qkv, 1), 0, 2, 1, 3)
             scale = 1.0 / math.sqrt(hd)
             if self.flash_attn:  # one node (the CPU's kernel skips masked keys)
                 v = ctx.permute(heads(qkv, 2), 0, 2, 1, 3)
-                attn = ctx.flash_attn(q, k, v, kq_mask, scale=scale)            # [hd, nh, T, B]
+                attn = ctx.flash_attn(q, k, v, kq_mask, scale=scale)            # [hd, nh, G*T, Bp/G]
             else:
                 v_t = ctx.cont(ctx.permute(heads(qkv, 2), 1, 2, 0, 3))          # [T, hd, nh, B]
                 kq = ctx.soft_max(ctx.mul_mat(k, q), kq_mask, scale=scale)      # [T_k, T_q, nh, B]
                 attn = ctx.cont(ctx.permute(ctx.mul_mat(v_t, kq), 0, 2, 1, 3))  # [hd, nh, T, B]
-            attn = ctx.reshape(attn, H, T * B)
+            attn = ctx.reshape(attn, H, T * Bp)
             if scatter is not None:
                 attn = ctx.get_rows(attn, scatter)                              # [H, N]
             attn = self._linear(ctx, attn, p + "attention.output.dense")
@@ -416,13 +441,18 @@ class Embedder:
             pool[np.arange(B), starts] = 1.0
         else:
             pool[np.repeat(np.arange(B), lengths), np.arange(n)] = np.repeat(1.0 / lengths, lengths)
-        keys = np.zeros((B, T), bool)
-        keys[:, :T0] = real
-        # NumPy (B, 1, T_q, T_k): 0 for real keys, -inf for padding, same for every query
-        a["kq_mask"][:] = np.where(keys[:, None, None, :], 0.0, -np.inf)
-        gather = a["gather"].reshape(B, T)                                     # padding -> row 0
+        G = attention_group(T, B) if self._group else 1
+        Bp = -(-B // G) * G                                                    # (empty sentences after B)
+        keys = np.zeros((Bp // G, G, T), bool)
+        keys.reshape(Bp, T)[:B, :T0] = real
+        # NumPy (B/G, 1, G*T_q, G*T_k): each sentence's queries see its real keys, -inf elsewhere
+        mask = np.full((Bp // G, G, T, G, T), -np.inf, np.float32)
+        own = np.arange(G)
+        mask[:, own, :, own, :] = np.where(keys, 0.0, -np.inf)[:, :, None, :].swapaxes(0, 1)
+        a["kq_mask"][:] = mask.reshape(Bp // G, 1, G * T, G * T)
+        gather = a["gather"].reshape(Bp, T)                                    # padding -> row 0
         gather[:] = 0
-        gather[:, :T0][real] = np.arange(n, dtype=np.int32)
+        gather[:B, :T0][real] = np.arange(n, dtype=np.int32)
         scatter = a["scatter"]
         scatter[n:] = 0
         scatter[:n] = (np.arange(B)[:, None] * T + np.arange(T0)[None, :])[real]
