@@ -92,7 +92,9 @@ def log_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int | None = Non
     zeros: float32, NumPy shape (n_mels, frames) with frames = (len(samples) + pad) // 160 (or
     ``n_frames``: the samples are zero-padded or cut to ``n_frames * 160`` first). ``filters``:
     the model file's mel filters, (n_mels, 201). The frames that see only the padding's zeros
-    are not transformed: their power is 0 (the result is that of the padded samples)."""
+    are not transformed, and the frames after the last of any power not multiplied by the
+    filters: their power and mel are 0 (the result is that of the padded samples, bit for
+    bit)."""
     x = np.asarray(samples, dtype=np.float32)
     if n_frames is not None:
         n = n_frames * HOP
@@ -107,10 +109,14 @@ def log_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int | None = Non
     padded = np.pad(x, (half, half), mode="reflect") if x.size > half else np.pad(x, (half, half))
     frames = np.lib.stride_tricks.as_strided(padded, (m, N_FFT), (padded.strides[0] * HOP, padded.strides[0]))
     spec = np.fft.rfft(frames * _WINDOW, axis=-1)
-    power = np.zeros((total, N_FFT // 2 + 1), np.float32)
-    power[:m] = (spec.real ** 2 + spec.imag ** 2)[:total]
+    power = (spec.real ** 2 + spec.imag ** 2)[:total].astype(np.float32)
+    # the frames up to the last of any power: the rest are 0 in the product too (the same
+    # product, of the same shape, whether the zeros were given as samples or as ``pad``)
+    rows = np.flatnonzero(power.any(axis=1))
+    n = int(rows[-1]) + 1 if rows.size else 0
+    mel = np.zeros((filters.shape[0], total), np.float32)                    # (n_mels, frames)
     with _one_blas_thread():
-        mel = filters.astype(np.float32) @ power.T                              # (n_mels, frames)
+        mel[:, :n] = filters.astype(np.float32) @ power[:n].T
     logm = np.log10(np.maximum(mel, 1e-10))
     logm = np.maximum(logm, logm.max() - 8.0)
     out: np.ndarray = ((logm + 4.0) / 4.0).astype(np.float32)
