@@ -307,6 +307,33 @@ def test_beam_search_top_k_is_a_stable_sort_of_the_finite_ones():
             assert np.array_equal(lp, before)
 
 
+def test_beams_filtered_together_are_each_beam_filtered_alone(model):
+    """A beam-search step filters its beams' logits as one array (_Filters.apply_rows, one
+    normalizer computation, _best_rows's argmax passes over all rows): each row's
+    log-probabilities, filtered logits and best tokens are those of the row alone, bit for bit,
+    with timestamps (where the rule masks some rows' text and not others') and without."""
+    from pyggml.models.whisper.decode import DecodeOptions, _best, _best_rows, _Filters
+    tok, V = model.tok, model.file.hparams.n_vocab
+    tb = tok.sp.timestamp_begin
+    rng = np.random.default_rng(3)
+    for timestamps in (True, False):
+        f = _Filters(tok, DecodeOptions(timestamps=timestamps), V)
+        seqs = [[tb, 1000], [tb, 1000, tb + 50], [tb, 1000, 2000], [tb, 1000, tb + 60], [tb, 1000, 3000]]
+        x = rng.standard_normal((len(seqs), V)).astype(np.float32).astype(np.float64)
+        x[1::2, tb:] += 12.0                                     # timestamps likelier in some rows,
+        x[::4, 500] += 20.0                                      # a text token far likelier in others
+        alone = [x[r].copy() for r in range(len(seqs))]
+        lps = f.apply_rows(x, seqs)
+        for r, seq in enumerate(seqs):
+            lp = f.apply(alone[r], seq)
+            assert np.array_equal(x[r], alone[r])
+            assert (lps[r].m, lps[r].ls) == (lp.m, lp.ls)
+        best = _best_rows(x, 6)
+        assert best == [_best(alone[r], 6) for r in range(len(seqs))]
+        if timestamps:                                           # the rule masked some rows' text only
+            assert len({bool(np.isneginf(x[r, :tb]).all()) for r in range(len(seqs))}) == 2
+
+
 def test_filters_log_probabilities_are_the_log_softmax(model):
     """The log-probabilities the logit filters return, read token by token, are the full
     log-softmax of the filtered logits bit for bit, and their best the stable argsort of it; the

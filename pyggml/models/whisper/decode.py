@@ -134,21 +134,55 @@ class _Filters:
             sup += tok.non_speech()
         self.suppress = np.array(sorted(set(t for t in sup if t < n_vocab)), dtype=np.int64)
         self.max_initial = sp.timestamp_begin + round(opts.max_initial_timestamp / 0.02)
-        self._scratch = np.empty(n_vocab, np.float64)     # exp(x - max), for the normalizer
+        self._scratch = np.empty((1, n_vocab), np.float64)     # exp(x - max), for the normalizers
 
-    def _log_probs(self, x: np.ndarray) -> _LogProbs:
-        m = x.max()
-        if not np.isfinite(m):
-            return _LogProbs(x, m, 0.0)
-        e = self._scratch[:x.size]
-        np.subtract(x, m, out=e)
+    def _log_probs(self, x: np.ndarray) -> list[_LogProbs]:
+        """The :class:`_LogProbs` of each row of ``x`` (float64, NumPy shape (rows, n_vocab)):
+        one maximum, subtraction, exp and sum over all rows (each row's values are those of
+        the row alone, bit for bit)."""
+        n, V = x.shape
+        if self._scratch.shape[0] < n:
+            self._scratch = np.empty((n, V), np.float64)
+        m = x.max(axis=1)
+        fin = np.isfinite(m)
+        e = self._scratch[:n, :V]
+        np.subtract(x, np.where(fin, m, 0.0)[:, None], out=e)
         np.exp(e, out=e)
-        return _LogProbs(x, m, np.log(e.sum()))
+        ls = np.log(e.sum(axis=1))
+        return [_LogProbs(x[r], m[r], ls[r] if fin[r] else 0.0) for r in range(n)]
 
     def apply(self, logits: np.ndarray, seq: Sequence[int]) -> _LogProbs:
         """Filter ``logits`` (float64, NumPy shape (n_vocab,)) in place; return their log-softmax
         after the filters (:class:`_LogProbs`, over the filtered array: computed once, read
         where needed; the timestamp rule needs it too)."""
+        return self.apply_rows(logits[None], [seq])[0]
+
+    def apply_rows(self, logits: np.ndarray, seqs: Sequence[Sequence[int]]) -> list[_LogProbs]:
+        """:meth:`apply` to each row of ``logits`` (float64, NumPy shape (rows, n_vocab)), row
+        r after ``seqs[r]``, the normalizers of all rows computed together."""
+        for r, seq in enumerate(seqs):
+            self._mask(logits[r], seq)
+        lps = self._log_probs(logits)
+        if self.opts.timestamps:
+            for r, seq in enumerate(seqs):
+                if self._text_loses(lps[r]):     # timestamps likelier than any text token
+                    logits[r, :self.sp.timestamp_begin] = -np.inf
+                    lps[r] = self._log_probs(logits[r:r + 1])[0]
+        return lps
+
+    def _text_loses(self, lp: _LogProbs) -> bool:
+        """openai-whisper's rule: the timestamps' summed probability above the likeliest text
+        token's."""
+        tb = self.sp.timestamp_begin
+        ts = lp.values(slice(tb, None))
+        if ts.size and np.isfinite(ts).any():
+            m = ts.max()
+            return bool(m + np.log(np.exp(ts - m).sum()) > lp.max(slice(None, tb)))
+        return False
+
+    def _mask(self, logits: np.ndarray, seq: Sequence[int]) -> None:
+        """Set what may not follow ``seq`` to -inf in ``logits`` (NumPy shape (n_vocab,)): all
+        the filters but the timestamps' probability rule (:meth:`_text_loses`)."""
         sp, tb = self.sp, self.sp.timestamp_begin
         o = self.opts
         if o.repetition_penalty != 1 and seq:       # CTranslate2's: each token of the sequence once
@@ -165,7 +199,7 @@ class _Filters:
         logits[self.suppress] = -np.inf
         if not self.opts.timestamps:
             logits[tb:] = -np.inf
-            return self._log_probs(logits)
+            return
         logits[sp.notimestamps] = -np.inf
         last_ts = len(seq) >= 1 and seq[-1] >= tb
         penult_ts = len(seq) < 2 or seq[-2] >= tb
@@ -181,14 +215,6 @@ class _Filters:
         if not seq:
             logits[:tb] = -np.inf
             logits[self.max_initial + 1:] = -np.inf
-        lp = self._log_probs(logits)
-        ts = lp.values(slice(tb, None))
-        if ts.size and np.isfinite(ts).any():
-            m = ts.max()
-            if m + np.log(np.exp(ts - m).sum()) > lp.max(slice(None, tb)):
-                logits[:tb] = -np.inf
-                return self._log_probs(logits)
-        return lp
 
 
 class _LogProbs:
@@ -247,6 +273,29 @@ def _best(lp: np.ndarray, k: int) -> list[int]:
         vals.append(v)
         lp[i] = -np.inf
     lp[out] = vals          # as it was
+    return out
+
+
+def _best_rows(x: np.ndarray, k: int) -> list[list[int]]:
+    """:func:`_best` of each row of ``x`` (float64, NumPy shape (rows, n)), the ``argmax``
+    passes over all rows together; ``x`` as it was."""
+    rows = np.arange(x.shape[0])
+    picks, vals = [], []
+    for _ in range(k):
+        i = x.argmax(axis=1)
+        picks.append(i)
+        vals.append(x[rows, i])
+        x[rows, i] = -np.inf
+    for i, v in zip(reversed(picks), reversed(vals)):   # (a row out of finite values picks again)
+        x[rows, i] = v
+    out: list[list[int]] = []
+    for r in rows:
+        best = []
+        for i, v in zip(picks, vals):
+            if v[r] == -np.inf:
+                break
+            best.append(int(i[r]))
+        out.append(best)
     return out
 
 
@@ -339,11 +388,11 @@ def _beam_step(live: Sequence[tuple[list[int], float, np.ndarray, list[int]]], f
     ``finished`` (up to ``enough``); returns the ``beam_size`` best others as (tokens, score,
     the live beam they extend)."""
     cands: dict[tuple[int, ...], tuple[float, int]] = {}
-    for b, (seq, score, logits, _cells) in enumerate(live):
-        lg = logits.astype(np.float64)
-        lp = filters.apply(lg, seq)
-        for t in lp.best(beam_size + 1):
-            key = tuple(seq) + (int(t),)
+    lg = np.array([logits for _seq, _score, logits, _cells in live], dtype=np.float64)   # (beams, n_vocab)
+    lps = filters.apply_rows(lg, [seq for seq, _score, _logits, _cells in live])
+    for b, ((seq, score, _logits, _cells), lp, best) in enumerate(zip(live, lps, _best_rows(lg, beam_size + 1))):
+        for t in best:
+            key = tuple(seq) + (t,)
             s = score + float(lp[t])
             if key not in cands or cands[key][0] < s:
                 cands[key] = (s, b)
