@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..core.graph import Graph
 
 __all__ = ["CPUBackend", "Threadpool", "graph_compute", "cpu_buffer_type", "cpu_buffer_from_array", "cpu_kernel_supports",
-           "aligned_zeros", "ABORT_INTERVAL_US"]
+           "aligned_zeros", "ABORT_INTERVAL_US", "FLASH_ATTN_TILE_ROWS"]
 
 _F32, _F16, _BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
 
@@ -293,6 +293,13 @@ class Threadpool(_cobject.CObject):
 #: Microseconds between two calls of a CPU backend's Python abort callback during a compute
 #: (Ctrl-C and ``CPUBackend.abort_callback`` are noticed within about this long).
 ABORT_INTERVAL_US = 10_000
+
+#: The CPU backend's ``ggml_flash_attn_ext`` computes a head's query rows in tiles (products of
+#: 64 x 64 tiles, keys in tiles too) from this many rows on (ggml-cpu's ``GGML_FA_TILE_Q``);
+#: fewer rows take a path of one key at a time, several times slower per key. Models with
+#: short sequences put several in one block of this many rows, a block-diagonal mask keeping
+#: each to its own keys (``pyggml.models.bert``, the torch lowering's attention).
+FLASH_ATTN_TILE_ROWS = 64
 
 
 class CPUBackend(Backend):

@@ -45,11 +45,14 @@ class Builder:
     its :class:`~pyggml.torch_lowering.table.Val` (or a tuple of them); constants made on the
     way are ``g``'s (written once after the build, owned by the cached graph)."""
 
-    def __init__(self, g: GraphParts, flash_attn: bool = False):
+    def __init__(self, g: GraphParts, flash_attn: bool = False, on_cpu: bool = False):
         self.g = g
         self.ctx = g.ctx
         #: scaled-dot-product attention as ggml_flash_attn_ext (else mul_mat, soft_max, mul_mat)
         self.flash_attn = flash_attn
+        #: the graph runs on the CPU backend alone (its attention kernel wants blocks of
+        #: FLASH_ATTN_TILE_ROWS query rows: short sequences share one)
+        self.on_cpu = on_cpu
         self.env: dict[fx.Node, Any] = {}
         #: a tensor made by swapping the last two dims of a contiguous one -> that one (mm reads it)
         self.transposed_of: dict[int, Tensor] = {}
@@ -168,6 +171,7 @@ class LoweredGraph:
                                and val(self.placeholders[i]).dtype in DTYPES)
         self._weight_type = weight_type
         self._flash_attn = flash_attn
+        self._on_cpu = isinstance(backend, CPUBackend)
         self._weight_seen: dict[int, tuple[int, int]] = {}
         self._w: dict[int, Tensor] = {}
         #: weights whose ggml tensor is the torch tensor's own memory (on the CPU backend)
@@ -354,7 +358,7 @@ class LoweredGraph:
             if self._static_key is not None or not self._specialize(key):
                 self._propagate(key)
             self._traced = key
-        b = Builder(g, self._flash_attn)
+        b = Builder(g, self._flash_attn, self._on_cpu)
         k = 0
         for i, node in enumerate(self.placeholders):
             if i in self._w:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import fx
 
+from ..backends.cpu import FLASH_ATTN_TILE_ROWS
 from ..core.tensor import Tensor
 from ..enums import GGMLType
 from .graph import Builder
@@ -131,9 +132,15 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kwarg
     if b.flash_attn and (m is None or m.ne[2] in (1, H)) and (m is None or m.ne[3] in (1, B)):
         # one node: softmax(scale K Q^T + mask) V, K and V read in place (their rows are
         # contiguous), the mask as F16 (-1e30 and -inf both mean "masked" there)
-        fm = None if m is None else ctx.cast(ctx.cont(m), GGMLType.F16)
-        o = ctx.flash_attn(_in_place_rows(b, q.t), _in_place_rows(b, k.t), _in_place_rows(b, v.t), fm,
-                           float(scale))                                # ne [Ev, H, L, B]
+        qt, kt, vt = _in_place_rows(b, q.t), _in_place_rows(b, k.t), _in_place_rows(b, v.t)
+        G = _group(b, qt, kt, vt, m, B) if L < FLASH_ATTN_TILE_ROWS else 1
+        if G > 1:   # G sequences one block of G*L query rows (see _group), each seeing its own keys
+            o = ctx.flash_attn(_grouped(b, qt, G), _grouped(b, kt, G), _grouped(b, vt, G),
+                               _block_mask(b, m, S, L, B, G), float(scale))   # ne [Ev, H, G*L, B/G]
+            o = ctx.reshape(o, o.ne[0], H, L, B)
+        else:
+            fm = None if m is None else ctx.cast(ctx.cont(m), GGMLType.F16)
+            o = ctx.flash_attn(qt, kt, vt, fm, float(scale))               # ne [Ev, H, L, B]
         out = ctx.permute(o, 0, 2, 1, 3)                                # ne [Ev, L, H, B]
     else:
         kq = ctx.mul_mat(_in_place_rows(b, k.t), _in_place_rows(b, q.t))    # ne [S, L, H, B]
@@ -145,8 +152,51 @@ def _sdpa(b: Builder, node: fx.Node, q: Val, k: Val, v: Val, *args: Any, **kwarg
     return (out,) + (None,) * (len(val(node)) - 1)
 
 
+def _group(b: Builder, q: Tensor, k: Tensor, v: Tensor, m: Tensor | None, B: int) -> int:
+    """How many of the B sequences share one attention block on the CPU backend: the fewest
+    that make FLASH_ATTN_TILE_ROWS query rows (the kernel's tiled path) among the divisors of
+    B, or 1: not on the CPU alone, a mask per head, or a layout in which a sequence's rows do
+    not follow the previous sequence's (q, k and v ne [E, L, H, B]: the batch's stride must be
+    L times the rows')."""
+    if not b.on_cpu or B < 2 or (m is not None and m.ne[2] != 1):
+        return 1
+    if any(t.nb[3] != t.ne[1] * t.nb[1] for t in (q, k, v)):
+        return 1
+    L = q.ne[1]
+    for G in range(-(-FLASH_ATTN_TILE_ROWS // L), B + 1):
+        if B % G == 0:
+            return G
+    return 1
+
+
+def _grouped(b: Builder, t: Tensor, G: int) -> Tensor:
+    """q, k or v (ne [E, L, H, B], B's stride L rows') as ne [E, G*L, H, B/G]: G sequences'
+    rows one after the other (a view)."""
+    E, L, H, B = t.ne
+    return b.ctx.view(t, [E, G * L, H, B // G], nb=[t.nb[1], t.nb[2], G * t.nb[3]], offset=0)
+
+
+def _block_mask(b: Builder, m: Tensor | None, S: int, L: int, B: int, G: int) -> Tensor:
+    """The F16 mask of G sequences sharing a block (ne [G*S, G*L, 1, B/G]): sequence g's
+    queries see its own keys through its mask ``m`` (ne [S, L, 1, 1 or B], or None: all of
+    them), the others' keys -inf."""
+    ctx = b.ctx
+    off = np.full((G, 1, G, S), -np.inf, np.float32)       # NumPy order of ne [S, G(k), 1, G(q)]
+    off[np.arange(G), 0, np.arange(G), :] = 0.0
+    own = b.constant(off.reshape(G, 1, G * S))              # ne [G*S, 1, G]: 0 where k's g is q's g
+    if m is None:
+        grid = ctx.repeat(own, ctx.new_tensor(GGMLType.F32, [G * S, L, G, B // G]))
+    else:
+        full = ctx.cont(m) if m.ne[3] == B else ctx.repeat(m, ctx.new_tensor(GGMLType.F32, [S, L, 1, B]))
+        rows = ctx.repeat(ctx.reshape(full, S, 1, L * B), ctx.new_tensor(GGMLType.F32, [S, G, L * B]))
+        grid = ctx.add(ctx.reshape(rows, G * S, L, G, B // G), own)   # ne [G*S, L, G(q), B/G]
+    return ctx.reshape(ctx.cast(grid, GGMLType.F16), G * S, G * L, 1, B // G)
+
+
 register(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
-         notes="ggml_flash_attn_ext (scale, float or bool mask as F16, causal mask), or ggml_mul_mat + "
+         notes="ggml_flash_attn_ext (scale, float or bool mask as F16, causal mask; on the CPU backend, "
+               "sequences of fewer than 64 queries in shared blocks of 64 rows, a block-diagonal mask), "
+               "or ggml_mul_mat + "
                "ggml_soft_max_ext + ggml_mul_mat for a mask per head of another count (K and V heads "
                "repeated by repeat_interleave are read unrepeated, broadcast by the kernels)",
          check=_sdpa_check, mask_args=(3, "attn_mask"))(_sdpa)

@@ -93,7 +93,7 @@ def test_attention_without_flash_attn_matches_too(model, reference, minilm_dir):
 
 
 def test_short_sentences_share_flash_attention_blocks(reference, minilm_dir):
-    """On the CPU, sentences of fewer than FA_TILE_ROWS tokens share attention blocks of at
+    """On the CPU, sentences of fewer than FLASH_ATTN_TILE_ROWS tokens share attention blocks of at
     least that many query rows (ggml-cpu's tiled kernel), the mask keeping each sentence to
     its own keys; a batch that is not a multiple of the group is padded with empty sentences.
     The F32 model still matches sentence-transformers on every sentence."""

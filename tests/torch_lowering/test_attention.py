@@ -70,3 +70,61 @@ def test_attention_matches_eager(kind, attention, tol, monkeypatch):
 def test_a_bad_attention_option_is_refused():
     with pytest.raises(ValueError, match="attention"):
         compile_fx(torch.fx.symbolic_trace(torch.nn.Identity()), [torch.zeros(1)], options={"attention": "fast"})
+
+
+class ProjectedAttention(torch.nn.Module):
+    """Attention as transformers writes it: heads split from [B, L, H*E] by view + transpose,
+    so a sequence's rows follow the previous sequence's in memory."""
+
+    def __init__(self, kind: str, H: int = 4):
+        super().__init__()
+        self.kind, self.H = kind, H
+
+    def forward(self, x, y, pad):
+        B, L, D = x.shape
+        S = y.shape[1]
+        q = x.view(B, L, self.H, D // self.H).transpose(1, 2)
+        k = y.view(B, S, self.H, D // self.H).transpose(1, 2)
+        v = (y * 0.5).view(B, S, self.H, D // self.H).transpose(1, 2)
+        mask = None
+        if self.kind == "float":
+            mask = pad[:, None, None, :] * -1e4
+        elif self.kind == "bool":
+            mask = pad[:, None, None, :] < 0.5
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.kind == "causal")
+
+
+@pytest.mark.parametrize("kind", ["none", "float", "bool", "causal"])
+@pytest.mark.parametrize("B, L, S, group", [(8, 12, 12, 8), (6, 16, 20, 6), (5, 16, 16, 5), (3, 16, 16, 1),
+                                             (4, 64, 64, 1)])
+def test_short_sequences_share_a_flash_attention_block_on_the_cpu(kind, B, L, S, group, monkeypatch):
+    """On the CPU, G sequences of fewer than FLASH_ATTN_TILE_ROWS queries are one block of G*L
+    query rows in ggml_flash_attn_ext (the CPU kernel's tiled path), G the least divisor of B
+    that makes as many rows (none for 3 of 16: one block each), the block's mask keeping each
+    sequence to its own keys; the result is eager's."""
+    if kind == "causal" and S != L:
+        pytest.skip("a causal mask of other lengths: not what these tests are about")
+    torch.manual_seed(1)
+    x, y = torch.randn(B, L, 64), torch.randn(B, S, 64)
+    pad = torch.zeros(B, S)
+    pad[1, S - 5:] = 1.0                   # the second sequence's last 5 keys are padding
+    model = ProjectedAttention(kind)
+    fused = []
+    lower = backend.lower_module
+
+    def spy(*a, **kw):
+        fused.append(lower(*a, **kw))
+        return fused[-1]
+
+    monkeypatch.setattr(backend, "lower_module", spy)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            want = model(x, y, pad)
+            got = torch.compile(model, backend="pyggml", dynamic=False, options={"threads": 2})(x, y, pad)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    rows = [n.src[0].ne[1] for f in fused for m in f.modules() if hasattr(m, "lowered")
+            for e in [m.lowered.cache.latest] if e is not None for n in e.graph.nodes if n.op_name == "FLASH_ATTN_EXT"]
+    assert rows == [group * L], rows

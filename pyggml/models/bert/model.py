@@ -24,7 +24,7 @@ import numpy as np
 
 from pyggml import Context, GGMLType, Tensor
 from pyggml.backends.backend import Backend
-from pyggml.backends.cpu import CPUBackend
+from pyggml.backends.cpu import FLASH_ATTN_TILE_ROWS, CPUBackend
 from pyggml.runtime import BackendSet, GraphCache, GraphParts, bf16_products_fast, load_tensors
 
 from ..common import ModelError, layer_owners
@@ -34,9 +34,6 @@ __all__ = ["BertConfig", "Embedder", "WTYPES", "default_model_dir", "default_wty
 #: weight types of the linear layers (``wtype``); "auto": :func:`default_wtype`
 WTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16, "q8_0": GGMLType.Q8_0}
 PAD_TO = 8            # a batch's token counts are padded to a multiple of this: one graph per bucket
-#: ggml-cpu's flash attention takes its tiled path (products of 64 x 64 tiles) from this many
-#: query rows of one head (GGML_FA_TILE_Q); below, a path of one key at a time
-FA_TILE_ROWS = 64
 #: graphs kept: one sentence alone has a graph of its exact length (no padding), batches one per
 #: bucket; a graph costs its tensors' headers, and on the CPU alone a compute buffer of its own
 #: while those total at most GraphCache's own_buffers (then they share one)
@@ -142,13 +139,14 @@ def _is_matrix(name: str, arr: np.ndarray) -> bool:
 
 def attention_group(T: int, B: int) -> int:
     """How many sentences share an attention block when B sentences padded to T tokens run on
-    ggml-cpu's flash attention: enough that a block has :data:`FA_TILE_ROWS` query rows (so
-    the kernel takes its tiled path), or 1 where T alone has as many, or where B sentences
-    are too few for that. The block's mask lets each sentence's queries see its own keys only;
-    the tiles of other sentences' keys are mostly skipped by the kernel as all masked."""
-    if T >= FA_TILE_ROWS:
+    ggml-cpu's flash attention: enough that a block has
+    :data:`~pyggml.backends.cpu.FLASH_ATTN_TILE_ROWS` query rows (so the kernel takes its tiled
+    path), or 1 where T alone has as many, or where B sentences are too few for that. The
+    block's mask lets each sentence's queries see its own keys only; the tiles of other
+    sentences' keys are mostly skipped by the kernel as all masked."""
+    if T >= FLASH_ATTN_TILE_ROWS:
         return 1
-    g = -(-FA_TILE_ROWS // T)
+    g = -(-FLASH_ATTN_TILE_ROWS // T)
     return g if g <= B else 1
 
 
