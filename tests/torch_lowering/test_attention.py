@@ -15,8 +15,8 @@ from pyggml.torch_lowering import backend  # noqa: E402
 from pyggml.torch_lowering.backend import compile_fx  # noqa: E402
 
 
-def _nodes(model, args, options, monkeypatch):
-    """(result, the ggml ops of the graphs it computed) of ``model(*args)`` compiled with
+def _computed(model, args, options, monkeypatch):
+    """(result, the ggml nodes of the graphs it computed) of ``model(*args)`` compiled with
     ``options``."""
     fused = []
     lower = backend.lower_module
@@ -31,9 +31,15 @@ def _nodes(model, args, options, monkeypatch):
         out = torch.compile(model, backend="pyggml", dynamic=False, options=options)(*args)
     finally:
         torch._dynamo.reset()
-    ops = {n.op_name for f in fused for m in f.modules() if hasattr(m, "lowered")
-           for e in [m.lowered.cache.latest] if e is not None for n in e.graph.nodes}
-    return out, ops
+    return out, [n for f in fused for m in f.modules() if hasattr(m, "lowered")
+                 for e in [m.lowered.cache.latest] if e is not None for n in e.graph.nodes]
+
+
+def _nodes(model, args, options, monkeypatch):
+    """(result, the ggml ops of the graphs it computed) of ``model(*args)`` compiled with
+    ``options``."""
+    out, nodes = _computed(model, args, options, monkeypatch)
+    return out, {n.op_name for n in nodes}
 
 
 class Attention(torch.nn.Module):
@@ -109,22 +115,9 @@ def test_short_sequences_share_a_flash_attention_block_on_the_cpu(kind, B, L, S,
     pad = torch.zeros(B, S)
     pad[1, S - 5:] = 1.0                   # the second sequence's last 5 keys are padding
     model = ProjectedAttention(kind)
-    fused = []
-    lower = backend.lower_module
-
-    def spy(*a, **kw):
-        fused.append(lower(*a, **kw))
-        return fused[-1]
-
-    monkeypatch.setattr(backend, "lower_module", spy)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            want = model(x, y, pad)
-            got = torch.compile(model, backend="pyggml", dynamic=False, options={"threads": 2})(x, y, pad)
-    finally:
-        torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(x, y, pad)
+        got, nodes = _computed(model, (x, y, pad), {"threads": 2}, monkeypatch)
     torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
-    rows = [n.src[0].ne[1] for f in fused for m in f.modules() if hasattr(m, "lowered")
-            for e in [m.lowered.cache.latest] if e is not None for n in e.graph.nodes if n.op_name == "FLASH_ATTN_EXT"]
+    rows = [n.src[0].ne[1] for n in nodes if n.op_name == "FLASH_ATTN_EXT"]
     assert rows == [group * L], rows
