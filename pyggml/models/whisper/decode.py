@@ -259,26 +259,17 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def _best(lp: np.ndarray, k: int) -> list[int]:
-    """The ids of the ``k`` largest of ``lp``, largest first (the first of equal ones first);
-    fewer when fewer are finite. ``k`` passes of ``argmax`` read the array k times, a fraction
-    of what ``argpartition`` costs over a vocabulary for the few a beam keeps."""
-    out: list[int] = []
-    vals: list[float] = []
-    for _ in range(k):
-        i = int(lp.argmax())
-        v = float(lp[i])
-        if v == -np.inf:
-            break
-        out.append(i)
-        vals.append(v)
-        lp[i] = -np.inf
-    lp[out] = vals          # as it was
-    return out
+    """The ids of the ``k`` largest of ``lp`` (float64, NumPy shape (n,); as it was after),
+    largest first (the first of equal ones first); fewer when fewer are finite: one row of
+    :func:`_best_rows`."""
+    return _best_rows(lp[None], k)[0]
 
 
 def _best_rows(x: np.ndarray, k: int) -> list[list[int]]:
-    """:func:`_best` of each row of ``x`` (float64, NumPy shape (rows, n)), the ``argmax``
-    passes over all rows together; ``x`` as it was."""
+    """The ids of the ``k`` largest of each row of ``x`` (float64, NumPy shape (rows, n); as it
+    was after), largest first (the first of equal ones first), fewer where fewer are finite:
+    ``k`` passes of ``argmax`` over all rows together (they read the array k times, a fraction
+    of what ``argpartition`` costs over a vocabulary for the few a beam keeps)."""
     rows = np.arange(x.shape[0])
     picks, vals = [], []
     for _ in range(k):
