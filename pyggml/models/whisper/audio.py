@@ -117,7 +117,9 @@ def log_mel(samples: np.ndarray, filters: np.ndarray, n_frames: int | None = Non
     mel = np.zeros((filters.shape[0], total), np.float32)                    # (n_mels, frames)
     with _one_blas_thread():
         mel[:, :n] = filters.astype(np.float32) @ power[:n].T
-    logm = np.log10(np.maximum(mel, 1e-10))
+    logm = np.empty_like(mel)    # log10 of the product's columns; of 1e-10 (0 clamped) after them
+    logm[:, :n] = np.log10(np.maximum(mel[:, :n], 1e-10))
+    logm[:, n:] = np.log10(np.maximum(np.zeros(1, np.float32), 1e-10))
     logm = np.maximum(logm, logm.max() - 8.0)
     out: np.ndarray = ((logm + 4.0) / 4.0).astype(np.float32)
     return out

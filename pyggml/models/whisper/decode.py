@@ -134,31 +134,31 @@ class _Filters:
             sup += tok.non_speech()
         self.suppress = np.array(sorted(set(t for t in sup if t < n_vocab)), dtype=np.int64)
         self.max_initial = sp.timestamp_begin + round(opts.max_initial_timestamp / 0.02)
-        self._scratch = np.empty((1, n_vocab), np.float64)     # exp(x - max), for the normalizers
+        self._scratch = np.empty((1, n_vocab), np.float32)     # exp(x - max), for the normalizers
 
     def _log_probs(self, x: np.ndarray) -> list[_LogProbs]:
-        """The :class:`_LogProbs` of each row of ``x`` (float64, NumPy shape (rows, n_vocab)):
-        one maximum, subtraction, exp and sum over all rows (each row's values are those of
-        the row alone, bit for bit)."""
+        """The :class:`_LogProbs` of each row of ``x`` (float32 or float64, NumPy shape (rows,
+        n_vocab)): one maximum, subtraction, exp and sum over all rows, in ``x``'s type but the
+        sum (float64; each row's values are those of the row alone, bit for bit)."""
         n, V = x.shape
-        if self._scratch.shape[0] < n:
-            self._scratch = np.empty((n, V), np.float64)
+        if self._scratch.shape[0] < n or self._scratch.dtype != x.dtype:
+            self._scratch = np.empty((max(n, self._scratch.shape[0]), V), x.dtype)
         m = x.max(axis=1)
         fin = np.isfinite(m)
         e = self._scratch[:n, :V]
-        np.subtract(x, np.where(fin, m, 0.0)[:, None], out=e)
+        np.subtract(x, np.where(fin, m, 0)[:, None], out=e)
         np.exp(e, out=e)
-        ls = np.log(e.sum(axis=1))
-        return [_LogProbs(x[r], m[r], ls[r] if fin[r] else 0.0) for r in range(n)]
+        ls = np.log(e.sum(axis=1, dtype=np.float64))
+        return [_LogProbs(x[r], float(m[r]), float(ls[r]) if fin[r] else 0.0) for r in range(n)]
 
     def apply(self, logits: np.ndarray, seq: Sequence[int]) -> _LogProbs:
-        """Filter ``logits`` (float64, NumPy shape (n_vocab,)) in place; return their log-softmax
+        """Filter ``logits`` (float32 or float64, NumPy shape (n_vocab,)) in place; return their log-softmax
         after the filters (:class:`_LogProbs`, over the filtered array: computed once, read
         where needed; the timestamp rule needs it too)."""
         return self.apply_rows(logits[None], [seq])[0]
 
     def apply_rows(self, logits: np.ndarray, seqs: Sequence[Sequence[int]]) -> list[_LogProbs]:
-        """:meth:`apply` to each row of ``logits`` (float64, NumPy shape (rows, n_vocab)), row
+        """:meth:`apply` to each row of ``logits`` (float32 or float64, NumPy shape (rows, n_vocab)), row
         r after ``seqs[r]``, the normalizers of all rows computed together."""
         for r, seq in enumerate(seqs):
             self._mask(logits[r], seq)
@@ -218,10 +218,9 @@ class _Filters:
 
 
 class _LogProbs:
-    """The log-softmax of ``x`` (float64 logits, kept, not copied), read where it is needed:
-    element t is ``(x[t] - m) - ls`` (m the maximum, ls the log of the sum of exp(x - m)), the
-    same float operations :func:`_log_softmax` applies to every element, so the same values;
-    all -inf when m is not finite."""
+    """The log-softmax of ``x`` (float32 or float64 logits, kept, not copied), read where it is
+    needed, in float64: element t is ``(x[t] - m) - ls`` (m the maximum, ls the log of the sum
+    of exp(x - m)); all -inf when m is not finite."""
 
     __slots__ = ("x", "m", "ls")
 
@@ -229,13 +228,13 @@ class _LogProbs:
         self.x, self.m, self.ls = x, m, ls
 
     def __getitem__(self, t: int) -> float:
-        return float((self.x[t] - self.m) - self.ls) if np.isfinite(self.m) else -np.inf
+        return (float(self.x[t]) - self.m) - self.ls if np.isfinite(self.m) else -np.inf
 
     def values(self, part: slice) -> np.ndarray:
-        """The log-probabilities of ``x[part]`` (a new array)."""
+        """The log-probabilities of ``x[part]`` (a new float64 array)."""
         if not np.isfinite(self.m):
             return np.full(self.x[part].size, -np.inf)
-        v: np.ndarray = (self.x[part] - self.m) - self.ls
+        v: np.ndarray = (self.x[part].astype(np.float64) - self.m) - self.ls
         return v
 
     def max(self, part: slice) -> float:
@@ -243,7 +242,7 @@ class _LogProbs:
         round monotonically, so this is the maximum of :meth:`values`)."""
         if not np.isfinite(self.m):
             return -np.inf
-        return float((self.x[part].max() - self.m) - self.ls)
+        return (float(self.x[part].max()) - self.m) - self.ls
 
     def best(self, k: int) -> list[int]:
         """:func:`_best` of the log-probabilities: the order of ``x`` (none when all are -inf)."""
@@ -259,14 +258,14 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def _best(lp: np.ndarray, k: int) -> list[int]:
-    """The ids of the ``k`` largest of ``lp`` (float64, NumPy shape (n,); as it was after),
+    """The ids of the ``k`` largest of ``lp`` (float, NumPy shape (n,); as it was after),
     largest first (the first of equal ones first); fewer when fewer are finite: one row of
     :func:`_best_rows`."""
     return _best_rows(lp[None], k)[0]
 
 
 def _best_rows(x: np.ndarray, k: int) -> list[list[int]]:
-    """The ids of the ``k`` largest of each row of ``x`` (float64, NumPy shape (rows, n); as it
+    """The ids of the ``k`` largest of each row of ``x`` (float, NumPy shape (rows, n); as it
     was after), largest first (the first of equal ones first), fewer where fewer are finite:
     ``k`` passes of ``argmax`` over all rows together (they read the array k times, a fraction
     of what ``argpartition`` costs over a vocabulary for the few a beam keeps)."""
@@ -357,10 +356,10 @@ def _sample(model: WhisperNet, filters: _Filters, logits: np.ndarray, n_prompt: 
     seq: list[int] = list(lead)          # the prompt's last tokens, the window's first
     total = 0.0
     while True:
-        lg = logits.astype(np.float64)
+        lg = logits.astype(np.float32)      # a copy: the filters write it
         lp = filters.apply(lg, seq)
         if temperature > 0:
-            p = np.exp(_log_softmax(lg / temperature))
+            p = np.exp(_log_softmax(lg.astype(np.float64) / temperature))
             nxt = int(rng.choice(p.size, p=p / p.sum()))
         else:
             nxt = int(np.argmax(lg))
@@ -371,6 +370,22 @@ def _sample(model: WhisperNet, filters: _Filters, logits: np.ndarray, n_prompt: 
         logits = model.decode([nxt], range(n_prompt + len(seq) - len(lead)))
 
 
+def _rows(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """``rows`` (float32, NumPy shape (n_vocab,) each) as one array, NumPy shape (len(rows),
+    n_vocab): a view where they are consecutive rows of one C-contiguous array (a decoder
+    output's, as the beams keep them: the caller's array is then written by what is done to
+    the view), a new array otherwise."""
+    base = rows[0].base
+    if (isinstance(base, np.ndarray) and base.ndim == 2 and base.dtype == np.float32
+            and base.flags.c_contiguous and all(r.base is base for r in rows)):
+        at = base.__array_interface__["data"][0]
+        first, step = rows[0].__array_interface__["data"][0] - at, base.strides[0]
+        if first % step == 0 and all(r.__array_interface__["data"][0] - at == first + j * step
+                                     for j, r in enumerate(rows)):
+            return base[first // step:first // step + len(rows)]
+    return np.array(rows, dtype=np.float32)
+
+
 def _beam_step(live: Sequence[tuple[list[int], float, np.ndarray, list[int]]], filters: _Filters, beam_size: int,
                eot: int, finished: list[tuple[list[int], float]], enough: int) -> list[tuple[list[int], float, int]]:
     """One step of :func:`_beam` for the ``live`` beams ((tokens, score, logits after them,
@@ -379,7 +394,7 @@ def _beam_step(live: Sequence[tuple[list[int], float, np.ndarray, list[int]]], f
     ``finished`` (up to ``enough``); returns the ``beam_size`` best others as (tokens, score,
     the live beam they extend)."""
     cands: dict[tuple[int, ...], tuple[float, int]] = {}
-    lg = np.array([logits for _seq, _score, logits, _cells in live], dtype=np.float64)   # (beams, n_vocab)
+    lg = _rows([logits for _seq, _score, logits, _cells in live])   # (beams, n_vocab), filtered in place
     lps = filters.apply_rows(lg, [seq for seq, _score, _logits, _cells in live])
     for b, ((seq, score, _logits, _cells), lp, best) in enumerate(zip(live, lps, _best_rows(lg, beam_size + 1))):
         for t in best:
