@@ -294,6 +294,34 @@ class TestBackendAllocSched:
             with pytest.raises(ValueError, match="would abort the process"):
                 cpu.graph_compute(g)
 
+    def test_trial_compute_once_per_graph_version(self, cpu, monkeypatch):
+        # placing the graph anew makes the CPU check it again, but not fork again: what the
+        # trial proves (the kernels of these ops, types and shapes) does not depend on where
+        # the tensors are; a node built into the graph does
+        forks = []
+        trial = pyggml._trial.trial
+        monkeypatch.setattr(pyggml._trial, "trial", lambda *a, **k: forks.append(1) or trial(*a, **k))
+        x = np.arange(64, dtype=np.float32).reshape(4, 2, 8)
+        with Context.for_tensors(16, graph_size=8) as c:
+            a = c.new_tensor("f32", [8, 2, 4])
+            out = c.op("roll", a, 1, 0, 0, 0)         # (a fork of its own: the constructor's trial)
+            g = c.new_graph(8).build_forward(out)
+            for placings in range(3):
+                ga = GraphAllocator(cpu)
+                ga.alloc_graph(g)
+                a.set(x)
+                cpu.graph_compute(g)
+                np.testing.assert_array_equal(out.numpy(), np.roll(x, 1, axis=-1))
+                ga.close()
+            assert len(forks) == 2
+            g.build_forward(c.op("roll", out, 1, 0, 0, 0))
+            ga = GraphAllocator(cpu)
+            ga.alloc_graph(g)
+            a.set(x)
+            cpu.graph_compute(g)
+            ga.close()
+            assert len(forks) == 4
+
     def test_alloc_ctx_tensors(self, cpu):  # ggml_backend_alloc_ctx_tensors_from_buft_impl
         with Context(1 << 20) as c:
             c.new_tensor("f32", [4])

@@ -10,6 +10,7 @@ from numpy.typing import DTypeLike
 from .. import _cobject, _trial
 from ..memory import buffer
 from .backend import Backend
+from .graph_run import run_of
 from ..memory.buffer import Buffer
 from ..memory.buffer_type import BufferType
 from ..errors import GGMLError
@@ -434,13 +435,18 @@ class CPUBackend(Backend):
 
     def _check_graph(self, graph: "Graph", n_nodes: int) -> Any:
         state = super()._check_graph(graph, n_nodes)
-        self._trial_compute(graph)
+        self._trial_compute(graph, n_nodes)
         return state
 
-    def _trial_compute(self, graph: "Graph") -> None:
+    def _trial_compute(self, graph: "Graph", n_nodes: int) -> None:
         """Graphs with nodes made by ``Context.op`` (ops pyggml has no checks for) are computed
         once in a forked copy of the process first, with one thread: ggml aborting there raises
-        ValueError here instead."""
+        ValueError here instead. Once per graph version: a check made again because the graph
+        (or another) was placed anew does not fork again."""
+        done = run_of(graph).trialed
+        mark = (graph.version, n_nodes)   # (the trial runs on a CPU backend of its own)
+        if mark in done:
+            return
         trial_ops = graph_trial_ops(graph)
         if not trial_ops or not any(p.op in trial_ops for p in graph.raw_nodes()):
             return
@@ -455,6 +461,7 @@ class CPUBackend(Backend):
         failure = _trial.trial(run, timeout=120)
         if failure is not None:
             raise ValueError(f"computing this graph would abort the process: {failure}")
+        done.append(mark)
 
     def set_use_ref(self, use_ref: bool) -> None:
         """``ggml_backend_cpu_set_use_ref``: use the slow reference kernels (for testing)."""

@@ -27,7 +27,7 @@ class GraphRun:
     """The backends layer's state of one graph (see the module docstring)."""
 
     __slots__ = ("placed_by", "computed", "split_by", "sources", "checks", "zero_byte", "sched_loose",
-                 "meta_views", "supported", "indices")
+                 "meta_views", "supported", "indices", "trialed")
 
     def __init__(self) -> None:
         self.placed_by: Any = None    # the graph allocator or scheduler that placed it last
@@ -45,6 +45,10 @@ class GraphRun:
         #: (graph version, node count, the row-index check of its nodes): which tensors hold
         #: indices is the graph's own structure, which a placement does not change
         self.indices: tuple[int, int, Any] | None = None
+        #: (graph version, node count) for which the forked trial compute of the nodes pyggml
+        #: has no checks for passed (CPUBackend._trial_compute): what aborts ggml there is the
+        #: nodes' ops, types and shapes, which a placement does not change
+        self.trialed: list[tuple[int, int]] = []
 
 
 def run_of(graph: Graph) -> GraphRun:
