@@ -608,6 +608,26 @@ def test_language_detection_segments_in_transcribe(base_faster, upstream):
         ours.detect_language()
 
 
+def test_batched_pipeline_multilingual_decodes_each_chunk_in_its_language(base_faster, upstream):
+    """faster-whisper's pipeline with ``multilingual=True``: a German chunk and an English one
+    (jfk.wav) in one batch, each decoded in its own language; with German for both, the English
+    chunk comes out part German ("meine fellow Amerikaner")."""
+    from pyggml.models.whisper import BatchedInferencePipeline
+    ours, _fw = base_faster
+    de, en = load_audio(GERMAN), load_audio(upstream["jfk"])
+    x = np.concatenate([de, np.zeros(CHUNK - de.size, np.float32), en])
+    clips = [{"start": 0.0, "end": de.size / 16000}, {"start": 30.0, "end": 30.0 + en.size / 16000}]
+    pipe = BatchedInferencePipeline(ours)
+
+    def texts(**kw):
+        segs, _info = pipe.transcribe(x, clip_timestamps=clips, beam_size=1, language="de", **kw)
+        return [s.text for s in segs]
+
+    both = texts(multilingual=True, word_timestamps=True)
+    assert "Westen" in both[0] and "And so my fellow Americans, ask not" in both[1]
+    assert "fellow Americans" not in texts()[1]
+
+
 #: a greedy step where the two implementations' float32 sums may pick either token: the
 #: log-probabilities of ours and of CTranslate2's choice within this
 TIE = 0.1

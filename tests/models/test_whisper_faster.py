@@ -553,7 +553,7 @@ def test_windows_decoded_together_as_alone(model, audio):
 
 @pytest.mark.parametrize("bad, error", [
     (dict(temperature=0.4), "first temperature"), (dict(prefix="And so"), "prefix"),
-    (dict(multilingual=True), "multilingual"), (dict(chunk_length=40), "chunk_length"),
+    (dict(chunk_length=40), "chunk_length"),
     (dict(batch_size=0), "batch_size"), (dict(vad_parameters=3), "vad_parameters"),
     (dict(vad_filter=False), "No clip timestamps"),
 ])

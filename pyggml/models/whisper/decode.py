@@ -14,7 +14,7 @@ import numpy as np
 from .model import WhisperNet
 from .tokenizer import LANGUAGES, WhisperTokenizer
 
-__all__ = ["DecodeOptions", "WindowResult", "decode_window", "decode_windows", "detect_language",
+__all__ = ["DecodeOptions", "WindowResult", "decode_window", "decode_windows", "detect_language", "window_languages",
            "language_probs", "compression_ratio", "prompt_tokens", "sot_sequence"]
 
 
@@ -301,6 +301,18 @@ def language_probs(model: WhisperNet, tok: WhisperTokenizer) -> list[tuple[str, 
     p = np.exp(_log_softmax(logits))
     order = np.argsort(-p, kind="stable")
     return [(LANGUAGES[i], float(p[i])) for i in order]
+
+
+def window_languages(model: WhisperNet, tok: WhisperTokenizer, n: int) -> list[str]:
+    """The likeliest language of each of the windows :meth:`~.model.WhisperNet.encode` left in
+    slots 0 .. n - 1 (a multilingual model), as :func:`language_probs` finds it for each, in one
+    decoder graph for all (each window's row reads its own slot). ValueError for an
+    English-only model."""
+    sp = tok.sp
+    if not sp.n_languages:
+        raise ValueError("an English-only model detects no language")
+    logits = model.decode_batch([[sp.sot]] * n, [[w * model.n_cells] for w in range(n)], windows=n)
+    return [LANGUAGES[int(i)] for i in logits[:, sp.lang:sp.lang + sp.n_languages].argmax(axis=1)]
 
 
 def detect_language(model: WhisperNet, tok: WhisperTokenizer) -> tuple[str, float]:

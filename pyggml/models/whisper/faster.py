@@ -333,8 +333,9 @@ class BatchedInferencePipeline:
     ``hallucination_silence_threshold``. A multilingual model's language is detected on the
     first ``language_detection_segments`` chunks (:meth:`WhisperModel.detect_language`'s rule;
     faster-whisper's pipeline cuts 30-s windows from the chunks' features laid end to end).
-    Raises ValueError for values it does not implement: a first temperature above 0,
-    ``prefix``, ``multilingual``, ``chunk_length`` above 30."""
+    ``multilingual=True`` decodes each chunk in the language found likeliest in it. Raises
+    ValueError for values it does not implement: a first temperature above 0, ``prefix``,
+    ``chunk_length`` above 30."""
 
     def __init__(self, model: WhisperModel):
         self.model = model
@@ -366,8 +367,7 @@ class BatchedInferencePipeline:
         temps = [float(temperature)] if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
         chunk_length = chunk_length or 30
         unsupported = {"a first temperature above 0": bool(temps) and temps[0] != 0,
-                       "prefix": prefix is not None, "multilingual": multilingual,
-                       "chunk_length above 30": chunk_length > 30}
+                       "prefix": prefix is not None, "chunk_length above 30": chunk_length > 30}
         refused = [k for k, v in unsupported.items() if v]
         if refused:
             raise ValueError(f"not implemented in pyggml's BatchedInferencePipeline: {', '.join(refused)}")
@@ -440,7 +440,7 @@ class BatchedInferencePipeline:
             suppress_tokens=list(suppress_tokens) if suppress_tokens is not None else None,
             without_timestamps=without_timestamps, max_initial_timestamp=0.0, word_timestamps=word_timestamps,
             prepend_punctuations=prepend_punctuations, append_punctuations=append_punctuations,
-            multilingual=False, max_new_tokens=max_new_tokens, clip_timestamps="0",
+            multilingual=multilingual and m.is_multilingual, max_new_tokens=max_new_tokens, clip_timestamps="0",
             hallucination_silence_threshold=None, hotwords=hotwords)
         decode = DecodeOptions(
             beam_size=beam_size, timestamps=not without_timestamps, language=language, task=task,

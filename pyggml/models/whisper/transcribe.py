@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -19,7 +19,7 @@ import numpy as np
 from .audio import CHUNK, FRAMES, HOP, SAMPLE_RATE, load_audio, log_mel
 from .convert import default_model
 from .decode import (DecodeOptions, WindowResult, compression_ratio, decode_window, decode_windows, detect_language,
-                     language_probs, sot_sequence)
+                     language_probs, sot_sequence, window_languages)
 from .loader import WhisperFile
 from .model import WhisperNet
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, find_alignment, merge_punctuations
@@ -487,9 +487,11 @@ def batched_segments(net: WhisperNet, tok: WhisperTokenizer, mel_filters: np.nda
     with ``decode`` and no previous text, ``batch_size`` windows together
     (:func:`~.decode.decode_windows`: one decoder graph per step for all of them); each window's
     segments split at its timestamp pairs (one segment without timestamps), with words where
-    ``opts.word_timestamps``. Yields the segments in order, as each batch is decoded; ``net``
-    holds ``min(batch_size, len(chunks))`` slots afterwards. ``stats`` gains ``encode_ms``,
-    ``decode_ms`` and ``n_tokens``."""
+    ``opts.word_timestamps``; with ``opts.multilingual`` (a multilingual model) each window in
+    the language it is found likeliest in (:func:`~.decode.window_languages`), as
+    faster-whisper's pipeline does. Yields the segments in order, as each batch is decoded;
+    ``net`` holds ``min(batch_size, len(chunks))`` slots afterwards. ``stats`` gains
+    ``encode_ms``, ``decode_ms`` and ``n_tokens``."""
     stats = stats if stats is not None else {}
     for k in ("encode_ms", "decode_ms", "n_tokens"):
         stats.setdefault(k, 0.0)
@@ -498,17 +500,19 @@ def batched_segments(net: WhisperNet, tok: WhisperTokenizer, mel_filters: np.nda
     net.set_slots(min(batch_size, len(chunks)))
     n_id = 0
     last_speech = 0.0
-    sot = sot_sequence(tok, decode.language, decode.task)
+    per_window = opts.multilingual and tok.sp.n_languages > 0
     for start in range(0, len(chunks), batch_size):
         batch = chunks[start:start + batch_size]
         t0 = time.perf_counter()
         for slot, (piece, _o, _d) in enumerate(batch):
             net.encode(chunk_features(piece, mel_filters), slot)
         t1 = time.perf_counter()
-        results = decode_windows(net, tok, [decode] * len(batch))
+        options = ([replace(decode, language=lang) for lang in window_languages(net, tok, len(batch))]
+                   if per_window else [decode] * len(batch))
+        results = decode_windows(net, tok, options)
         stats["encode_ms"] += 1e3 * (t1 - t0)
         stats["decode_ms"] += 1e3 * (time.perf_counter() - t1)
-        for slot, ((_p, offset, duration), res) in enumerate(zip(batch, results)):
+        for slot, ((_p, offset, duration), res, o) in enumerate(zip(batch, results, options)):
             stats["n_tokens"] += len(res.tokens) + 1
             size = math.ceil(duration) * _FRAMES_PER_SECOND
             seek = int(offset * _FRAMES_PER_SECOND)
@@ -520,7 +524,8 @@ def batched_segments(net: WhisperNet, tok: WhisperTokenizer, mel_filters: np.nda
                 seg.temperature = decode.temperature
                 seg.start, seg.end = round(seg.start, 3), round(seg.end, 3)
             if opts.word_timestamps and parts:
-                _add_words(net, tok, sot, parts, size, opts, decode.language, last_speech, slot)
+                _add_words(net, tok, sot_sequence(tok, o.language, o.task), parts, size, opts, o.language,
+                           last_speech, slot)
                 last_speech = parts[-1].end
             for seg in parts:
                 n_id += 1
