@@ -578,6 +578,71 @@ def test_other_llama_features_match_numpy(tmp_path):
             np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
 
 
+def test_next_prompt_computes_only_what_the_cache_lacks(model_path):
+    """A prompt that starts with the previous call's prompt and output (a chat's next turn)
+    computes only the rest, as llama.cpp's prompt cache does; its logits and greedy tokens are
+    those of the whole prompt computed from an empty cache (F32 weights and cache: float noise).
+    The cache's tokens follow the model whoever drives it: after ``model.eval`` of other
+    tokens, nothing of them is taken for the prompt's."""
+    ids = CASES[3]["prompt_ids"][:12]
+    with Llama(model_path, n_threads=THREADS, dequantize=True, kv_type="f32") as m:
+        first = m.generate(ids, 6)
+        assert first.cached_tokens == 0 and m.model.tokens == ids + first.generated_ids[:-1]
+        longer = ids + first.generated_ids + CASES[4]["prompt_ids"][:5]
+        again = m.generate(longer, 6)
+        assert again.cached_tokens == len(ids) + len(first.generated_ids) - 1
+        m.model.reset()
+        whole = m.generate(longer, 6)
+        assert whole.cached_tokens == 0 and whole.generated_ids == again.generated_ids
+        np.testing.assert_allclose(again.prompt_logits, whole.prompt_logits, rtol=0, atol=1e-3)
+        same = m.generate(longer, 6)   # the whole prompt held: its last token computed again
+        assert same.cached_tokens == len(longer) - 1 and same.generated_ids == whole.generated_ids
+        m.model.reset()
+        m.model.eval(CASES[4]["prompt_ids"][:8])   # other tokens in the cache
+        other = m.generate(longer, 6)
+        assert other.cached_tokens == 0 and other.generated_ids == whole.generated_ids
+        with pytest.raises(ValueError, match="cannot keep"):
+            m.model.truncate(m.model.n_past + 1)
+        m.model.n_past = 3
+        assert m.model.tokens == longer[:3]
+
+
+def test_decode_graphs_of_later_kv_buckets_are_built_before_the_first_token(model_path):
+    """A generation whose context crosses KV buckets (of 16 cells here) builds their decode
+    graphs with the prompt: none is built between two tokens, and the tokens are those of a
+    model that built them as it went."""
+    ids = CASES[3]["prompt_ids"][:10]
+    with Llama(model_path, n_threads=THREADS, kv_pad=16, n_ctx=128) as m:
+        built: list[int] = []
+        gen = m.generate(ids, 30, on_token=lambda t: built.append(m.model.graphs_built))
+        assert m.model.graphs_built == built[0] and {(1, K, False) for K in (16, 32, 48)} <= set(m.model.graph_shapes)
+        m.model.reset()
+        steps = [m.model.eval(ids)]
+        for t in gen.generated_ids[:-1]:
+            assert int(np.argmax(steps[-1])) == t
+            steps.append(m.model.step(t))
+
+
+@pytest.mark.skipif(not HAVE_JINJA2, reason="chat templates need jinja2")
+def test_chat_messages_render_and_continue(llm):
+    """A chat as messages (system, user, assistant, user) renders with the file's template; the
+    next turn's prompt starts with the previous one's, so the cache is reused."""
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a river."}]
+    text = llm.chat_prompt(msgs)
+    assert text.count("Be brief.") == 1 and text.rstrip().endswith("assistant")
+    first = llm.generate(llm.tokenize(text), 8)
+    reply = llm.tokenizer.decode(first.generated_ids, skip_special=True)
+    nxt = llm.tokenize(llm.chat_prompt(msgs + [{"role": "assistant", "content": reply},
+                                              {"role": "user", "content": "Another?"}]))
+    assert nxt[:len(first.prompt_ids)] == first.prompt_ids
+    assert llm.generate(nxt, 4).cached_tokens >= len(first.prompt_ids)
+    assert llm(msgs, 4, chat=True) == "".join(llm.stream(msgs, 4, chat=True))
+    with pytest.raises(TypeError, match="chat=True"):
+        next(llm.stream(msgs, 4))
+    with pytest.raises(TypeError, match="role"):
+        llm.chat_prompt([("user", "hi")])
+
+
 def test_streamed_text_is_the_decoded_text(llm):
     """Emoji and CJK split over several byte-level tokens come out whole, and the pieces add up to
     the decoded text."""

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -50,6 +50,7 @@ class Generation:
     t_decode_compute: float = 0.0                  # of t_decode, inside ggml's compute
 
     decode_steps: int = 0                          # single-token graphs computed
+    cached_tokens: int = 0                         # prompt tokens the KV cache held already
 
 
 class Llama:
@@ -95,9 +96,17 @@ class Llama:
             self._chat = ChatTemplate(self.metadata, self.tokenizer)
         return self._chat
 
-    def chat_prompt(self, message: str) -> str:
-        """``message`` as the user's turn of a chat, rendered with the file's template."""
-        return self.chat_template.render([{"role": "user", "content": message}], add_generation_prompt=True)
+    def chat_prompt(self, message: str | Sequence[Mapping[str, str]]) -> str:
+        """``message`` as the user's turn of a chat, or the ``messages`` of a whole chat
+        (``[{"role": "system" | "user" | "assistant", "content": text}, ...]``), rendered with
+        the file's template for the assistant's next turn. TypeError for another type."""
+        if isinstance(message, str):
+            messages: list[dict[str, str]] = [{"role": "user", "content": message}]
+        else:
+            if not isinstance(message, Sequence) or not all(isinstance(m, Mapping) for m in message):
+                raise TypeError("a chat is a user message (str) or a list of {'role': ..., 'content': ...} dicts")
+            messages = [dict(cast(Mapping[str, str], m)) for m in message]
+        return self.chat_template.render(messages, add_generation_prompt=True)
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -106,8 +115,12 @@ class Llama:
                  on_token: Callable[[int], None] | None = None) -> Generation:
         """Process ``prompt_ids`` (in batches), then sample up to ``n_predict`` tokens one at a
         time (default sampler: greedy), stopping at the end-of-sequence token (not included).
-        ``on_token(id)`` is called for each token as soon as it is chosen. The KV cache starts
-        empty. Returns the :class:`Generation` (ids, the prompt's last logits, timings).
+        ``on_token(id)`` is called for each token as soon as it is chosen. The part of the
+        prompt the KV cache holds already (the longest common start of the prompt and the
+        tokens of the previous call, its prompt and output, as a chat's next turn has it) is
+        not computed again, as llama.cpp's prompt cache does; the last prompt token always is
+        (its logits). Returns the :class:`Generation` (ids, the prompt's last logits, how many
+        prompt tokens were cached, timings).
 
         Raises ValueError for ``n_predict < 0``, an empty prompt, an id outside the
         vocabulary, or a prompt plus ``n_predict`` longer than the context (before computing
@@ -118,13 +131,17 @@ class Llama:
                 on_token(tok)
         return gen
 
-    def stream(self, prompt: str, n_predict: int = 128, sampler: Sampler | None = None, *,
-               chat: bool = False) -> Iterator[str]:
-        """The continuation of ``prompt`` (text; ``chat``: a user message rendered with the
-        file's chat template first) as printable pieces of text, each yielded as soon as its
-        tokens are chosen (:class:`TextStream`), up to ``n_predict`` tokens or the end of
-        sequence. Raises as :meth:`generate` (at the first ``next()``)."""
-        ids = self.tokenize(self.chat_prompt(prompt) if chat else prompt)
+    def stream(self, prompt: str | Sequence[Mapping[str, str]], n_predict: int = 128,
+               sampler: Sampler | None = None, *, chat: bool = False) -> Iterator[str]:
+        """The continuation of ``prompt`` (text; ``chat``: a user message, or a chat's messages,
+        rendered with the file's chat template first: :meth:`chat_prompt`) as printable pieces
+        of text, each yielded as soon as its tokens are chosen (:class:`TextStream`), up to
+        ``n_predict`` tokens or the end of sequence. A chat's next turn computes only what the
+        KV cache does not hold (:meth:`generate`). Raises as :meth:`generate` (at the first
+        ``next()``), TypeError for messages with ``chat=False``."""
+        if not chat and not isinstance(prompt, str):
+            raise TypeError("messages need chat=True")
+        ids = self.tokenize(self.chat_prompt(prompt) if chat else prompt)   # type: ignore[arg-type]
         text = TextStream(self.tokenizer)
         gen = Generation(ids, np.zeros(0, np.float32))
         for tok in self._run(gen, n_predict, sampler or Sampler(greedy=True)):
@@ -135,8 +152,8 @@ class Llama:
         if rest:
             yield rest
 
-    def __call__(self, prompt: str, n_predict: int = 128, sampler: Sampler | None = None, *,
-                 chat: bool = False) -> str:
+    def __call__(self, prompt: str | Sequence[Mapping[str, str]], n_predict: int = 128,
+                 sampler: Sampler | None = None, *, chat: bool = False) -> str:
         """The continuation of ``prompt`` as one string (:meth:`stream`, joined)."""
         return "".join(self.stream(prompt, n_predict, sampler, chat=chat))
 
@@ -152,11 +169,16 @@ class Llama:
             raise ValueError(f"the prompt ({len(prompt_ids)} tokens) and {n_predict} new tokens need "
                              f"{need} cells: more than the context of {self.model.n_ctx} (--ctx-size)")
         m = self.model
-        m.reset()
+        held, keep = m.tokens, 0
+        limit = min(len(held), len(prompt_ids) - 1)   # the common start, short of the last token
+        while keep < limit and held[keep] == prompt_ids[keep]:
+            keep += 1
+        m.truncate(keep)
+        gen.cached_tokens = keep
         t0 = time.perf_counter()
-        logits = m.eval(prompt_ids)
-        if n_predict > 1:
-            m.prepare_decode()   # the decode graph: built with the prompt, not in the first step
+        logits = m.eval(prompt_ids[keep:])
+        if n_predict > 1:   # the decode graphs: built with the prompt, not between two tokens
+            m.prepare_decode(n_predict - 1)
         gen.prompt_logits, gen.t_prompt = logits.copy(), time.perf_counter() - t0
         history = list(prompt_ids)
         eos = self.tokenizer.eos_id

@@ -145,7 +145,7 @@ class LlamaModel:
         except BaseException:
             self.close()
             raise
-        self.n_past = 0
+        self._tokens: list[int] = []   # the token ids in cells 0.. of the KV cache, in order
         #: (the decode graph, the first cell its mask hides) after the last decode step
         self._mask_open: tuple[object, int] | None = None
 
@@ -195,7 +195,29 @@ class LlamaModel:
 
     def reset(self) -> None:
         """Forget the KV cache (the next :meth:`eval` starts at position 0)."""
-        self.n_past = 0
+        self._tokens.clear()
+
+    @property
+    def n_past(self) -> int:
+        """Cells of the KV cache in use: positions 0 .. n_past - 1 hold :attr:`tokens`. Setting
+        it is :meth:`truncate`."""
+        return len(self._tokens)
+
+    @n_past.setter
+    def n_past(self, n: int) -> None:
+        self.truncate(n)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids the KV cache holds, position by position (a copy)."""
+        return list(self._tokens)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` cells of the KV cache (positions 0 .. n - 1) and forget the rest:
+        the next :meth:`eval` runs at position ``n``. ValueError unless 0 <= n <= :attr:`n_past`."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= len(self._tokens):
+            raise ValueError(f"the cache holds {len(self._tokens)} tokens: cannot keep {n!r}")
+        del self._tokens[int(n):]
 
     # ------------------------------------------------------------------ graph
     def _layer(self, ctx: Context, graph: Graph, il: int, x: Tensor, inp: dict[str, Tensor],
@@ -341,12 +363,22 @@ class LlamaModel:
             out.append(self._eval_batch(a[start:start + self.n_batch], all_logits))
         return np.concatenate(out) if all_logits else out[-1][-1]
 
-    def prepare_decode(self) -> None:
+    def prepare_decode(self, n_steps: int = 1) -> None:
         """Build and place the graph of the next decode step now (after a prompt, before the
-        first token is sampled), so that the step itself only computes. Nothing when the cache
-        is full."""
-        if self.n_past < self.n_ctx:
-            self.graphs.prepare((1, self.n_kv_for(self.n_past + 1), False))
+        first token is sampled), so that the step itself only computes; with ``n_steps`` > 1
+        also the graphs of the later steps' KV buckets (:meth:`n_kv_for`), as many as the graph
+        cache keeps beside a prompt graph, so that a generation crossing a bucket places a
+        graph it built (about 1 ms) instead of building one between two tokens (about 16 ms
+        for SmolLM2). Nothing when the cache is full."""
+        if self.n_past >= self.n_ctx:
+            return
+        first = self.n_kv_for(self.n_past + 1)
+        last = self.n_kv_for(min(self.n_ctx, self.n_past + max(1, n_steps)))
+        later: list[int] = []
+        while (later[-1] if later else first) < last and len(later) < self.graphs.max_graphs - 2:
+            later.append(self.n_kv_for((later[-1] if later else first) + 1))
+        for K in [*later, first]:   # the next step's last: placed, the others built
+            self.graphs.prepare((1, K, False))
 
     def step(self, token: int) -> np.ndarray:
         """A decode step: ``token`` at position ``n_past``, added to the KV cache. Returns its
@@ -377,7 +409,7 @@ class LlamaModel:
             mask[0, p0 + 1:] = -np.inf                         # ... and no later one
         self._mask_open = (entry, p0 + 1)
         self.graphs.compute(key, [])
-        self.n_past = p0 + 1
+        self._tokens.append(tok)
         return a["logits"].reshape(self.hp.n_vocab)
 
     def _eval_batch(self, ids: np.ndarray, all_logits: bool) -> np.ndarray:
@@ -395,5 +427,5 @@ class LlamaModel:
         a["kq_mask"][:] = np.where(np.arange(K)[None, :] <= pos[:, None], 0.0, -np.inf)
         a["k_idx"][:] = pos
         logits = self.graphs.compute(key, ["logits"])["logits"]     # a copy: the caller keeps it
-        self.n_past += T
+        self._tokens.extend(ids.tolist())
         return logits.reshape(-1, self.hp.n_vocab)
