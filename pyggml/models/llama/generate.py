@@ -139,9 +139,11 @@ class Llama:
         ``n_predict`` tokens or the end of sequence. A chat's next turn computes only what the
         KV cache does not hold (:meth:`generate`). Raises as :meth:`generate` (at the first
         ``next()``), TypeError for messages with ``chat=False``."""
-        if not chat and not isinstance(prompt, str):
+        if chat:
+            prompt = self.chat_prompt(prompt)
+        elif not isinstance(prompt, str):
             raise TypeError("messages need chat=True")
-        ids = self.tokenize(self.chat_prompt(prompt) if chat else prompt)   # type: ignore[arg-type]
+        ids = self.tokenize(prompt)
         text = TextStream(self.tokenizer)
         gen = Generation(ids, np.zeros(0, np.float32))
         for tok in self._run(gen, n_predict, sampler or Sampler(greedy=True)):

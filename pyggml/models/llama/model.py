@@ -374,10 +374,10 @@ class LlamaModel:
             return
         first = self.n_kv_for(self.n_past + 1)
         last = self.n_kv_for(min(self.n_ctx, self.n_past + max(1, n_steps)))
-        later: list[int] = []
-        while (later[-1] if later else first) < last and len(later) < self.graphs.max_graphs - 2:
-            later.append(self.n_kv_for((later[-1] if later else first) + 1))
-        for K in [*later, first]:   # the next step's last: placed, the others built
+        buckets = [first]
+        while buckets[-1] < last and len(buckets) < self.graphs.max_graphs - 1:
+            buckets.append(self.n_kv_for(buckets[-1] + 1))
+        for K in [*buckets[1:], first]:   # the next step's last: placed, the others built
             self.graphs.prepare((1, K, False))
 
     def step(self, token: int) -> np.ndarray:
