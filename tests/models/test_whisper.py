@@ -537,57 +537,66 @@ def test_multilingual_windows_each_in_their_own_language(base, upstream):
 
 
 @pytest.fixture(scope="module")
-def base_faster(base_ct2):
-    """pyggml's ``WhisperModel`` on Whisper base (F32), and faster-whisper's (CTranslate2
-    float32): its ``detect_language`` is the reference. Made without ``__init__``, which loads a
-    tokenizer the model folder lacks from the network; detection needs none."""
-    faster_whisper = pytest.importorskip("faster_whisper")
-    import ctranslate2
-    from faster_whisper.feature_extractor import FeatureExtractor
+def base_model(base_ct2):
+    """pyggml's faster-whisper ``WhisperModel`` on Whisper base (F32)."""
     from pyggml.models.whisper import WhisperModel
-    fw = faster_whisper.WhisperModel.__new__(faster_whisper.WhisperModel)
-    fw.model = ctranslate2.models.Whisper(str(base_ct2), device="cpu", compute_type="float32", intra_threads=THREADS)
-    fw.feature_extractor = FeatureExtractor()
-    with WhisperModel(str(base_ct2), compute_type="float32", cpu_threads=THREADS) as ours:
-        yield ours, fw
+    with WhisperModel(str(base_ct2), compute_type="float32", cpu_threads=THREADS) as m:
+        yield m
 
 
 def _noise_german_english(upstream) -> np.ndarray:
-    """30 s of faint noise (no language stands out), 30 s of German, then jfk.wav (English)."""
+    """30 s of faint noise (no language stands out), 30 s of German, then jfk.wav (English): the
+    input of tests/data/make_whisper_language_reference.py."""
     noise = (np.random.default_rng(0).standard_normal(CHUNK) * 0.01).astype(np.float32)
     de = load_audio(GERMAN)
     return np.concatenate([noise, de, np.zeros(CHUNK - de.size, np.float32), load_audio(upstream["jfk"])])
 
 
-@pytest.mark.parametrize("segments, threshold", [(1, 0.5), (3, 0.5), (3, 0.99), (3, None), (2, 0.0)])
-def test_detect_language_as_faster_whisper(base_faster, upstream, segments, threshold):
+#: faster-whisper's ``detect_language`` on Whisper base (CTranslate2 float32):
+#: tests/data/make_whisper_language_reference.py
+LANGUAGE_REFERENCE = json.loads((ROOT / "tests" / "data" / "whisper_language_reference.json").read_text())
+
+
+@pytest.mark.parametrize("case", LANGUAGE_REFERENCE["cases"], ids=lambda c: f"{c['segments']}-{c['threshold']}")
+def test_detect_language_as_faster_whisper(base_model, upstream, case):
     """``WhisperModel.detect_language`` over 1-3 windows of noise, German and English: the
     window that passes the threshold decides (German at 0.5 over three windows), else the
     majority of the windows' likeliest, the first of equal counts (the noise's language at
     0.99): the language faster-whisper's own method finds, its probability and every
-    language's within 0.02 (the two engines' float32 sums), most likely first."""
-    ours, fw = base_faster
+    language's within 0.02 (the two engines' float32 sums), the first three in its order. A
+    threshold of None is one no window passes."""
     x = _noise_german_english(upstream)
-    got = ours.detect_language(x, language_detection_segments=segments, language_detection_threshold=threshold)
-    want = fw.detect_language(x, language_detection_segments=segments,
-                              language_detection_threshold=2.0 if threshold is None else threshold)
-    assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=0.02)
-    assert [lang for lang, _ in got[2][:3]] == [lang for lang, _ in want[2][:3]]
-    want_p = dict(want[2])
-    assert max(abs(p - want_p[lang]) for lang, p in got[2]) < 0.02
-    noise = fw.detect_language(x[:CHUNK])[0]       # the first window's likeliest alone
-    assert noise != "de" and got[0] == ("de" if (segments, threshold) == (3, 0.5) else noise)
-    # from features: faster-whisper's extractor's, German alone
-    feats = fw.feature_extractor(load_audio(GERMAN))
-    assert ours.detect_language(features=feats)[0] == fw.detect_language(features=feats)[0] == "de"
+    got = base_model.detect_language(x, language_detection_segments=case["segments"],
+                                      language_detection_threshold=case["threshold"])
+    noise = LANGUAGE_REFERENCE["cases"][0]["language"]          # the first window's likeliest alone
+    assert noise != "de" and case["language"] == ("de" if (case["segments"], case["threshold"]) == (3, 0.5) else noise)
+    assert got[0] == case["language"] and got[1] == pytest.approx(case["probability"], abs=0.02)
+    want = dict(case["all_language_probs"])
+    assert [lang for lang, _ in got[2][:3]] == [lang for lang, _ in case["all_language_probs"][:3]]
+    assert max(abs(p - want[lang]) for lang, p in got[2]) < 0.02
+    if case["threshold"] > 1:
+        assert base_model.detect_language(x, language_detection_segments=case["segments"],
+                                          language_detection_threshold=None) == got
 
 
-def test_language_detection_segments_in_transcribe(base_faster, upstream):
+def test_detect_language_from_features_as_faster_whisper(base_model):
+    """``features=``: faster-whisper's feature extractor's log-mel (here pyggml's log-mel of the
+    same samples, padded as its extractor pads them) of German speech."""
+    from pyggml.models.whisper.audio import HOP
+    ref = LANGUAGE_REFERENCE["features"]
+    feats = log_mel(load_audio(GERMAN), base_model.file.mel_filters, pad=HOP)
+    language, p, probs = base_model.detect_language(features=feats)
+    assert language == ref["language"] == "de" and p == pytest.approx(ref["probability"], abs=0.02)
+    with pytest.raises(ValueError, match="NumPy shape"):
+        base_model.detect_language(features=feats[:40])
+
+
+def test_language_detection_segments_in_transcribe(base_model, upstream):
     """``transcribe`` and the batched pipeline take ``language_detection_segments``: over one
     window of noise the language is the noise's (not German); over two, German decides and the
     transcript is German."""
     from pyggml.models.whisper import BatchedInferencePipeline
-    ours, _fw = base_faster
+    ours = base_model
     x = _noise_german_english(upstream)[:2 * CHUNK]
     one = ours.detect_language(x)[0]
     assert one != "de"
@@ -608,12 +617,12 @@ def test_language_detection_segments_in_transcribe(base_faster, upstream):
         ours.detect_language()
 
 
-def test_batched_pipeline_multilingual_decodes_each_chunk_in_its_language(base_faster, upstream):
+def test_batched_pipeline_multilingual_decodes_each_chunk_in_its_language(base_model, upstream):
     """faster-whisper's pipeline with ``multilingual=True``: a German chunk and an English one
     (jfk.wav) in one batch, each decoded in its own language; with German for both, the English
     chunk comes out part German ("meine fellow Amerikaner")."""
     from pyggml.models.whisper import BatchedInferencePipeline
-    ours, _fw = base_faster
+    ours = base_model
     de, en = load_audio(GERMAN), load_audio(upstream["jfk"])
     x = np.concatenate([de, np.zeros(CHUNK - de.size, np.float32), en])
     clips = [{"start": 0.0, "end": de.size / 16000}, {"start": 30.0, "end": 30.0 + en.size / 16000}]
