@@ -137,8 +137,12 @@ class LlamaModel:
             n_tensors = 48 * hp.n_layer + 64
             # ggml's meta backend keeps the KV-cache views of the graphs placed since it last
             # switched graphs (pyggml.backends.graph_run.check_meta_views): one graph at a time
+            # on the CPU alone each graph keeps its placement (a decode step after a prompt
+            # batch places nothing again) and a compute costs less Python; with other devices
+            # one scheduler places them all
+            where = {"backend": self.cpu} if self.backends == [self.cpu] else {"backends": self.backends}
             self.graphs = self._stack.enter_context(GraphCache(
-                self._build, backends=self.backends, graph_size=n_tensors, n_tensors=n_tensors,
+                self._build, **where, graph_size=n_tensors, n_tensors=n_tensors,
                 max_graphs=1 if self.split_mode == "tensor" else max_graphs))
             if self.split_mode != "tensor":   # the compute buffer of the largest prompt batch
                 self.graphs.reserve((min(n_batch, n_ctx), self.n_kv_for(n_ctx), False))
@@ -318,7 +322,9 @@ class LlamaModel:
     def splits(self) -> int:
         """Scheduler splits of the most recently computed graph (1: all on one backend)."""
         s = self.graphs.scheduler
-        return s.n_splits if s is not None and self.graphs.latest is not None else 0
+        if self.graphs.latest is None:
+            return 0
+        return s.n_splits if s is not None else 1
 
     @property
     def graph_shapes(self) -> list[tuple[int, int, bool]]:
@@ -330,9 +336,9 @@ class LlamaModel:
         (views and reshapes, which compute nothing, left out)."""
         out: dict[str, set[str]] = {}
         latest, sched = self.graphs.latest, self.graphs.scheduler
-        if latest is not None and sched is not None:
+        if latest is not None:
             for node in latest.graph.nodes:
-                backend = sched.get_tensor_backend(node)
+                backend = sched.get_tensor_backend(node) if sched is not None else self.cpu
                 if backend is not None and not node.is_empty_op():
                     out.setdefault(backend.name, set()).add(node.op_name)
         return out

@@ -15,7 +15,9 @@ cells of their common prefix and nothing is copied when beams are reordered.
 
 The graphs (:class:`pyggml.runtime.GraphCache`: the encoder's, and the decoder's of each (T, K,
 B)) share one scheduler over the model's backend and the CPU, its compute buffer reserved at
-load for the encoder, the largest: the encoder graph is computed once per window, a decoder
+load for the encoder, the largest (on the CPU alone, each graph has a graph allocator of its
+own while their buffers stay within the cache's budget, so that switching graphs places
+nothing again): the encoder graph is computed once per window, a decoder
 graph again at every step with new inputs (token ids, positions, the causal mask and the cache
 cells, written in place). The cache is written inside the decoder graph (``set_rows``), the
 cross K/V inside the encoder graph (``cpy``): nothing of either goes through NumPy.
@@ -107,8 +109,12 @@ class WhisperNet:
             self._init_state()
             self._stack.callback(self._close_state)   # after the graphs that read it, before the backends
             n = 64 * hp.n_audio_layer + 16 * hp.n_text_layer + 64     # the encoder's, the largest
+            # on the CPU alone each graph keeps its placement (a beam step after the prompt's
+            # graph places nothing again) and a compute costs less Python; with another device
+            # one scheduler places them all
+            where = {"backend": bs.cpu} if len(bs.backends) == 1 else {"backends": bs.backends}
             self.graphs = self._stack.enter_context(GraphCache(
-                self._build, backends=self.backends, graph_size=n, n_tensors=n, max_graphs=max_graphs + 1))
+                self._build, **where, graph_size=n, n_tensors=n, max_graphs=max_graphs + 1))
             self.graphs.reserve(_ENCODER + (0,))
         except BaseException:
             self.close()
@@ -338,14 +344,17 @@ class WhisperNet:
         return logits
 
     def decode_batch(self, tokens: Sequence[Sequence[int]], cells: Sequence[Sequence[int]], *,
-                     windows: int = 1, slot: int = 0) -> np.ndarray:
+                     windows: int = 1, slot: int = 0, copy: bool = True) -> np.ndarray:
         """:meth:`decode` of several sequences at once, in one graph (a beam search's beams, or
         the beams of several windows): ``tokens[b]`` after sequence b's history, ``cells[b]``
         its cells as there. The sequences must all be as long and get as many tokens. They are
         ``windows`` windows' in order, as many each: window w's read the cross K/V of slot
         ``slot + w`` (:meth:`encode`). Returns float32 logits, NumPy shape (len(tokens),
-        n_vocab) (a new array). Raises ValueError as :meth:`decode`, for sequences that do not
-        divide into the windows and for slots out of range."""
+        n_vocab): a new array, or with ``copy=False`` the graph's own output memory, valid
+        (and writable) until this graph is computed again (a decoding loop that reads each
+        step's logits before the next step saves a copy of them). Raises ValueError as
+        :meth:`decode`, for sequences that do not divide into the windows and for slots out of
+        range."""
         hp = self.hp
         B = len(tokens)
         if B == 0 or len(cells) != B:
@@ -368,7 +377,8 @@ class WhisperNet:
         a = self.graphs.get(key).arrays
         self._fill(a, tok, cel, p0, K)
         self.graphs.compute(key, [])
-        return np.array(a["logits"].reshape(B, hp.n_vocab))
+        logits = a["logits"].reshape(B, hp.n_vocab)
+        return np.array(logits) if copy else logits
 
     def _ids(self, tokens: Sequence[Sequence[int]] | Sequence[int]) -> np.ndarray:
         """``tokens`` as int64, flat; ValueError for an id outside the vocabulary."""
