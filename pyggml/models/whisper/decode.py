@@ -382,33 +382,19 @@ def _sample(model: WhisperNet, filters: _Filters, logits: np.ndarray, n_prompt: 
         logits = model.decode([nxt], range(n_prompt + len(seq) - len(lead)))
 
 
-def _rows(rows: Sequence[np.ndarray]) -> np.ndarray:
-    """``rows`` (float32, NumPy shape (n_vocab,) each) as one array, NumPy shape (len(rows),
-    n_vocab): a view where they are consecutive rows of one C-contiguous array (a decoder
-    output's, as the beams keep them: the caller's array is then written by what is done to
-    the view), a new array otherwise."""
-    base = rows[0].base
-    if (isinstance(base, np.ndarray) and base.ndim == 2 and base.dtype == np.float32
-            and base.flags.c_contiguous and all(r.base is base for r in rows)):
-        at = base.__array_interface__["data"][0]
-        first, step = rows[0].__array_interface__["data"][0] - at, base.strides[0]
-        if first % step == 0 and all(r.__array_interface__["data"][0] - at == first + j * step
-                                     for j, r in enumerate(rows)):
-            return base[first // step:first // step + len(rows)]
-    return np.array(rows, dtype=np.float32)
-
-
-def _beam_step(live: Sequence[tuple[list[int], float, np.ndarray, list[int]]], filters: _Filters, beam_size: int,
-               eot: int, finished: list[tuple[list[int], float]], enough: int) -> list[tuple[list[int], float, int]]:
-    """One step of :func:`_beam` for the ``live`` beams ((tokens, score, logits after them,
-    cells)): each extended by its ``beam_size + 1`` best tokens, the candidates ranked by
-    summed log-probability; one ending in end of text among the ``beam_size`` best goes to
+def _beam_step(live: Sequence[tuple[list[int], float, list[int]]], lg: np.ndarray, filters: _Filters,
+               beam_size: int, eot: int, finished: list[tuple[list[int], float]],
+               enough: int) -> list[tuple[list[int], float, int]]:
+    """One step of :func:`_beam` for the ``live`` beams ((tokens, score, cells)), whose logits
+    are the rows of ``lg`` (float32, NumPy shape (len(live), n_vocab); filtered in place): each
+    extended by its ``beam_size + 1`` best tokens, the candidates ranked by summed
+    log-probability; one ending in end of text among the ``beam_size`` best goes to
     ``finished`` (up to ``enough``); returns the ``beam_size`` best others as (tokens, score,
     the live beam they extend)."""
     cands: dict[tuple[int, ...], tuple[float, int]] = {}
-    lg = _rows([logits for _seq, _score, logits, _cells in live])   # (beams, n_vocab), filtered in place
-    lps = filters.apply_rows(lg, [seq for seq, _score, _logits, _cells in live])
-    for b, ((seq, score, _logits, _cells), lp, best) in enumerate(zip(live, lps, _best_rows(lg, beam_size + 1))):
+    lps = filters.apply_rows(lg, [seq for seq, _score, _cells in live])
+    best_of = _best_rows(lg, beam_size + 1)
+    for b, ((seq, score, _cells), lp, best) in enumerate(zip(live, lps, best_of)):
         for t in best:
             key = tuple(seq) + (t,)
             s = score + float(lp[t])
@@ -443,21 +429,23 @@ def _beam(model: WhisperNet, filters: _Filters, n_prompt: int, first: np.ndarray
         raise ValueError(f"beam search of {beam_size} beams over {limit} tokens needs "
                          f"{n_prompt + beam_size * limit} KV cells; the model has {model.n_cells} (n_cells)")
     prompt_cells = list(range(n_prompt))
-    # (tokens, score, logits after them, cells of prompt + tokens)
-    live: list[tuple[list[int], float, np.ndarray, list[int]]] = [(list(lead), 0.0, first, prompt_cells)]
+    # (tokens, score, cells of prompt + tokens); their logits: the rows of lg
+    live: list[tuple[list[int], float, list[int]]] = [(list(lead), 0.0, prompt_cells)]
+    lg = first[None]
     finished: list[tuple[list[int], float]] = []
     enough = max(1, round(beam_size * patience))
     next_cell = n_prompt
     for _ in range(limit):
-        chosen = _beam_step(live, filters, beam_size, eot, finished, enough)
+        chosen = _beam_step(live, lg, filters, beam_size, eot, finished, enough)
         if len(finished) >= enough or not chosen:
             break
-        cells = [live[b][3] + [next_cell + j] for j, (_seq, _s, b) in enumerate(chosen)]
+        cells = [live[b][2] + [next_cell + j] for j, (_seq, _s, b) in enumerate(chosen)]
         next_cell += len(chosen)
-        logits_b = model.decode_batch([seq[-1:] for seq, _s, _b in chosen], cells)   # one graph
-        live = [(seq, s, logits_b[j], cells[j]) for j, (seq, s, _b) in enumerate(chosen)]
+        # one graph; its output memory, read (and filtered in place) before the next step
+        lg = model.decode_batch([seq[-1:] for seq, _s, _b in chosen], cells, copy=False)
+        live = [(seq, s, cells[j]) for j, (seq, s, _b) in enumerate(chosen)]
     if not finished:
-        finished = [(seq, s) for seq, s, _l, _c in live]
+        finished = [(seq, s) for seq, s, _c in live]
     return max(finished, key=lambda fs: fs[1] / max(len(fs[0]), 1) ** length_penalty)
 
 
@@ -503,8 +491,9 @@ def decode_windows(model: WhisperNet, tok: WhisperTokenizer, opts: Sequence[Deco
         first = sot_logits
     no_speech = [float(np.exp(_log_softmax(sot_logits[w].astype(np.float64))[sp.nosp])) for w in range(W)]
     enough = [max(1, round(R * o.patience)) for o in opts]
-    live: list[list[tuple[list[int], float, np.ndarray, list[int]]]] = [
-        [(list(leads[w]), 0.0, first[w], [base[w] + i for i in range(n_p)])] for w in range(W)]
+    live: list[list[tuple[list[int], float, list[int]]]] = [
+        [(list(leads[w]), 0.0, [base[w] + i for i in range(n_p)])] for w in range(W)]
+    lgs = [first[w:w + 1] for w in range(W)]      # the logits of each window's live beams
     finished: list[list[tuple[list[int], float]]] = [[] for _ in range(W)]
     done = [False] * W
     next_cell = [b + n_p for b in base]
@@ -515,7 +504,7 @@ def decode_windows(model: WhisperNet, tok: WhisperTokenizer, opts: Sequence[Deco
         for w in range(W):
             chosen: list[tuple[list[int], float, int]] = []
             if not done[w] and step < limits[w]:
-                chosen = _beam_step(live[w], filters[w], R, sp.eot, finished[w], enough[w])
+                chosen = _beam_step(live[w], lgs[w], filters[w], R, sp.eot, finished[w], enough[w])
                 if len(finished[w]) >= enough[w] or not chosen:
                     done[w] = True
                     chosen = []
@@ -525,7 +514,7 @@ def decode_windows(model: WhisperNet, tok: WhisperTokenizer, opts: Sequence[Deco
             kept = []
             for seq, s, b in chosen:
                 rows_tok.append(seq[-1:])
-                rows_cells.append(live[w][b][3] + [next_cell[w]])
+                rows_cells.append(live[w][b][2] + [next_cell[w]])
                 next_cell[w] += 1
                 kept.append((seq, s))
             for j in range(len(chosen), R):           # rows of no beam: each writes a scratch cell of its own
@@ -534,14 +523,16 @@ def decode_windows(model: WhisperNet, tok: WhisperTokenizer, opts: Sequence[Deco
             chosen_of.append(kept)
         if all(done):
             break
-        logits_all = model.decode_batch(rows_tok, rows_cells, windows=W)
+        # the graph's output memory: read before the next step (a window that is done keeps
+        # its last beams for their tokens and scores only)
+        logits_all = model.decode_batch(rows_tok, rows_cells, windows=W, copy=False)
         for w in range(W):
             if chosen_of[w]:   # (a window that stopped keeps its last beams)
-                live[w] = [(seq, s, logits_all[w * R + j], rows_cells[w * R + j])
-                           for j, (seq, s) in enumerate(chosen_of[w])]
+                live[w] = [(seq, s, rows_cells[w * R + j]) for j, (seq, s) in enumerate(chosen_of[w])]
+                lgs[w] = logits_all[w * R:w * R + len(chosen_of[w])]
     results = []
     for w in range(W):
-        fin = finished[w] or [(seq, s) for seq, s, _l, _c in live[w]]
+        fin = finished[w] or [(seq, s) for seq, s, _c in live[w]]
         if not fin:
             fin = [(list(leads[w]), 0.0)]
         tokens, sum_lp = max(fin, key=lambda fs: fs[1] / max(len(fs[0]), 1) ** opts[w].length_penalty)
