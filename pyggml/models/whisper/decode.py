@@ -367,8 +367,8 @@ def _sample(model: WhisperNet, filters: _Filters, logits: np.ndarray, n_prompt: 
             temperature: float, rng: np.random.Generator, eot: int, lead: Sequence[int] = ()) -> tuple[list[int], float]:
     seq: list[int] = list(lead)          # the prompt's last tokens, the window's first
     total = 0.0
+    lg = logits.astype(np.float32)          # a copy: the filters write it (best_of samples ``logits`` again)
     while True:
-        lg = logits.astype(np.float32)      # a copy: the filters write it
         lp = filters.apply(lg, seq)
         if temperature > 0:
             p = np.exp(_log_softmax(lg.astype(np.float64) / temperature))
@@ -379,7 +379,8 @@ def _sample(model: WhisperNet, filters: _Filters, logits: np.ndarray, n_prompt: 
         if nxt == eot or len(seq) - len(lead) >= limit:
             return seq, total
         seq.append(nxt)
-        logits = model.decode([nxt], range(n_prompt + len(seq) - len(lead)))
+        # the graph's output memory, filtered in place before the next step
+        lg = model.decode_batch([[nxt]], [range(n_prompt + len(seq) - len(lead))], copy=False)[0]
 
 
 def _beam_step(live: Sequence[tuple[list[int], float, list[int]]], lg: np.ndarray, filters: _Filters,
