@@ -135,11 +135,11 @@ class LlamaModel:
             self.out_weight = self.w.get("output.weight", self.w["token_embd.weight"])  # tied
             self._init_cache()
             n_tensors = 48 * hp.n_layer + 64
-            # ggml's meta backend keeps the KV-cache views of the graphs placed since it last
-            # switched graphs (pyggml.backends.graph_run.check_meta_views): one graph at a time
             # on the CPU alone each graph keeps its placement (a decode step after a prompt
             # batch places nothing again) and a compute costs less Python; with other devices
-            # one scheduler places them all
+            # one scheduler places them all. ggml's meta backend keeps the KV-cache views of the
+            # graphs placed since it last switched graphs (pyggml.backends.graph_run.
+            # check_meta_views): one graph at a time with a tensor split
             where = {"backend": self.cpu} if self.backends == [self.cpu] else {"backends": self.backends}
             self.graphs = self._stack.enter_context(GraphCache(
                 self._build, **where, graph_size=n_tensors, n_tensors=n_tensors,
