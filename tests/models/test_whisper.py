@@ -163,6 +163,38 @@ def test_log_mel_of_padding_is_not_transformed_but_the_same(upstream):
         np.testing.assert_array_equal(log_mel(x, f, pad=CHUNK), full)
 
 
+def test_log_mel_is_openai_whispers(upstream):
+    """log_mel against openai-whisper's log_mel_spectrogram written in torch (torch.stft,
+    center=True, reflect padding, periodic Hann window; the last frame dropped): jfk.wav and a
+    piece of it, within float32 rounding of the two FFTs."""
+    torch = pytest.importorskip("torch")
+    a = load_audio(upstream["jfk"])
+    f = WhisperFile(upstream["tiny.en"], weights=False).mel_filters
+    for x in (a, a[:40000]):
+        stft = torch.stft(torch.from_numpy(x), 400, 160, window=torch.hann_window(400), return_complex=True)
+        power = stft[..., :-1].abs() ** 2
+        mel = torch.from_numpy(np.asarray(f, np.float32)) @ power
+        logm = torch.clamp(mel, min=1e-10).log10()
+        ref = ((torch.maximum(logm, logm.max() - 8.0) + 4.0) / 4.0).numpy()
+        np.testing.assert_allclose(log_mel(x, f), ref, rtol=0, atol=2e-5)
+
+
+def test_log_mel_keeps_window_sized_buffers_only(upstream):
+    """log_mel's buffers kept between calls: a result is its own (a later call of another
+    length leaves it as it was), the same after a long recording as before, and no buffer of
+    more than _SCRATCH_MAX bytes is kept (a long recording's are new arrays)."""
+    from pyggml.models.whisper import audio
+    a = load_audio(upstream["jfk"])
+    f = WhisperFile(upstream["tiny.en"], weights=False).mel_filters
+    first = log_mel(a, f, pad=CHUNK)
+    kept = first.copy()
+    long = log_mel(np.tile(a, 20), f, pad=CHUNK)                # 220 s: buffers beyond the bound
+    assert long.shape == (f.shape[0], (20 * a.size + CHUNK) // 160)
+    np.testing.assert_array_equal(first, kept)
+    np.testing.assert_array_equal(log_mel(a, f, pad=CHUNK), kept)
+    assert audio._SCRATCH.arrays and all(b.nbytes <= audio._SCRATCH_MAX for b in audio._SCRATCH.arrays.values())
+
+
 def test_log_mel_product_runs_on_one_blas_thread(upstream):
     """The mel filters' product runs with NumPy's BLAS limited to one thread (a multi-threaded
     OpenBLAS product leaves threads spinning that slow the ggml compute after it), and the BLAS

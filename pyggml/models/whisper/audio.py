@@ -11,8 +11,9 @@ multi-threaded OpenBLAS product leaves its worker threads spinning for about 0.1
 and on a machine with few cores they take a core from the ggml compute that follows (on 2
 cores the encoder of a 30-s window took 0.45 s instead of 0.35 s).
 
-The windowed frames and their spectrum (about 10 MB for a 30-s window) go into buffers each
-thread keeps between calls, and the later steps are computed in place: megabytes of new
+The windowed frames and their spectrum (about 10 MB for a 30-s window; a longer recording's
+are new arrays) go into buffers each thread keeps between calls, and the later steps are
+computed in place: megabytes of new
 temporaries at every call cost page faults whenever the C library has given the memory back
 to the system (on 2 cores of a virtual machine: 8 ms a call for jfk.wav instead of 4 ms).
 """
@@ -92,14 +93,22 @@ def _one_blas_thread() -> Iterator[None]:
             yield
 
 
+#: the largest buffer a thread keeps for :func:`log_mel` (bytes): a 30-s window's frames or
+#: spectrum (4.8 MB each) are kept, the whole of a long recording's are not
+_SCRATCH_MAX = 5 << 20
+
+
 class _Scratch(threading.local):
-    """:func:`log_mel`'s buffers of this thread (grown as needed, kept between calls)."""
+    """:func:`log_mel`'s buffers of this thread (grown as needed, kept between calls up to
+    :data:`_SCRATCH_MAX` bytes each; larger ones are new arrays)."""
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
 
     def get(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         n = int(np.prod(shape))
+        if n * np.dtype(dtype).itemsize > _SCRATCH_MAX:
+            return np.empty(shape, dtype)
         a = self.arrays.get(name)
         if a is None or a.size < n or a.dtype != dtype:
             a = self.arrays[name] = np.empty(n, dtype)
