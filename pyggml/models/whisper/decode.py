@@ -138,8 +138,9 @@ class _Filters:
 
     def _log_probs(self, x: np.ndarray) -> list[_LogProbs]:
         """The :class:`_LogProbs` of each row of ``x`` (float32 or float64, NumPy shape (rows,
-        n_vocab)): one maximum, subtraction, exp and sum over all rows, in ``x``'s type but the
-        sum (float64; each row's values are those of the row alone, bit for bit)."""
+        n_vocab)): one maximum, subtraction, exp and sum over all rows, in ``x``'s type (the
+        log of each row's sum in float64; each row's values are those of the row alone, bit
+        for bit)."""
         n, V = x.shape
         if self._scratch.shape[0] < n or self._scratch.dtype != x.dtype:
             self._scratch = np.empty((max(n, self._scratch.shape[0]), V), x.dtype)
@@ -148,7 +149,7 @@ class _Filters:
         e = self._scratch[:n, :V]
         np.subtract(x, np.where(fin, m, 0)[:, None], out=e)
         np.exp(e, out=e)
-        ls = np.log(e.sum(axis=1, dtype=np.float64))
+        ls = np.log(e.sum(axis=1).astype(np.float64))
         return [_LogProbs(x[r], float(m[r]), float(ls[r]) if fin[r] else 0.0) for r in range(n)]
 
     def apply(self, logits: np.ndarray, seq: Sequence[int]) -> _LogProbs:
@@ -172,12 +173,13 @@ class _Filters:
 
     def _text_loses(self, lp: _LogProbs) -> bool:
         """openai-whisper's rule: the timestamps' summed probability above the likeliest text
-        token's."""
+        token's (the row's own maximum when no timestamp reaches it: no pass over the text)."""
         tb = self.sp.timestamp_begin
         ts = lp.values(slice(tb, None))
         if ts.size and np.isfinite(ts).any():
             m = ts.max()
-            return bool(m + np.log(np.exp(ts - m).sum()) > lp.max(slice(None, tb)))
+            text = lp.max(slice(None, tb)) if float(lp.x[tb:].max()) >= lp.m else (lp.m - lp.m) - lp.ls
+            return bool(m + np.log(np.exp(ts - m).sum()) > text)
         return False
 
     def _mask(self, logits: np.ndarray, seq: Sequence[int]) -> None:
