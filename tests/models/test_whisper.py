@@ -518,6 +518,8 @@ def test_cli_model_by_name_and_folder(upstream, tmp_path, monkeypatch, capsys):
         assert whisper.main(args + ["--model", model, "--type", "q8_0"]) == 0
         assert capsys.readouterr().out.strip() == JFK_TEXT.strip()
     assert len(list((tmp_path / "cache" / "whisper").glob("*q8_0.bin"))) == 2       # each converted once
+    with Whisper(str(ct2_dir), n_threads=THREADS) as w:                                # the class likewise
+        assert w.transcribe(upstream["jfk"], beam_size=1, timestamps=False).text == JFK_TEXT
 
 
 def test_on_a_python_backend(model_path, upstream):

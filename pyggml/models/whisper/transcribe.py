@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from .audio import CHUNK, FRAMES, HOP, SAMPLE_RATE, load_audio, log_mel
-from .convert import default_model
+from .convert import default_model, resolve_model
 from .decode import (DecodeOptions, WindowResult, compression_ratio, decode_window, decode_windows, detect_language,
                      language_probs, sot_sequence, window_languages)
 from .loader import WhisperFile
@@ -581,15 +581,16 @@ def restore_times(segments: Iterable[Segment], tmap: TimeMap) -> Iterator[Segmen
 
 
 class Whisper:
-    """A whisper.cpp model file (``model``: a path; default :func:`~.convert.default_model`,
-    tiny.en) on a ggml device (``backend``, ``n_threads``, ``flash_attn``, ``repack``,
-    ``encoder_bf16`` as :class:`~.model.WhisperNet` takes them). Raises :class:`~pyggml.models.common.ModelError`
-    for a file it cannot run, FileNotFoundError for a missing one (or, without ``model``, a
-    missing default model, with the pip command)."""
+    """A Whisper model (``model``: a whisper.cpp file, a CTranslate2 or Hugging Face model folder
+    converted once and cached, or ``"tiny.en"``, as :func:`~.convert.resolve_model` takes them;
+    default :func:`~.convert.default_model`, tiny.en) on a ggml device (``backend``,
+    ``n_threads``, ``flash_attn``, ``repack``, ``encoder_bf16`` as :class:`~.model.WhisperNet`
+    takes them). Raises :class:`~pyggml.models.common.ModelError` for a file it cannot run,
+    FileNotFoundError for a missing one (or a missing default model, with the pip command)."""
 
     def __init__(self, model: str | Path | None = None, *, backend: str = "cpu", n_threads: int | None = None,
                  flash_attn: bool = True, repack: bool = True, encoder_bf16: bool | None = None):
-        self.file = WhisperFile(model if model is not None else default_model())
+        self.file = WhisperFile(resolve_model(model) if model is not None else default_model())
         self.tok = WhisperTokenizer(self.file.vocab, self.file.hparams)
         self.model = WhisperNet(self.file, backend=backend, n_threads=n_threads, flash_attn=flash_attn,
                                 repack=repack, encoder_bf16=encoder_bf16)
