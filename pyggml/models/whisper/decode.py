@@ -178,7 +178,7 @@ class _Filters:
         ts = lp.values(slice(tb, None))
         if ts.size and np.isfinite(ts).any():
             m = ts.max()
-            text = lp.max(slice(None, tb)) if float(lp.x[tb:].max()) >= lp.m else (lp.m - lp.m) - lp.ls
+            text = lp.max(slice(None, tb)) if float(lp.x[tb:].max()) >= lp.m else -lp.ls
             return bool(m + np.log(np.exp(ts - m).sum()) > text)
         return False
 
