@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 from .backends.backend import Backend
 from .backends.cpu import CPUBackend
@@ -27,7 +27,7 @@ from .impl import register_builtin
 from .raw import lib
 
 __all__ = ["default_threads", "bf16_products_fast", "find_device", "open_backend", "BackendSet", "GraphCache",
-           "GraphParts", "Weights", "load_tensors"]
+           "GraphParts", "model_graphs", "Weights", "load_tensors"]
 
 
 def default_threads() -> int:
@@ -126,3 +126,18 @@ class BackendSet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def model_graphs(build: Any, backends: Sequence[Backend], **kwargs: Any) -> GraphCache:
+    """A model's :class:`~pyggml.backends.graph_cache.GraphCache` over ``backends`` (a
+    scheduler's order, the CPU last, as :attr:`BackendSet.backends`): on one backend alone (the
+    CPU) each graph is placed by a graph allocator of its own, so that a graph computed after
+    another places nothing again and a compute goes through less Python; over several, one
+    scheduler of the cache's own places them all. ``kwargs``: the cache's other arguments.
+    ValueError for no backends, and what GraphCache raises."""
+    bs = list(backends)
+    if not bs:
+        raise ValueError("give one or more backends")
+    if len(bs) == 1:
+        return GraphCache(build, backend=bs[0], **kwargs)
+    return GraphCache(build, backends=bs, **kwargs)

@@ -194,6 +194,27 @@ def test_backends_share_one_scheduler_reserved_for_the_largest_graph():
         GraphCache(build, backend=cpu, backends=[cpu])
 
 
+def test_model_graphs_on_the_cpu_alone_and_over_several_backends():
+    """pyggml.runtime.model_graphs: over the CPU alone, graph allocators of the cache's own (no
+    scheduler); over a device and the CPU, one scheduler of the cache's own; the same values
+    either way; no backends is refused."""
+    from pyggml.runtime import BackendSet, model_graphs
+
+    def build(g, n):
+        x = g.input(GGMLType.F32, [n], "x")
+        return {"y": g.ctx.sqr(x) + x}
+
+    x = np.arange(5, dtype=np.float32)
+    with BackendSet(["cpu"], n_threads=1) as alone, model_graphs(build, alone.backends) as cache:
+        assert cache.scheduler is None and cache.backend is alone.cpu
+        np.testing.assert_array_equal(cache.compute(5, x=x)["y"], x * x + x)
+    with BackendSet(["numpy"], n_threads=1) as two, model_graphs(build, two.backends) as cache:
+        assert cache.backend is None and cache.scheduler.backends == two.backends
+        np.testing.assert_array_equal(cache.compute(5, x=x)["y"], x * x + x)
+    with pytest.raises(ValueError, match="one or more backends"):
+        model_graphs(build, [])
+
+
 def test_inputs_written_in_place_and_kept_between_computes():
     """An input not given keeps its value; ``arrays`` are the inputs' own memory (a write there
     is what the next compute reads); an input never given a value is refused."""

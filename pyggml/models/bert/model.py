@@ -25,7 +25,7 @@ import numpy as np
 from pyggml import Context, GGMLType, Tensor
 from pyggml.backends.backend import Backend
 from pyggml.backends.cpu import FLASH_ATTN_TILE_ROWS, CPUBackend
-from pyggml.runtime import BackendSet, GraphCache, GraphParts, bf16_products_fast, load_tensors
+from pyggml.runtime import BackendSet, GraphParts, bf16_products_fast, load_tensors, model_graphs
 
 from ..common import ModelError, layer_owners
 
@@ -242,12 +242,10 @@ class Embedder:
                 for buft, (n, _) in loaded.buffers.items():
                     self.weight_buffers[buft] = self.weight_buffers.get(buft, 0) + n
             # one graph per (padded length, batch size, packed tokens), built once and computed
-            # again with new inputs; on the CPU alone the small ones keep their placement
-            # (a sentence's graph after another's places nothing again), with other devices one
-            # scheduler places them all
-            where = {"backend": bs.cpu} if len(bs.backends) == 1 else {"backends": bs.backends}
-            self.graphs = self._stack.enter_context(GraphCache(
-                self._build, **where, graph_size=32 * cfg.n_layers + 64, max_graphs=MAX_GRAPHS))
+            # again with new inputs (on the CPU alone a sentence's graph after another's places
+            # nothing again)
+            self.graphs = self._stack.enter_context(model_graphs(
+                self._build, bs.backends, graph_size=32 * cfg.n_layers + 64, max_graphs=MAX_GRAPHS))
         except BaseException:
             self._stack.close()
             raise

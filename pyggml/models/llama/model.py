@@ -27,7 +27,7 @@ from pyggml import Context, GGMLType, Graph, Tensor
 from pyggml.backends.device import Device
 from pyggml.backends.meta import meta_device
 from pyggml.core.gguf import GGUFFile
-from pyggml.runtime import BackendSet, GraphCache, GraphParts, find_device, load_tensors
+from pyggml.runtime import BackendSet, GraphParts, find_device, load_tensors, model_graphs
 
 from ..common import layer_owners
 from .hparams import HParams, check_tensors
@@ -135,14 +135,12 @@ class LlamaModel:
             self.out_weight = self.w.get("output.weight", self.w["token_embd.weight"])  # tied
             self._init_cache()
             n_tensors = 48 * hp.n_layer + 64
-            # on the CPU alone each graph keeps its placement (a decode step after a prompt
-            # batch places nothing again) and a compute costs less Python; with other devices
-            # one scheduler places them all. ggml's meta backend keeps the KV-cache views of the
-            # graphs placed since it last switched graphs (pyggml.backends.graph_run.
-            # check_meta_views): one graph at a time with a tensor split
-            where = {"backend": self.cpu} if self.backends == [self.cpu] else {"backends": self.backends}
-            self.graphs = self._stack.enter_context(GraphCache(
-                self._build, **where, graph_size=n_tensors, n_tensors=n_tensors,
+            # (on the CPU alone a decode step after a prompt batch places nothing again).
+            # ggml's meta backend keeps the KV-cache views of the graphs placed since it last
+            # switched graphs (pyggml.backends.graph_run.check_meta_views): one graph at a time
+            # with a tensor split
+            self.graphs = self._stack.enter_context(model_graphs(
+                self._build, self.backends, graph_size=n_tensors, n_tensors=n_tensors,
                 max_graphs=1 if self.split_mode == "tensor" else max_graphs))
             if self.split_mode != "tensor":   # the compute buffer of the largest prompt batch
                 self.graphs.reserve((min(n_batch, n_ctx), self.n_kv_for(n_ctx), False))

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pyggml import Context, GGMLType, Tensor
-from pyggml.runtime import BackendSet, GraphCache, GraphParts, bf16_products_fast, load_tensors
+from pyggml.runtime import BackendSet, GraphParts, bf16_products_fast, load_tensors, model_graphs
 
 from .audio import FRAMES
 from .hparams import Specials
@@ -109,12 +109,9 @@ class WhisperNet:
             self._init_state()
             self._stack.callback(self._close_state)   # after the graphs that read it, before the backends
             n = 64 * hp.n_audio_layer + 16 * hp.n_text_layer + 64     # the encoder's, the largest
-            # on the CPU alone each graph keeps its placement (a beam step after the prompt's
-            # graph places nothing again) and a compute costs less Python; with another device
-            # one scheduler places them all
-            where = {"backend": bs.cpu} if len(bs.backends) == 1 else {"backends": bs.backends}
-            self.graphs = self._stack.enter_context(GraphCache(
-                self._build, **where, graph_size=n, n_tensors=n, max_graphs=max_graphs + 1))
+            # (on the CPU alone a beam step after the prompt's graph places nothing again)
+            self.graphs = self._stack.enter_context(model_graphs(
+                self._build, bs.backends, graph_size=n, n_tensors=n, max_graphs=max_graphs + 1))
             self.graphs.reserve(_ENCODER + (0,))
         except BaseException:
             self.close()
